@@ -1,0 +1,108 @@
+// idem/fingerprint.hpp — what the request said, so a reused key with a different request is caught.
+//
+// fingerprint(parts...) is SHA-256 (OpenSSL EVP) over an unambiguous encoding: a domain tag, then for
+// each part a type tag, its length (8 bytes, big-endian) and its bytes. So ("ab","c") != ("a","bc"),
+// 1 != "1", and int64 123 == int 123 (integers are encoded as 8-byte big-endian two's complement,
+// signed and unsigned tagged apart). Floating point is refused at compile time: money is integer cents.
+// Field order matters and is the caller's: list the parts in a fixed order, not in the order of a
+// JSON object. Stored as bytes together with an algorithm tag.
+//
+// Thread-safety: Fingerprint is an immutable value; FingerprintBuilder is not shareable while in use.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace idem {
+
+enum class FingerprintAlgorithm : std::int16_t { sha256 = 1 };
+
+class Fingerprint {
+public:
+    static constexpr std::size_t size = 32;
+    using Digest = std::array<std::byte, size>;
+
+    Fingerprint(FingerprintAlgorithm algorithm, const Digest& digest) noexcept
+        : algorithm_(algorithm), digest_(digest) {}
+
+    /// Rebuilds a fingerprint from stored bytes; throws corrupt_record on a wrong length or algorithm.
+    static Fingerprint from_bytes(std::int16_t algorithm, std::string_view bytes);
+
+    [[nodiscard]] FingerprintAlgorithm algorithm() const noexcept { return algorithm_; }
+    [[nodiscard]] const Digest& digest() const noexcept { return digest_; }
+    [[nodiscard]] std::string_view bytes() const noexcept {
+        return {reinterpret_cast<const char*>(digest_.data()), digest_.size()};
+    }
+    [[nodiscard]] std::string hex() const;
+
+    friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+
+private:
+    FingerprintAlgorithm algorithm_;
+    Digest digest_;
+};
+
+/// Incremental form of fingerprint(): add parts, then finish() once.
+class FingerprintBuilder {
+public:
+    FingerprintBuilder();
+    ~FingerprintBuilder();
+    FingerprintBuilder(FingerprintBuilder&&) noexcept;
+    FingerprintBuilder& operator=(FingerprintBuilder&&) noexcept;
+    FingerprintBuilder(const FingerprintBuilder&) = delete;
+    FingerprintBuilder& operator=(const FingerprintBuilder&) = delete;
+
+    FingerprintBuilder& add_string(std::string_view text);
+    FingerprintBuilder& add_bytes(std::span<const std::byte> bytes);
+    FingerprintBuilder& add_signed(std::int64_t number);
+    FingerprintBuilder& add_unsigned(std::uint64_t number);
+    FingerprintBuilder& add_bool(bool flag);
+
+    template <class T>
+    FingerprintBuilder& add(const T& part) {
+        using U = std::remove_cvref_t<T>;
+        static_assert(!std::is_floating_point_v<U>,
+                      "idem::fingerprint: floating point is ambiguous; use integer units (cents)");
+        if constexpr (std::is_same_v<U, bool>) {
+            return add_bool(part);
+        } else if constexpr (std::is_same_v<U, char>) {
+            return add_string(std::string_view(&part, 1));
+        } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U>) {
+            return add_signed(static_cast<std::int64_t>(part));
+        } else if constexpr (std::is_integral_v<U>) {
+            return add_unsigned(static_cast<std::uint64_t>(part));
+        } else if constexpr (std::is_enum_v<U>) {
+            return add(static_cast<std::underlying_type_t<U>>(part));
+        } else if constexpr (std::is_convertible_v<const U&, std::string_view>) {
+            return add_string(std::string_view(part));
+        } else if constexpr (std::is_convertible_v<const U&, std::span<const std::byte>>) {
+            return add_bytes(std::span<const std::byte>(part));
+        } else {
+            static_assert(sizeof(U) == 0, "idem::fingerprint: unsupported part type");
+        }
+    }
+
+    /// Finishes the digest; the builder is spent afterwards (adding again throws std::logic_error).
+    [[nodiscard]] Fingerprint finish();
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+/// SHA-256 of the canonical encoding of `parts`, in the order given.
+template <class... Parts>
+[[nodiscard]] Fingerprint fingerprint(const Parts&... parts) {
+    FingerprintBuilder builder;
+    (builder.add(parts), ...);
+    return builder.finish();
+}
+
+}  // namespace idem

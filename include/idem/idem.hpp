@@ -1,0 +1,13 @@
+// idem/idem.hpp — the whole public API of idem in one include.
+#pragma once
+
+#include "idem/errors.hpp"        // IWYU pragma: export
+#include "idem/execute_once.hpp"  // IWYU pragma: export
+#include "idem/fingerprint.hpp"   // IWYU pragma: export
+#include "idem/key.hpp"           // IWYU pragma: export
+#include "idem/memory_store.hpp"  // IWYU pragma: export
+#include "idem/outcome.hpp"       // IWYU pragma: export
+#include "idem/postgres_store.hpp"  // IWYU pragma: export
+#include "idem/response.hpp"      // IWYU pragma: export
+#include "idem/store.hpp"         // IWYU pragma: export
+#include "idem/version.hpp"       // IWYU pragma: export

@@ -1,0 +1,49 @@
+// idem/memory_store.hpp — the IdempotencyStore contract in process memory, for your unit tests.
+//
+// Same semantics as PostgresStore (claims, fences, leases, retention, classification, size limit),
+// so code tested against it behaves the same in production — but nothing survives the process, and
+// two processes do not share it. Not for production use.
+//
+// Thread-safety: all members may be called concurrently (one mutex).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "idem/store.hpp"
+
+namespace idem {
+
+struct MemoryStoreOptions {
+    std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
+    std::chrono::seconds default_retention{std::chrono::hours(24)};
+    std::chrono::milliseconds max_retry_after{std::chrono::seconds(1)};
+    std::size_t max_result_bytes = 16u << 20;
+};
+
+class MemoryStore final : public IdempotencyStore {
+public:
+    explicit MemoryStore(MemoryStoreOptions options = {});
+    ~MemoryStore() override;
+    MemoryStore(const MemoryStore&) = delete;
+    MemoryStore& operator=(const MemoryStore&) = delete;
+
+    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp,
+                              const ClaimOptions& options = {}) override;
+    void save(const Key& key, Fence fence, std::string_view result) override;
+    void release(const Key& key, Fence fence) override;
+    [[nodiscard]] std::optional<Record> read(const Key& key) override;
+    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit) override;
+    [[nodiscard]] StoreStats stats() const override;
+    [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+
+    /// Number of records held (expired ones included).
+    [[nodiscard]] std::size_t size() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem

@@ -1,0 +1,97 @@
+// idem/postgres_store.hpp — the PostgreSQL backend (libpq), with its connection pool.
+//
+//   idem::PostgresStore store{"host=/run/postgresql dbname=app", {.pool_size = 8}};
+//   store.ensure_schema();
+//
+// * Claim: one round trip — a pipeline of `INSERT … ON CONFLICT DO NOTHING RETURNING` and a separate
+//   `SELECT`, each under its own Sync (so each commits on its own and the SELECT takes a fresh
+//   snapshot that sees a conflicting session's commit). Save: one round trip (UPDATE … WHERE fence).
+//   A new request costs 2 round trips, a replay / in-progress / mismatch answer 1.
+// * Pool: at most pool_size connections, opened lazily; a caller waits up to pool_wait for one
+//   (then pool_timeout). A connection idle longer than health_check_after is checked before use; one
+//   that broke is discarded and the statement retried once on a fresh one, with the same fence.
+// * Timeouts: connect_timeout (per host), statement_timeout (server side, and a client-side bound on
+//   every wait for an answer), lock_timeout (how long a claim may wait on a concurrent uncommitted
+//   claim of the same key; it then answers in_progress).
+// * Prepared statements per connection by default; set prepared_statements=false behind a pooler that
+//   cannot keep them (PgBouncer < 1.21 in transaction mode).
+// * synchronous_commit is left as the server has it (on by default): a claim the caller acts on must
+//   survive a crash. Do not turn it off for idem's table.
+//
+// Errors: config_error (bad options, from the constructor), store_unavailable / pool_timeout,
+// database_error (with sqlstate()), lease_lost, response_too_large, corrupt_record.
+// Thread-safety: all members may be called concurrently. The destructor closes every connection;
+// no call may be in flight then.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "idem/store.hpp"
+
+namespace idem {
+
+struct PostgresOptions {
+    /// Maximum number of open connections.
+    std::size_t pool_size = 8;
+    /// Table, optionally schema-qualified ("billing.idem_keys"); plain identifiers only.
+    std::string table = "idem_keys";
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
+    std::chrono::milliseconds statement_timeout{std::chrono::seconds(5)};
+    std::chrono::milliseconds lock_timeout{std::chrono::seconds(1)};
+    /// How long a caller waits for a free pooled connection.
+    std::chrono::milliseconds pool_wait{std::chrono::seconds(5)};
+    /// A connection idle longer than this is pinged before it is used.
+    std::chrono::milliseconds health_check_after{std::chrono::seconds(30)};
+    bool prepared_statements = true;
+    std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
+    std::chrono::seconds default_retention{std::chrono::hours(24)};
+    /// Upper bound of the retry-after hint given with in_progress.
+    std::chrono::milliseconds max_retry_after{std::chrono::seconds(1)};
+    /// Largest encoded result save() accepts (bytea can hold up to 1 GB; keep rows small).
+    std::size_t max_result_bytes = 16u << 20;
+    /// Attempts for a claim that hits 40001 / 40P01 / 55P03 or a broken connection.
+    int claim_attempts = 3;
+    std::string application_name = "idem";
+};
+
+class PostgresStore final : public IdempotencyStore {
+public:
+    /// `conninfo` is a libpq connection string or URI. Nothing connects until first use.
+    /// Throws config_error on invalid options.
+    explicit PostgresStore(std::string conninfo, PostgresOptions options = {});
+    ~PostgresStore() override;
+    PostgresStore(const PostgresStore&) = delete;
+    PostgresStore& operator=(const PostgresStore&) = delete;
+
+    /// Creates or upgrades the table and its index. Idempotent and safe to run from several
+    /// processes at once (serialised by an advisory lock); records the schema version in
+    /// idem_schema_version. The SQL it runs is docs/schema.sql.
+    void ensure_schema();
+
+    /// The schema version this build of idem writes and expects.
+    [[nodiscard]] static int schema_version() noexcept;
+
+    /// The DDL ensure_schema() runs for `table` (for DBAs who apply schema changes themselves).
+    /// Throws config_error on an invalid table name.
+    [[nodiscard]] static std::string schema_sql(const std::string& table = "idem_keys");
+
+    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp,
+                              const ClaimOptions& options = {}) override;
+    void save(const Key& key, Fence fence, std::string_view result) override;
+    void release(const Key& key, Fence fence) override;
+    [[nodiscard]] std::optional<Record> read(const Key& key) override;
+    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit) override;
+    [[nodiscard]] StoreStats stats() const override;
+    [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+
+    [[nodiscard]] const PostgresOptions& options() const noexcept;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Install (or report) the Debian packages needed to build and test idem.
+#
+# Usage: scripts/install-deps.sh [--with-examples] [--with-fault] [--with-clang] [--all]
+#
+#   (core, always)    cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2
+#                     postgresql-15 postgresql-client-15
+#   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
+#   --with-fault      clang libclang-rt-14-dev (clang toolchain + sanitizer/fuzzer runtimes
+#                     used by the fault-injection / fuzz / clang-sanitizer builds)
+#   --with-clang      alias of --with-fault
+#   --all             everything above
+#
+# As root, missing packages are installed with apt-get. Otherwise the missing packages and
+# the command to install them are printed and the script exits 1.
+#
+# Note: never add `npm` here; it conflicts with the machine's nodesource nodejs.
+set -euo pipefail
+
+core=(cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
+      postgresql-client-15)
+examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
+clang_pkgs=(clang libclang-rt-14-dev)
+
+usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+
+wanted=("${core[@]}")
+with_examples=0
+with_clang=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-examples) with_examples=1 ;;
+        --with-fault | --with-clang) with_clang=1 ;;
+        --all) with_examples=1; with_clang=1 ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "install-deps: unknown argument: $arg" >&2; usage >&2; exit 2 ;;
+    esac
+done
+((with_examples)) && wanted+=("${examples[@]}")
+((with_clang)) && wanted+=("${clang_pkgs[@]}")
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "install-deps: dpkg-query not found; this script supports Debian/Ubuntu only." >&2
+    echo "install-deps: needed packages: ${wanted[*]}" >&2
+    exit 1
+fi
+
+missing=()
+for pkg in "${wanted[@]}"; do
+    status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
+    if [[ "$status" != "install ok installed" ]]; then
+        missing+=("$pkg")
+    fi
+done
+
+if ((${#missing[@]} == 0)); then
+    echo "install-deps: all ${#wanted[@]} required packages are installed."
+    exit 0
+fi
+
+install_cmd=(apt-get install -y --no-install-recommends "${missing[@]}")
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    {
+        echo "install-deps: missing Debian packages: ${missing[*]}"
+        echo "install-deps: install them as root with:"
+        echo "    apt-get update && DEBIAN_FRONTEND=noninteractive ${install_cmd[*]}"
+        echo "install-deps: (or prefix each apt-get with sudo)"
+    } >&2
+    exit 1
+fi
+
+echo "install-deps: installing missing packages: ${missing[*]}"
+apt-get update
+DEBIAN_FRONTEND=noninteractive "${install_cmd[@]}"
+echo "install-deps: done."

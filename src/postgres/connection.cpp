@@ -1,0 +1,254 @@
+#include "connection.hpp"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace idem::pg {
+
+// ---- Params ---------------------------------------------------------------------------------------
+
+Params& Params::raw(std::string_view s) {
+    // libpq never reads a zero-length binary value, but wants a non-null pointer for "not NULL".
+    values_.push_back(s.data() != nullptr ? s.data() : "");
+    lengths_.push_back(static_cast<int>(s.size()));
+    formats_.push_back(1);
+    return *this;
+}
+
+Params& Params::number(std::uint64_t v, int width) {
+    auto& buf = numbers_.emplace_back();
+    for (int i = width - 1; i >= 0; --i, v >>= 8) buf[static_cast<std::size_t>(i)] = static_cast<char>(v & 0xFF);
+    values_.push_back(buf.data());
+    lengths_.push_back(width);
+    formats_.push_back(1);
+    return *this;
+}
+
+// ---- binary result columns --------------------------------------------------------------------------
+
+namespace {
+
+std::uint64_t get_be(const PGresult* r, int row, int col, int width) {
+    if (PQgetisnull(r, row, col) || PQgetlength(r, row, col) != width) {
+        throw corrupt_record("idem: unexpected NULL or width in column " + std::to_string(col));
+    }
+    const auto* p = reinterpret_cast<const unsigned char*>(PQgetvalue(r, row, col));
+    std::uint64_t v = 0;
+    for (int i = 0; i < width; ++i) v = (v << 8) | p[i];
+    return v;
+}
+
+}  // namespace
+
+std::int64_t get_int8(const PGresult* r, int row, int col) {
+    return static_cast<std::int64_t>(get_be(r, row, col, 8));
+}
+std::int32_t get_int4(const PGresult* r, int row, int col) {
+    return static_cast<std::int32_t>(static_cast<std::uint32_t>(get_be(r, row, col, 4)));
+}
+std::int16_t get_int2(const PGresult* r, int row, int col) {
+    return static_cast<std::int16_t>(static_cast<std::uint16_t>(get_be(r, row, col, 2)));
+}
+std::string_view get_bytes(const PGresult* r, int row, int col) {
+    return {PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col))};
+}
+bool is_null(const PGresult* r, int row, int col) { return PQgetisnull(r, row, col) != 0; }
+
+std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row, int col) {
+    // Binary timestamptz: microseconds since 2000-01-01 00:00:00 UTC (integer datetimes).
+    constexpr std::int64_t pg_epoch_unix_seconds = 946684800;
+    const std::int64_t us = get_int8(r, row, col);
+    return std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::microseconds(us) + std::chrono::seconds(pg_epoch_unix_seconds)));
+}
+
+void quiet_notices(PGconn* conn) noexcept {
+    PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);
+}
+
+bool is_connection_sqlstate(std::string_view s) noexcept {
+    // 08: connection exception; 57P01-57P05: admin/crash shutdown, cannot connect now, idle timeouts.
+
+    // 25006: read-only transaction — we reached a standby (after a failover); reconnect to find
+    // the writer (target_session_attrs=read-write in the conninfo).
+    return s.starts_with("08") || s.starts_with("57P") || s == "25006";
+}
+
+// ---- Connection -------------------------------------------------------------------------------------
+
+namespace {
+
+std::string trim(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+// Merges our session settings into the user's own `options` (if the conninfo has any).
+std::string session_options(const ConnectSettings& settings) {
+    std::string user;
+    if (PQconninfoOption* opts = PQconninfoParse(settings.conninfo.c_str(), nullptr)) {
+        for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
+            if (std::strcmp(o->keyword, "options") == 0 && o->val != nullptr) user = o->val;
+        }
+        PQconninfoFree(opts);
+    }
+    std::string ours = "-c statement_timeout=" + std::to_string(settings.statement_timeout.count()) +
+                       " -c lock_timeout=" + std::to_string(settings.lock_timeout.count()) +
+                       // a claim never runs inside an open transaction; this is a safety net
+                       " -c idle_in_transaction_session_timeout=" +
+                       std::to_string(std::max<long long>(settings.statement_timeout.count() * 2, 1000));
+    return user.empty() ? ours : user + " " + ours;
+}
+
+}  // namespace
+
+Connection::Connection(const ConnectSettings& settings, std::span<const StatementDef> defs)
+    : prepared_(settings.prepared_statements) {
+    const std::string timeout = std::to_string(
+        std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));  // libpq: seconds, min 2
+    const std::string options = session_options(settings);
+    // The user's conninfo is expanded from "dbname"; the keywords after it take precedence.
+    const char* keys[] = {"dbname", "connect_timeout", "application_name", "options", nullptr};
+    const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(),
+                            options.c_str(), nullptr};
+    conn_.reset(PQconnectdbParams(keys, values, 1));
+    if (!conn_) throw store_unavailable("idem: out of memory creating a PostgreSQL connection");
+    if (PQstatus(conn_.get()) != CONNECTION_OK) {
+        throw store_unavailable("idem: cannot connect to PostgreSQL: " + trim(PQerrorMessage(conn_.get())));
+    }
+    quiet_notices(conn_.get());
+    if (PQsetnonblocking(conn_.get(), 1) != 0 || PQenterPipelineMode(conn_.get()) != 1) {
+        throw store_unavailable("idem: cannot enter pipeline mode: " + trim(PQerrorMessage(conn_.get())));
+    }
+    last_used_ = Clock::now();
+    if (!prepared_ || defs.empty()) return;
+
+    // All statements prepared in one round trip.
+    const auto deadline = Clock::now() + settings.statement_timeout + std::chrono::seconds(1);
+    for (const auto& def : defs) {
+        if (PQsendPrepare(conn_.get(), def.name.c_str(), def.sql.c_str(), static_cast<int>(def.param_types.size()),
+                          def.param_types.data()) != 1) {
+            fail("PQsendPrepare");
+        }
+    }
+    if (PQpipelineSync(conn_.get()) != 1) fail("PQpipelineSync");
+    flush(deadline);
+    for (std::size_t i = 0; i < defs.size(); ++i) {
+        ResultPtr r = next_result(deadline);
+        if (!r) fail("no answer to PREPARE");
+        if (PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
+            const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+            throw database_error("idem: cannot prepare " + defs[i].name + ": " +
+                                     trim(PQresultErrorMessage(r.get())),
+                                 state ? state : "");
+        }
+        if (next_result(deadline)) fail("unexpected extra result after PREPARE");
+    }
+    ResultPtr sync = next_result(deadline);
+    if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) fail("PREPARE pipeline not synced");
+}
+
+void Connection::fail(const std::string& what) {
+    broken_ = true;
+    throw connection_broken("idem: PostgreSQL connection failed (" + what +
+                            "): " + trim(PQerrorMessage(conn_.get())));
+}
+
+void Connection::wait(short events, Clock::time_point deadline) {
+    const int fd = PQsocket(conn_.get());
+    if (fd < 0) fail("no socket");
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) {
+            broken_ = true;
+            throw connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)");
+        }
+        pollfd p{fd, events, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+        if (n > 0) return;
+        if (n < 0 && errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
+    }
+}
+
+void Connection::flush(Clock::time_point deadline) {
+    for (;;) {
+        const int r = PQflush(conn_.get());
+        if (r == 0) return;
+        if (r < 0) fail("PQflush");
+        // The server may be blocked writing to us: read while waiting to write.
+        wait(POLLIN | POLLOUT, deadline);
+        if (PQconsumeInput(conn_.get()) != 1) fail("PQconsumeInput");
+    }
+}
+
+ResultPtr Connection::next_result(Clock::time_point deadline) {
+    while (PQisBusy(conn_.get())) {
+        wait(POLLIN, deadline);
+        if (PQconsumeInput(conn_.get()) != 1) fail("PQconsumeInput");
+    }
+    return ResultPtr(PQgetResult(conn_.get()));
+}
+
+void Connection::send(const Step& step) {
+    const StatementDef& def = *step.def;
+    const Params& p = *step.params;
+    const int ok = prepared_
+        ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(), 1)
+        : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(), def.param_types.data(), p.values(),
+                            p.lengths(), p.formats(), 1);
+    if (ok != 1) fail("send " + def.name);
+    if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail("PQpipelineSync");
+}
+
+std::vector<StepResult> Connection::run(std::span<const Step> steps, Clock::time_point deadline) {
+    if (broken_) throw connection_broken("idem: connection already broken");
+    if (steps.empty()) return {};
+    if (!steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");
+    for (const Step& step : steps) send(step);
+    flush(deadline);
+
+    // Per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC.
+    std::vector<StepResult> out(steps.size());
+    std::size_t i = 0;
+    while (i < steps.size()) {
+        ResultPtr r = next_result(deadline);
+        if (!r) fail("missing result");
+        switch (PQresultStatus(r.get())) {
+            case PGRES_TUPLES_OK:
+            case PGRES_COMMAND_OK:
+                out[i].result = std::move(r);
+                break;
+            case PGRES_PIPELINE_ABORTED:
+                out[i].aborted = true;
+                out[i].message = "skipped: an earlier statement of the pipeline failed";
+                break;
+            case PGRES_FATAL_ERROR: {
+                const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+                out[i].sqlstate = state ? state : "XX000";
+                out[i].message = trim(PQresultErrorMessage(r.get()));
+                if (is_connection_sqlstate(out[i].sqlstate)) {
+                    broken_ = true;
+                    throw connection_broken("idem: PostgreSQL closed the connection: " + out[i].message,
+                                            out[i].sqlstate);
+                }
+                break;
+            }
+            default:
+                fail(std::string("unexpected result status ") + PQresStatus(PQresultStatus(r.get())));
+        }
+        if (ResultPtr end = next_result(deadline)) fail("unexpected extra result");  // the NULL
+        if (steps[i].sync_after) {
+            ResultPtr sync = next_result(deadline);
+            if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) fail("pipeline out of sync");
+        }
+        ++i;
+    }
+    last_used_ = Clock::now();
+    return out;
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,148 @@
+// One libpq connection in pipeline mode, and the RAII owners around it (internal).
+//
+// Every statement goes through Connection::run(): statements are sent in segments, each segment
+// closed by its own Sync (so each segment is its own implicit transaction), all flushed together and
+// answered in ONE round trip. Waits are bounded by a deadline on the socket (poll), so a dead server
+// or a lost network becomes an error, never a hang. A connection that failed mid-pipeline is marked
+// broken and must be discarded: its protocol state is unknown.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/errors.hpp"
+
+namespace idem::pg {
+
+struct ConnDeleter {
+    void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
+};
+struct ResultDeleter {
+    void operator()(PGresult* result) const noexcept { PQclear(result); }
+};
+using ConnPtr = std::unique_ptr<PGconn, ConnDeleter>;
+using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
+
+using Clock = std::chrono::steady_clock;
+
+/// The connection failed (closed, reset, timed out, server shutting down). The statement's effect is
+/// unknown; the caller discards the connection and may retry on a fresh one.
+class connection_broken : public store_unavailable {
+public:
+    using store_unavailable::store_unavailable;
+};
+
+/// A statement known to every connection of a store: its SQL and parameter types.
+struct StatementDef {
+    std::string name;  ///< prepared statement name
+    std::string sql;
+    std::vector<Oid> param_types;
+};
+
+namespace oid {
+constexpr Oid int2 = 21, int4 = 23, int8 = 20, text = 25, bytea = 17;
+}  // namespace oid
+
+/// Parameters of one execution, all sent in binary format (text values are their UTF-8 bytes).
+class Params {
+public:
+    Params& text(std::string_view s) { return raw(s); }
+    Params& bytes(std::string_view s) { return raw(s); }
+    Params& int2(std::int16_t v) { return number(static_cast<std::uint64_t>(static_cast<std::uint16_t>(v)), 2); }
+    Params& int8(std::int64_t v) { return number(static_cast<std::uint64_t>(v), 8); }
+
+    [[nodiscard]] int size() const noexcept { return static_cast<int>(values_.size()); }
+    const char* const* values() const noexcept { return values_.data(); }
+    const int* lengths() const noexcept { return lengths_.data(); }
+    const int* formats() const noexcept { return formats_.data(); }
+
+private:
+    // Text and bytes are referenced, not copied: they must outlive the run() that sends them.
+    Params& raw(std::string_view s);
+    Params& number(std::uint64_t v, int width);
+    std::deque<std::array<char, 8>> numbers_;  // deque: stable addresses as it grows
+    std::vector<const char*> values_;
+    std::vector<int> lengths_;
+    std::vector<int> formats_;
+};
+
+/// One statement of a pipeline: which definition, with which parameters.
+struct Step {
+    const StatementDef* def;
+    Params* params;
+    bool sync_after = true;  ///< close the segment (own transaction) after this statement
+};
+
+/// The answer to one Step: a result (TUPLES_OK/COMMAND_OK), or an error with its SQLSTATE.
+struct StepResult {
+    ResultPtr result;
+    std::string sqlstate;  ///< empty when the statement succeeded
+    std::string message;
+    bool aborted = false;  ///< skipped because an earlier statement of its segment failed
+
+    [[nodiscard]] bool ok() const noexcept { return sqlstate.empty() && !aborted; }
+    [[nodiscard]] int rows() const noexcept { return result ? PQntuples(result.get()) : 0; }
+};
+
+struct ConnectSettings {
+    std::string conninfo;
+    std::string application_name;
+    std::chrono::milliseconds connect_timeout;
+    std::chrono::milliseconds statement_timeout;
+    std::chrono::milliseconds lock_timeout;
+    bool prepared_statements = true;
+};
+
+class Connection {
+public:
+    /// Connects (bounded by connect_timeout), enters pipeline mode and prepares `defs`.
+    /// Throws store_unavailable.
+    Connection(const ConnectSettings& settings, std::span<const StatementDef> defs);
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    /// Sends every step, flushes once, and reads every answer before `deadline`.
+    /// Throws connection_broken (connection unusable afterwards) — never for a statement's own error,
+    /// which comes back in its StepResult.
+    std::vector<StepResult> run(std::span<const Step> steps, Clock::time_point deadline);
+
+    [[nodiscard]] bool broken() const noexcept { return broken_; }
+    [[nodiscard]] Clock::time_point last_used() const noexcept { return last_used_; }
+
+private:
+    [[noreturn]] void fail(const std::string& what);
+    void send(const Step& step);
+    void flush(Clock::time_point deadline);
+    void wait(short events, Clock::time_point deadline);
+    ResultPtr next_result(Clock::time_point deadline);
+
+    ConnPtr conn_;
+    bool prepared_;
+    bool broken_ = false;
+    Clock::time_point last_used_;
+};
+
+/// Reads a binary-format column of row `row`.
+std::int64_t get_int8(const PGresult* r, int row, int col);
+std::int32_t get_int4(const PGresult* r, int row, int col);
+std::int16_t get_int2(const PGresult* r, int row, int col);
+std::string_view get_bytes(const PGresult* r, int row, int col);
+std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row, int col);
+bool is_null(const PGresult* r, int row, int col);
+
+/// Silences server NOTICEs ("relation already exists, skipping") that libpq prints to stderr.
+void quiet_notices(PGconn* conn) noexcept;
+
+/// SQLSTATEs after which the connection cannot be trusted (shutdown, connection exceptions).
+bool is_connection_sqlstate(std::string_view sqlstate) noexcept;
+
+}  // namespace idem::pg

@@ -1,0 +1,84 @@
+#include "pool.hpp"
+
+#include <string>
+
+namespace idem::pg {
+
+Lease::~Lease() {
+    if (pool_ && conn_) pool_->give_back(std::move(conn_));
+}
+
+Pool::Pool(std::size_t size, std::chrono::milliseconds wait, std::chrono::milliseconds health_check_after,
+           Factory factory, Ping ping, Event event)
+    : size_(size),
+      wait_(wait),
+      health_check_after_(health_check_after),
+      factory_(std::move(factory)),
+      ping_(std::move(ping)),
+      event_(std::move(event)) {}
+
+Pool::~Pool() = default;
+
+Lease Pool::acquire() {
+    const auto deadline = Clock::now() + wait_;
+    for (;;) {
+        std::unique_ptr<Connection> conn;
+        {
+            std::unique_lock lock(mutex_);
+            while (idle_.empty() && open_ >= size_) {
+                if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
+                    open_ >= size_) {
+                    throw pool_timeout("idem: no PostgreSQL connection free within " +
+                                       std::to_string(wait_.count()) + " ms (pool_size " +
+                                       std::to_string(size_) + ")");
+                }
+            }
+            if (!idle_.empty()) {
+                conn = std::move(idle_.back());
+                idle_.pop_back();
+            } else {
+                ++open_;  // reserve the slot, open outside the lock
+            }
+        }
+        if (!conn) {
+            try {
+                conn = factory_();
+            } catch (...) {
+                std::lock_guard lock(mutex_);
+                --open_;
+                returned_.notify_one();
+                throw;
+            }
+            event_(true);
+            return Lease(this, std::move(conn));
+        }
+        // Health check only for connections idle long enough to have been cut by a firewall,
+        // a restart or an idle timeout; a failed one is closed and we try again.
+        if (Clock::now() - conn->last_used() < health_check_after_ || ping_(*conn)) {
+            return Lease(this, std::move(conn));
+        }
+        give_back(std::move(conn));  // broken: closed and slot freed
+    }
+}
+
+void Pool::give_back(std::unique_ptr<Connection> conn) noexcept {
+    const bool broken = conn->broken();
+    if (broken) conn.reset();  // PQfinish outside the lock
+    {
+        std::lock_guard lock(mutex_);
+        if (broken) {
+            --open_;
+        } else {
+            idle_.push_back(std::move(conn));
+        }
+    }
+    returned_.notify_one();
+    if (broken) {
+        try {
+            event_(false);
+        } catch (...) {
+        }
+    }
+}
+
+}  // namespace idem::pg

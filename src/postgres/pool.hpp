@@ -1,0 +1,69 @@
+// A bounded, thread-safe pool of Connections (internal).
+//
+// At most `size` connections exist; they are opened lazily. acquire() hands out an idle one (the most
+// recently used: warm caches), opens a new one while under the bound, or waits up to `wait` for one to
+// come back (then pool_timeout). A connection idle longer than `health_check_after` is pinged first.
+// A Lease returns its connection on destruction, unless it broke: broken ones are closed.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "connection.hpp"
+
+namespace idem::pg {
+
+class Pool;
+
+class Lease {
+public:
+    Lease(Pool* pool, std::unique_ptr<Connection> conn) noexcept : pool_(pool), conn_(std::move(conn)) {}
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+
+    Connection& operator*() const noexcept { return *conn_; }
+    Connection* operator->() const noexcept { return conn_.get(); }
+
+private:
+    Pool* pool_;
+    std::unique_ptr<Connection> conn_;
+};
+
+class Pool {
+public:
+    using Factory = std::function<std::unique_ptr<Connection>()>;
+    using Ping = std::function<bool(Connection&)>;
+    using Event = std::function<void(bool opened)>;  // opened or discarded, for statistics
+
+    Pool(std::size_t size, std::chrono::milliseconds wait, std::chrono::milliseconds health_check_after,
+         Factory factory, Ping ping, Event event);
+    ~Pool();
+
+    /// Throws pool_timeout, or store_unavailable when a new connection cannot be opened.
+    Lease acquire();
+
+private:
+    friend class Lease;
+    void give_back(std::unique_ptr<Connection> conn) noexcept;
+
+    const std::size_t size_;
+    const std::chrono::milliseconds wait_;
+    const std::chrono::milliseconds health_check_after_;
+    Factory factory_;
+    Ping ping_;
+    Event event_;
+
+    std::mutex mutex_;
+    std::condition_variable returned_;
+    std::vector<std::unique_ptr<Connection>> idle_;
+    std::size_t open_ = 0;  // idle + leased + being opened
+};
+
+}  // namespace idem::pg

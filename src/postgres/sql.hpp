@@ -1,0 +1,34 @@
+// Every SQL statement idem runs, in one place (internal). docs/schema.sql is schema_sql("idem_keys"),
+// checked by a test.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "connection.hpp"
+
+namespace idem::pg {
+
+/// A validated, quoted table name and the names derived from it.
+struct TableName {
+    std::string schema;     ///< unquoted; empty when not qualified
+    std::string table;      ///< unquoted
+    std::string qualified;  ///< quoted, e.g. "billing"."idem_keys"
+    std::string version_table;  ///< quoted idem_schema_version in the same schema
+    std::string index;          ///< quoted expiry index name (unqualified)
+
+    /// Throws config_error unless `name` is `table` or `schema.table` of plain identifiers.
+    static TableName parse(const std::string& name);
+};
+
+constexpr int kSchemaVersion = 1;
+
+enum Stmt : std::size_t { kClaimInsert, kSelect, kSave, kRelease, kListStale, kPing, kStmtCount };
+
+/// The prepared statements of a store, indexed by Stmt.
+std::vector<StatementDef> statements(const TableName& t);
+
+/// The DDL that ensure_schema() runs (idempotent), inside one transaction.
+std::string schema_sql(const TableName& t);
+
+}  // namespace idem::pg
