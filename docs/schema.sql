@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS "idem_keys" (
     fence            bigint NOT NULL,             -- random token of the current claim
     attempt          integer NOT NULL DEFAULT 1,
     result           bytea,                       -- the stored response, byte for byte
+    phase            text,                        -- last recovery point recorded by the effect
+    phase_data       bytea,                       -- and its data (e.g. the provider's charge id)
+    waiters          boolean NOT NULL DEFAULT false,  -- a caller LISTENs for this key's save
     created_at       timestamptz NOT NULL DEFAULT now(),
     lease_until      timestamptz NOT NULL,        -- the claimer owns the key until then
     completed_at     timestamptz,
@@ -21,7 +24,8 @@ CREATE TABLE IF NOT EXISTS "idem_keys" (
     PRIMARY KEY (scope, key),
     CHECK ((state = 'completed') = (result IS NOT NULL))
 ) WITH (fillfactor = 90);
--- For purging expired keys. No index on state: the completing UPDATE stays a HOT update.
+-- For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the
+-- heartbeat and recovery points stay HOT updates (no index entry written).
 CREATE INDEX IF NOT EXISTS "idem_keys_expires_at_idx" ON "idem_keys" (expires_at);
 INSERT INTO "idem_schema_version" (table_name, version) VALUES ('idem_keys', 1)
     ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()

@@ -5,7 +5,8 @@
 // The sequence (docs/design.md explains each step):
 //   1. claim: the store inserts the key as in_progress and commits, before the effect runs. Nothing
 //      stays open while fn runs. A lost claim returns at once: replayed / in_progress / mismatch.
-//   2. effect: fn() runs. It may take an idem::Context& to learn its key, fence and attempt.
+//   2. effect: fn() runs. It may take an idem::Context& to learn its key, fence, attempt and the
+//      last recovery point, to record recovery points, and to extend its lease (heartbeat).
 //   3. fn returns a value → it is encoded with codec<R> and saved with the key → executed.
 //      Business errors (a 402 decline) are ordinary returns: saved and replayed like any result.
 //   4. fn throws idem::not_performed (or a subclass) → the effect certainly did not happen: the claim
@@ -22,8 +23,10 @@
 // Thread-safety: as thread-safe as the store (all idem stores are); fn runs on the calling thread.
 #pragma once
 
+#include <chrono>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -37,22 +40,38 @@
 
 namespace idem {
 
-/// What the effect may know about the claim it runs under.
+/// What the effect may know about, and do with, the claim it runs under.
 class Context {
 public:
-    Context(const Key& key, Fence fence, int attempt) noexcept
-        : key_(key), fence_(fence), attempt_(attempt) {}
+    Context(IdempotencyStore& store, const Key& key, Fence fence, const Record* taken_over) noexcept
+        : store_(store), key_(key), fence_(fence), taken_over_(taken_over) {}
 
     [[nodiscard]] const Key& key() const noexcept { return key_; }
     /// The fence token of this claim (pass it on if a downstream write should be fenced too).
     [[nodiscard]] Fence fence() const noexcept { return fence_; }
-    /// 1 for the first attempt at this key.
-    [[nodiscard]] int attempt() const noexcept { return attempt_; }
+    /// 1 for the first attempt at this key; more when resume mode took over a stale attempt.
+    [[nodiscard]] int attempt() const noexcept { return taken_over_ ? taken_over_->attempt : 1; }
+    /// The last recovery point an earlier attempt recorded, and its data (resume mode).
+    [[nodiscard]] std::optional<std::string> phase() const {
+        return taken_over_ ? taken_over_->phase : std::nullopt;
+    }
+    [[nodiscard]] std::optional<std::string> phase_data() const {
+        return taken_over_ ? taken_over_->phase_data : std::nullopt;
+    }
+
+    /// Records a recovery point ("charge_created", provider id). Durable when it returns.
+    /// Throws lease_lost if this attempt no longer owns the key: stop, someone else took over.
+    void record_phase(std::string_view phase, std::string_view data = {}) {
+        store_.record_phase(key_, fence_, phase, data);
+    }
+    /// Heartbeat for long effects: this attempt keeps the key for `lease` from now. Throws lease_lost.
+    void extend_lease(std::chrono::milliseconds lease) { store_.extend_lease(key_, fence_, lease); }
 
 private:
+    IdempotencyStore& store_;
     const Key& key_;
     Fence fence_;
-    int attempt_;
+    const Record* taken_over_;
 };
 
 namespace detail {
@@ -86,17 +105,26 @@ template <class F>
     static_assert(std::is_same_v<decltype(codec<R>::encode(std::declval<const R&>())), std::string>,
                   "idem::execute_once: specialise idem::codec<R> for the effect's result type");
 
+    const auto started = std::chrono::steady_clock::now();
+    const auto report = [&](Event event) {
+        store.emit(event, &key, std::chrono::steady_clock::now() - started);
+    };
+
     Claim claim = store.claim(key, fp, options);
     switch (claim.status) {
-        case ClaimStatus::mismatch: return Result<R>::mismatch();
-        case ClaimStatus::in_progress: return Result<R>::in_progress(claim.retry_after);
-        case ClaimStatus::completed:
-            return Result<R>::replayed(codec<R>::decode(*claim.existing->result));
+        case ClaimStatus::mismatch: report(Event::mismatch); return Result<R>::mismatch();
+        case ClaimStatus::in_progress:
+            report(Event::in_progress);
+            return Result<R>::in_progress(claim.retry_after);
+        case ClaimStatus::completed: {
+            auto replay = Result<R>::replayed(codec<R>::decode(*claim.existing->result));
+            report(Event::replayed);
+            return replay;
+        }
         case ClaimStatus::claimed: break;
     }
 
-    const int attempt = claim.existing ? claim.existing->attempt : 1;
-    Context context(key, claim.fence, attempt);
+    Context context(store, key, claim.fence, claim.existing ? &*claim.existing : nullptr);
     std::optional<R> value;
     try {
         value.emplace(detail::invoke_effect(fn, context));
@@ -104,27 +132,36 @@ template <class F>
         // Certainly not done: free the key. If the release itself fails the key stays in progress
         // (safe: nothing runs twice) and the release error, not the signal, reaches the caller.
         store.release(key, claim.fence);
+        report(Event::released);
+        throw;
+    } catch (...) {
+        // Outcome unknown: the claim stays in progress (see step 5 above).
+        report(Event::unknown);
         throw;
     }
-    // Any other exception propagates: outcome unknown, the claim stays (see step 5 above).
 
     std::string bytes;
     try {
         bytes = codec<R>::encode(*value);
     } catch (const std::exception& e) {
+        report(Event::unknown);
         throw response_not_saved(std::string("idem: encoding the result failed: ") + e.what(), {});
     }
     try {
         store.save(key, claim.fence, bytes);
     } catch (const response_not_saved&) {
+        report(Event::unknown);
         throw;
     } catch (const lease_lost&) {
+        report(Event::unknown);
         throw;
     } catch (const error& e) {
+        report(Event::unknown);
         throw response_not_saved(std::string("idem: the effect ran but its result was not saved: ") +
                                      e.what(),
                                  std::move(bytes), e.sqlstate());
     }
+    report(Event::executed);
     return Result<R>::executed(std::move(*value));
 }
 

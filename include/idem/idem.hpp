@@ -6,8 +6,11 @@
 #include "idem/fingerprint.hpp"   // IWYU pragma: export
 #include "idem/key.hpp"           // IWYU pragma: export
 #include "idem/memory_store.hpp"  // IWYU pragma: export
+#include "idem/observer.hpp"      // IWYU pragma: export
 #include "idem/outcome.hpp"       // IWYU pragma: export
 #include "idem/postgres_store.hpp"  // IWYU pragma: export
+#include "idem/reconciler.hpp"    // IWYU pragma: export
 #include "idem/response.hpp"      // IWYU pragma: export
 #include "idem/store.hpp"         // IWYU pragma: export
+#include "idem/transaction.hpp"   // IWYU pragma: export
 #include "idem/version.hpp"       // IWYU pragma: export

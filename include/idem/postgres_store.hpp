@@ -26,12 +26,15 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "idem/store.hpp"
 
 namespace idem {
+
+class Transaction;
 
 struct PostgresOptions {
     /// Maximum number of open connections.
@@ -83,11 +86,28 @@ public:
     void save(const Key& key, Fence fence, std::string_view result) override;
     void release(const Key& key, Fence fence) override;
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
-    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit) override;
+    void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) override;
+    void record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) override;
+    [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence,
+                                                 std::chrono::milliseconds lease, bool new_attempt) override;
+    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
+                                                   std::string_view scope_prefix = {}) override;
+    std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     [[nodiscard]] StoreStats stats() const override;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
 
     [[nodiscard]] const PostgresOptions& options() const noexcept;
+
+    /// What in-transaction mode decided (see idem/transaction.hpp, which wraps this).
+    struct TransactionOutcome {
+        ClaimStatus status;  ///< claimed = executed and committed
+        std::string result;  ///< completed: the stored bytes
+        std::chrono::milliseconds retry_after{0};
+    };
+    /// Claim, effect(tx) and save in one transaction; effect returns the encoded result.
+    [[nodiscard]] TransactionOutcome run_in_transaction(const Key& key, const Fingerprint& fp,
+                                                        const ClaimOptions& options,
+                                                        const std::function<std::string(Transaction&)>& effect);
 
 private:
     struct Impl;

@@ -1,25 +1,33 @@
 // idem/store.hpp — IdempotencyStore: the interface every backend implements.
 //
-// A key moves through these states (docs/design.md has the full machine):
+// A key moves through these states (docs/design.md has the full machine and who may take each step):
 //
-//   (none) --claim--> in_progress{fence} --save(fence)--> completed{result}
-//                         |
-//                         +--release(fence): the effect certainly did not happen--> (none)
+//   (none) --claim--> in_progress{fence, lease} --save(fence)--> completed{result, expires_at}
+//                       |  |  |                                          |
+//                       |  |  +--release(fence): effect certainly not done--> (none)
+//                       |  +--lease passes: still in_progress to clients;     | expires_at passes
+//                       |       take_over(old fence) -> in_progress{new fence} v
+//                       |       (a reconciler, or a retry in resume mode)  expired --claim--> in_progress
+//                       +--extend_lease / record_phase (fence holder only)     purge_expired --> (none)
 //
 // * claim() is the only way to create a record, and the database arbitrates it: exactly one of any
 //   number of concurrent claims on a key wins. The winning claim is durable (committed) before
 //   claim() returns. Losers get the existing record, classified as in_progress, completed or mismatch.
-// * Every write after the claim names the fence token the claim returned. A save or release whose
-//   fence no longer owns the key throws lease_lost and changes nothing.
+//   A completed record past its retention counts as absent: the claim takes it over atomically.
+//   An in-progress key never expires: its outcome is unknown until someone resolves it.
+// * Every write after the claim names the fence token it holds. A write whose fence no longer owns
+//   the key throws lease_lost and changes nothing.
 // * Stores are reconnect-safe: a claim/save/release interrupted by a broken connection is retried on
 //   a fresh one with the same fence, and recognises its own earlier write.
 //
-// Thread-safety: every member function may be called from any number of threads at once.
+// Thread-safety: every member function may be called from any number of threads at once, except
+// set_observer(), which must happen before the store is shared.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +35,7 @@
 
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
+#include "idem/observer.hpp"
 
 namespace idem {
 
@@ -37,8 +46,15 @@ using Fence = std::int64_t;
 struct ClaimOptions {
     /// How long the claimer owns the key before it counts as stale (default 30 s).
     std::optional<std::chrono::milliseconds> lease;
-    /// How long the record (and so the replay) is kept, counted from the claim (default 24 h).
+    /// How long the completed record (and so the replay) is kept, from the claim (default 24 h).
     std::optional<std::chrono::seconds> retention;
+    /// Resume mode (opt-in): a key in progress whose lease has passed, claimed again with the same
+    /// fingerprint, is taken over (new fence, attempt + 1) and the effect runs again. Only for
+    /// effects whose downstream deduplicates by the same key.
+    bool resume_stale = false;
+    /// Wait instead of in_progress (opt-in): wait up to this long for the running attempt to save
+    /// its result, woken by LISTEN/NOTIFY, and replay it. Zero answers in_progress at once.
+    std::chrono::milliseconds wait{0};
 };
 
 enum class RecordState { in_progress, completed };
@@ -52,12 +68,20 @@ struct Record {
     RecordState state = RecordState::in_progress;
     Fingerprint fingerprint{FingerprintAlgorithm::sha256, {}};
     Fence fence = 0;
+    /// 1 for the first attempt; resume-mode takeovers add one.
     std::int32_t attempt = 1;
     /// The stored result bytes; set when state == completed.
     std::optional<std::string> result;
+    /// The last recovery point the effect recorded (record_phase), and its data.
+    std::optional<std::string> phase;
+    std::optional<std::string> phase_data;
     std::chrono::system_clock::time_point created_at;
     std::chrono::system_clock::time_point lease_until;
     std::chrono::system_clock::time_point expires_at;
+    /// As of the read, by the database's clock: the lease has passed (in progress only) / the
+    /// retention has passed (completed only).
+    bool lease_expired = false;
+    bool expired = false;
 };
 
 enum class ClaimStatus { claimed, in_progress, completed, mismatch };
@@ -67,7 +91,8 @@ struct Claim {
     ClaimStatus status = ClaimStatus::in_progress;
     /// claimed: the token every later write for this key must carry.
     Fence fence = 0;
-    /// in_progress, completed, mismatch: the record found.
+    /// in_progress, completed, mismatch: the record found. claimed after a resume-mode takeover:
+    /// the record taken over (attempt, phase and phase data of the earlier attempt).
     std::optional<Record> existing;
     /// in_progress: when the client should try again.
     std::chrono::milliseconds retry_after{0};
@@ -80,11 +105,11 @@ struct StaleKey {
 };
 
 /// Counters since the store was made. A "round trip" is one wait for the database's answer: a
-/// pipeline of statements flushed together counts once.
+/// pipeline of statements flushed together counts once. Connection set-up is not counted.
 struct StoreStats {
     std::uint64_t round_trips = 0;
     std::uint64_t claims = 0;             ///< claim() calls
-    std::uint64_t claims_won = 0;         ///< claims that created the record
+    std::uint64_t claims_won = 0;         ///< claims that created (or took over) the record
     std::uint64_t saves = 0;
     std::uint64_t releases = 0;
     std::uint64_t reads = 0;
@@ -111,23 +136,59 @@ public:
     /// Throws lease_lost if `fence` no longer owns it.
     virtual void release(const Key& key, Fence fence) = 0;
 
+    /// Heartbeat: the fence holder extends its lease to now + `lease`. Throws lease_lost.
+    virtual void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) = 0;
+
+    /// Recovery point: the fence holder records the phase it reached and small data (e.g. the
+    /// provider's id), so a resumed attempt or the reconciler continues from there. Throws lease_lost.
+    virtual void record_phase(const Key& key, Fence fence, std::string_view phase,
+                              std::string_view data) = 0;
+
+    /// Takes over an in-progress key whose lease has passed and whose fence is still `stale_fence`:
+    /// gives it a new fence and a lease of `lease`. `new_attempt` adds one to the attempt number
+    /// (resume mode: the effect runs again); a reconciler passes false. Exactly one of several
+    /// concurrent takers succeeds; the others get nullopt. The old fence holder gets lease_lost
+    /// from any later write.
+    [[nodiscard]] virtual std::optional<Fence> take_over(const Key& key, Fence stale_fence,
+                                                         std::chrono::milliseconds lease,
+                                                         bool new_attempt) = 0;
+
     /// The stored record, if any (expired records included until purged).
     [[nodiscard]] virtual std::optional<Record> read(const Key& key) = 0;
 
-    /// Up to `limit` in-progress keys whose lease has passed, oldest lease first, for a reconciler:
-    /// it learns the real outcome and calls save(key, record.fence, ...) or release(...). Two
-    /// reconcilers may list the same key; the first write wins and the other gets lease_lost.
-    [[nodiscard]] virtual std::vector<StaleKey> list_stale(std::size_t limit) = 0;
+    /// Up to `limit` in-progress keys whose lease has passed, oldest lease first, optionally only
+    /// those whose scope starts with `scope_prefix`. Listing takes nothing: take_over() does.
+    [[nodiscard]] virtual std::vector<StaleKey> list_stale(std::size_t limit,
+                                                           std::string_view scope_prefix = {}) = 0;
+
+    /// Deletes completed records past their retention, `batch_size` rows per transaction, skipping
+    /// rows another session has locked, until none is left or `max_batches` ran. Returns how many
+    /// were deleted. Never waits on a claim, and claims of live keys never wait on it.
+    virtual std::size_t purge_expired(std::size_t batch_size = 1000,
+                                      std::size_t max_batches = SIZE_MAX) = 0;
 
     [[nodiscard]] virtual StoreStats stats() const = 0;
 
     /// Largest result save() accepts, in bytes.
     [[nodiscard]] virtual std::size_t max_result_bytes() const noexcept = 0;
 
+    /// Observer of this store's events (execute_once, reconciler, purge report here too).
+    /// Set it before sharing the store between threads.
+    void set_observer(std::shared_ptr<Observer> observer) noexcept { observer_ = std::move(observer); }
+    [[nodiscard]] Observer* observer() const noexcept { return observer_.get(); }
+    /// Reports an event to the observer, if any.
+    void emit(Event event, const Key* key, std::chrono::nanoseconds duration = {},
+              std::uint64_t count = 1) const noexcept {
+        if (observer_) observer_->on_event(EventInfo{event, key, duration, count});
+    }
+
 protected:
     IdempotencyStore() = default;
     IdempotencyStore(const IdempotencyStore&) = default;
     IdempotencyStore& operator=(const IdempotencyStore&) = default;
+
+private:
+    std::shared_ptr<Observer> observer_;
 };
 
 /// How a found record answers a claim for fingerprint `fp` (shared by every backend).

@@ -18,6 +18,13 @@ Params& Params::raw(std::string_view s) {
     return *this;
 }
 
+Params& Params::text_format(std::optional<std::string_view> s) {
+    values_.push_back(s ? (s->data() != nullptr ? s->data() : "") : nullptr);
+    lengths_.push_back(s ? static_cast<int>(s->size()) : 0);
+    formats_.push_back(0);
+    return *this;
+}
+
 Params& Params::number(std::uint64_t v, int width) {
     auto& buf = numbers_.emplace_back();
     for (int i = width - 1; i >= 0; --i, v >>= 8) buf[static_cast<std::size_t>(i)] = static_cast<char>(v & 0xFF);
@@ -56,6 +63,7 @@ std::string_view get_bytes(const PGresult* r, int row, int col) {
     return {PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col))};
 }
 bool is_null(const PGresult* r, int row, int col) { return PQgetisnull(r, row, col) != 0; }
+bool get_bool(const PGresult* r, int row, int col) { return get_be(r, row, col, 1) != 0; }
 
 std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row, int col) {
     // Binary timestamptz: microseconds since 2000-01-01 00:00:00 UTC (integer datetimes).
@@ -130,6 +138,7 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
     // All statements prepared in one round trip.
     const auto deadline = Clock::now() + settings.statement_timeout + std::chrono::seconds(1);
     for (const auto& def : defs) {
+        if (def.name.empty()) continue;
         if (PQsendPrepare(conn_.get(), def.name.c_str(), def.sql.c_str(), static_cast<int>(def.param_types.size()),
                           def.param_types.data()) != 1) {
             fail("PQsendPrepare");
@@ -138,6 +147,7 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
     if (PQpipelineSync(conn_.get()) != 1) fail("PQpipelineSync");
     flush(deadline);
     for (std::size_t i = 0; i < defs.size(); ++i) {
+        if (defs[i].name.empty()) continue;
         ResultPtr r = next_result(deadline);
         if (!r) fail("no answer to PREPARE");
         if (PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
@@ -196,12 +206,34 @@ ResultPtr Connection::next_result(Clock::time_point deadline) {
 void Connection::send(const Step& step) {
     const StatementDef& def = *step.def;
     const Params& p = *step.params;
-    const int ok = prepared_
-        ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(), 1)
-        : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(), def.param_types.data(), p.values(),
-                            p.lengths(), p.formats(), 1);
+    const int ok = prepared_ && !def.name.empty()
+        ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(),
+                              step.result_format)
+        : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
+                            def.param_types.empty() ? nullptr : def.param_types.data(), p.values(), p.lengths(),
+                            p.formats(), step.result_format);
     if (ok != 1) fail("send " + def.name);
     if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail("PQpipelineSync");
+}
+
+bool Connection::wait_notification(std::string_view channel, std::string_view payload,
+                                   Clock::time_point deadline) {
+    for (;;) {
+        if (PQconsumeInput(conn_.get()) != 1) fail("PQconsumeInput");
+        while (PGnotify* n = PQnotifies(conn_.get())) {
+            const bool match = channel == n->relname && payload == n->extra;
+            PQfreemem(n);
+            if (match) return true;
+        }
+        if (Clock::now() >= deadline) return false;
+        const int fd = PQsocket(conn_.get());
+        if (fd < 0) fail("no socket");
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, 1000))) < 0 && errno != EINTR) {
+            fail(std::string("poll: ") + std::strerror(errno));
+        }
+    }
 }
 
 std::vector<StepResult> Connection::run(std::span<const Step> steps, Clock::time_point deadline) {

@@ -12,6 +12,8 @@
 #include <array>
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -43,7 +45,7 @@ public:
 
 /// A statement known to every connection of a store: its SQL and parameter types.
 struct StatementDef {
-    std::string name;  ///< prepared statement name
+    std::string name;  ///< prepared statement name; empty: always sent unnamed (utility statements)
     std::string sql;
     std::vector<Oid> param_types;
 };
@@ -59,6 +61,9 @@ public:
     Params& bytes(std::string_view s) { return raw(s); }
     Params& int2(std::int16_t v) { return number(static_cast<std::uint64_t>(static_cast<std::uint16_t>(v)), 2); }
     Params& int8(std::int64_t v) { return number(static_cast<std::uint64_t>(v), 8); }
+    Params& int4(std::int32_t v) { return number(static_cast<std::uint64_t>(static_cast<std::uint32_t>(v)), 4); }
+    /// A text-format parameter (the server parses it by the statement's parameter type), or NULL.
+    Params& text_format(std::optional<std::string_view> s);
 
     [[nodiscard]] int size() const noexcept { return static_cast<int>(values_.size()); }
     const char* const* values() const noexcept { return values_.data(); }
@@ -80,6 +85,7 @@ struct Step {
     const StatementDef* def;
     Params* params;
     bool sync_after = true;  ///< close the segment (own transaction) after this statement
+    int result_format = 1;   ///< 1 binary (idem's own statements), 0 text
 };
 
 /// The answer to one Step: a result (TUPLES_OK/COMMAND_OK), or an error with its SQLSTATE.
@@ -115,7 +121,15 @@ public:
     /// which comes back in its StepResult.
     std::vector<StepResult> run(std::span<const Step> steps, Clock::time_point deadline);
 
+    /// Waits until a notification on `channel` whose payload is `payload` arrives, or `deadline`.
+    /// Returns whether it arrived. Other notifications are dropped.
+    bool wait_notification(std::string_view channel, std::string_view payload, Clock::time_point deadline);
+
+    /// Marks the connection unusable (its state is unknown after an interrupted exchange).
+    void mark_broken() noexcept { broken_ = true; }
     [[nodiscard]] bool broken() const noexcept { return broken_; }
+    /// The raw handle, for in-transaction mode's users.
+    [[nodiscard]] PGconn* native() const noexcept { return conn_.get(); }
     [[nodiscard]] Clock::time_point last_used() const noexcept { return last_used_; }
 
 private:
@@ -138,6 +152,7 @@ std::int16_t get_int2(const PGresult* r, int row, int col);
 std::string_view get_bytes(const PGresult* r, int row, int col);
 std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row, int col);
 bool is_null(const PGresult* r, int row, int col);
+bool get_bool(const PGresult* r, int row, int col);
 
 /// Silences server NOTICEs ("relation already exists, skipping") that libpq prints to stderr.
 void quiet_notices(PGconn* conn) noexcept;

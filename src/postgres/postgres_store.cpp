@@ -1,6 +1,9 @@
 #include "idem/postgres_store.hpp"
 
+#include "idem/transaction.hpp"
+
 #include <atomic>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -34,6 +37,11 @@ bool claim_retryable(const std::string& sqlstate) {
     throw database_error(msg, r.sqlstate);
 }
 
+std::string notify_payload(const pg::TableName& t, const Key& key) {
+    // \x1f cannot occur in a key (control characters are refused), so the payload is unambiguous.
+    return (t.schema.empty() ? t.table : t.schema + "." + t.table) + '\x1f' + key.scope() + '\x1f' + key.value();
+}
+
 Record parse_record(const PGresult* r, int row) {
     using namespace pg;
     Record rec;
@@ -55,6 +63,10 @@ Record parse_record(const PGresult* r, int row) {
     rec.created_at = get_timestamptz(r, row, 6);
     rec.lease_until = get_timestamptz(r, row, 7);
     rec.expires_at = get_timestamptz(r, row, 8);
+    if (!is_null(r, row, 9)) rec.phase = std::string(get_bytes(r, row, 9));
+    if (!is_null(r, row, 10)) rec.phase_data = std::string(get_bytes(r, row, 10));
+    rec.lease_expired = get_bool(r, row, 11);
+    rec.expired = get_bool(r, row, 12);
     return rec;
 }
 
@@ -111,6 +123,62 @@ struct PostgresStore::Impl {
             }
         }
     }
+
+    // A write that only the fence holder of an in-progress key may make.
+    static void expect_owned(const std::vector<StepResult>& res, const char* what, Fence fence) {
+        if (!res[0].ok()) throw_statement_error(res[0], what);
+        if (res[0].rows() != 1) {
+            throw lease_lost(std::string("idem: ") + what + " refused: fence " + std::to_string(fence) +
+                             " no longer owns the key");
+        }
+    }
+
+    // Gives a stale claim (fence `stale`, lease passed) the fence `fresh`. The taken-over record on
+    // success. Reconnect-safe: after a broken connection, finding `fresh` in place means we won.
+    std::optional<Record> take_over(const Key& key, Fence stale, Fence fresh, std::chrono::milliseconds lease,
+                                    bool new_attempt) {
+        return with_connection("take_over", [&](pg::Connection& conn, int attempt) -> std::optional<Record> {
+            Params p;
+            p.text(key.scope()).text(key.value()).int8(stale).int8(fresh).int8(lease.count()).int4(new_attempt ? 1 : 0);
+            auto res = run_one(conn, pg::kTakeOver, p);
+            if (!res[0].ok()) throw_statement_error(res[0], "take_over");
+            if (res[0].rows() == 1) return parse_record(res[0].result.get(), 0);
+            if (attempt > 1) {
+                auto record = select(conn, key);
+                if (record && record->fence == fresh) return record;
+            }
+            return std::nullopt;
+        });
+    }
+
+    // ClaimOptions::wait: LISTEN, flag the row as waited for, and wait for the saver's NOTIFY (or the
+    // deadline). Returns false when there is nothing to wait for any more (the caller re-reads
+    // either way). Holds one pooled connection while it waits.
+    bool wait_for_save(const Key& key, Clock::time_point until) {
+        return with_connection("wait", [&](pg::Connection& conn, int) {
+            const std::string payload = notify_payload(table, key);
+            Params none, mark;
+            mark.text(key.scope()).text(key.value());
+            // LISTEN first: a save committed after the mark is then certain to be heard.
+            const Step steps[] = {{&defs[pg::kListen], &none}, {&defs[pg::kMarkWaiter], &mark}};
+            bool heard = false;
+            try {
+                auto res = run(conn, steps);
+                if (!res[0].ok()) throw_statement_error(res[0], "listen");
+                if (!res[1].ok()) throw_statement_error(res[1], "wait");
+                if (res[1].rows() == 1) heard = conn.wait_notification(pg::kChannel, payload, until);
+                auto done = run_one(conn, pg::kUnlisten, none);
+                if (!done[0].ok()) conn.mark_broken();
+                // Drop notifications that arrived meanwhile, so the pooled connection is clean.
+                conn.wait_notification(pg::kChannel, "", Clock::now());
+            } catch (...) {
+                conn.mark_broken();  // may still be listening: never pool it again
+                throw;
+            }
+            return heard || Clock::now() < until;
+        });
+    }
+
 };
 
 PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : impl_(std::make_unique<Impl>()) {
@@ -209,20 +277,27 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
     m.counters.claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
+    const auto wait_until = Clock::now() + options.wait;
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
     const Fence fence = detail::new_fence();
+    const auto claimed = [&](std::optional<Record> taken = std::nullopt) {
+        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+        return Claim{ClaimStatus::claimed, fence, std::move(taken), {}};
+    };
+    const auto claim_params = [&](Params& p) {
+        p.text(key.scope())
+            .text(key.value())
+            .bytes(fp.bytes())
+            .int2(static_cast<std::int16_t>(fp.algorithm()))
+            .int8(fence)
+            .int8(lease.count())
+            .int8(retention.count());
+    };
 
-    for (int attempt = 1;; ++attempt) {
-        const bool last = attempt >= m.options.claim_attempts;
+    for (int failures = 0;;) {
         std::vector<StepResult> res = m.with_connection("claim", [&](pg::Connection& conn, int) {
             Params ins;
-            ins.text(key.scope())
-                .text(key.value())
-                .bytes(fp.bytes())
-                .int2(static_cast<std::int16_t>(fp.algorithm()))
-                .int8(fence)
-                .int8(lease.count())
-                .int8(retention.count());
+            claim_params(ins);
             Params sel;
             sel.text(key.scope()).text(key.value());
             // INSERT and SELECT each under their own Sync: two transactions, one round trip.
@@ -231,35 +306,52 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         });
         const StepResult& inserted = res[0];
         const StepResult& selected = res[1];
-        if (inserted.ok() && inserted.rows() == 1) {
-            m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
-            return Claim{ClaimStatus::claimed, fence, std::nullopt, {}};
-        }
+        if (inserted.ok() && inserted.rows() == 1) return claimed();
         if (!inserted.ok() && !claim_retryable(inserted.sqlstate)) throw_statement_error(inserted, "claim");
         if (!selected.ok()) throw_statement_error(selected, "claim (read)");
+
         if (selected.rows() == 1) {
             Record record = parse_record(selected.result.get(), 0);
             if (record.fence == fence && record.state == RecordState::in_progress) {
-                // Our own claim from an attempt whose answer was lost with its connection.
-                m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
-                return Claim{ClaimStatus::claimed, fence, std::nullopt, {}};
+                return claimed();  // ours, from an attempt whose answer was lost with its connection
+            }
+            if (record.expired) {
+                // Past retention: claim it again with a conditional UPDATE (one winner).
+                const bool won = m.with_connection("claim (expired)", [&](pg::Connection& conn, int) {
+                    Params p;
+                    claim_params(p);
+                    auto r = m.run_one(conn, pg::kReclaimExpired, p);
+                    if (!r[0].ok()) throw_statement_error(r[0], "claim (expired)");
+                    return r[0].rows() == 1;
+                });
+                if (won) return claimed();
+                continue;  // someone else re-claimed it first: read again
             }
             Claim claim{classify(record, fp), 0, std::move(record), {}};
-            if (claim.status == ClaimStatus::in_progress) {
-                claim.retry_after = detail::retry_after_hint(claim.existing->lease_until,
-                                                             std::chrono::system_clock::now(),
-                                                             m.options.max_retry_after);
+            if (claim.status != ClaimStatus::in_progress) return claim;
+            if (options.resume_stale && claim.existing->lease_expired) {
+                if (auto taken = m.take_over(key, claim.existing->fence, fence, lease, true)) {
+                    emit(Event::taken_over, &key);
+                    return claimed(std::move(taken));
+                }
+                continue;  // another retry or a reconciler took it
             }
+            if (Clock::now() < wait_until && m.wait_for_save(key, wait_until)) continue;
+            claim.retry_after = detail::retry_after_hint(claim.existing->lease_until,
+                                                         std::chrono::system_clock::now(),
+                                                         m.options.max_retry_after);
             return claim;
         }
         // Nothing to read: the conflicting claim was released or rolled back in between, or we timed
         // out waiting for a concurrent uncommitted claim. Try again; past the bound, tell the caller
         // the key is busy — never a generic failure.
-        if (last) return Claim{ClaimStatus::in_progress, 0, std::nullopt, m.options.max_retry_after};
+        if (++failures >= m.options.claim_attempts) {
+            return Claim{ClaimStatus::in_progress, 0, std::nullopt, m.options.max_retry_after};
+        }
         m.counters.retries.fetch_add(1, std::memory_order_relaxed);
         if (!inserted.ok()) {
             thread_local std::minstd_rand jitter{std::random_device{}()};
-            std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % (10 * attempt)));
+            std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % (10u * static_cast<unsigned>(failures))));
         }
     }
 }
@@ -272,18 +364,30 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                  std::string(result));
     }
     m.counters.saves.fetch_add(1, std::memory_order_relaxed);
-    m.with_connection("save", [&](pg::Connection& conn, int) {
+    const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int) {
         Params p;
         p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
         auto res = m.run_one(conn, pg::kSave, p);
         if (!res[0].ok()) throw_statement_error(res[0], "save");
-        if (res[0].rows() == 1) return;
+        if (res[0].rows() == 1) return pg::get_bool(res[0].result.get(), 0, 0);
         // Not updated: either an earlier attempt of this save landed before its connection broke,
         // or the fence lost the key.
         auto record = m.select(conn, key);
-        if (record && record->fence == fence && record->state == RecordState::completed) return;
+        if (record && record->fence == fence && record->state == RecordState::completed) return true;
         throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
     });
+    if (waiters) {
+        // Someone waits (ClaimOptions::wait): wake them. Best effort — they also time out and re-read.
+        try {
+            m.with_connection("notify", [&](pg::Connection& conn, int) {
+                Params p;
+                const std::string payload = notify_payload(m.table, key);
+                p.text(payload);
+                m.run_one(conn, pg::kNotify, p);
+            });
+        } catch (const error&) {
+        }
+    }
 }
 
 void PostgresStore::release(const Key& key, Fence fence) {
@@ -304,28 +408,215 @@ void PostgresStore::release(const Key& key, Fence fence) {
     });
 }
 
+void PostgresStore::extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) {
+    Impl& m = *impl_;
+    m.with_connection("extend_lease", [&](pg::Connection& conn, int) {
+        Params p;
+        p.text(key.scope()).text(key.value()).int8(fence).int8(lease.count());
+        m.expect_owned(m.run_one(conn, pg::kExtendLease, p), "extend_lease", fence);
+    });
+}
+
+void PostgresStore::record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) {
+    Impl& m = *impl_;
+    m.with_connection("record_phase", [&](pg::Connection& conn, int) {
+        Params p;
+        p.text(key.scope()).text(key.value()).int8(fence).text(phase).bytes(data);
+        m.expect_owned(m.run_one(conn, pg::kRecordPhase, p), "record_phase", fence);
+    });
+}
+
+std::optional<Fence> PostgresStore::take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
+                                              bool new_attempt) {
+    const Fence fence = detail::new_fence();
+    if (!impl_->take_over(key, stale_fence, fence, lease, new_attempt)) return std::nullopt;
+    emit(Event::taken_over, &key);
+    return fence;
+}
+
 std::optional<Record> PostgresStore::read(const Key& key) {
     Impl& m = *impl_;
     m.counters.reads.fetch_add(1, std::memory_order_relaxed);
     return m.with_connection("read", [&](pg::Connection& conn, int) { return m.select(conn, key); });
 }
 
-std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit) {
+std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, std::string_view scope_prefix) {
     Impl& m = *impl_;
     m.counters.reads.fetch_add(1, std::memory_order_relaxed);
     return m.with_connection("list_stale", [&](pg::Connection& conn, int) {
         Params p;
-        p.int8(static_cast<std::int64_t>(limit));
+        p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX))).text(scope_prefix);
         auto res = m.run_one(conn, pg::kListStale, p);
         if (!res[0].ok()) throw_statement_error(res[0], "list_stale");
         std::vector<StaleKey> out;
         const PGresult* r = res[0].result.get();
         for (int row = 0; row < PQntuples(r); ++row) {
-            out.push_back(StaleKey{Key(std::string(pg::get_bytes(r, row, 9)), std::string(pg::get_bytes(r, row, 10))),
+            out.push_back(StaleKey{Key(std::string(pg::get_bytes(r, row, pg::kRecordColumns)),
+                                       std::string(pg::get_bytes(r, row, pg::kRecordColumns + 1))),
                                    parse_record(r, row)});
         }
         return out;
     });
+}
+
+std::size_t PostgresStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
+    Impl& m = *impl_;
+    if (batch_size == 0) throw config_error("idem: purge_expired batch_size must be at least 1");
+    std::size_t total = 0;
+    for (std::size_t batch = 0; batch < max_batches; ++batch) {
+        // Each batch its own short transaction: locks are held for one batch only.
+        const std::size_t deleted = m.with_connection("purge_expired", [&](pg::Connection& conn, int) {
+            Params p;
+            p.int8(static_cast<std::int64_t>(std::min<std::size_t>(batch_size, INT64_MAX)));
+            auto res = m.run_one(conn, pg::kPurge, p);
+            if (!res[0].ok()) throw_statement_error(res[0], "purge_expired");
+            return static_cast<std::size_t>(std::strtoull(PQcmdTuples(res[0].result.get()), nullptr, 10));
+        });
+        total += deleted;
+        if (deleted < batch_size) break;
+    }
+    if (total > 0) emit(Event::purged, nullptr, {}, total);
+    return total;
+}
+
+PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
+    const Key& key, const Fingerprint& fp, const ClaimOptions& options,
+    const std::function<std::string(Transaction&)>& effect) {
+    Impl& m = *impl_;
+    m.counters.claims.fetch_add(1, std::memory_order_relaxed);
+    const auto lease = options.lease.value_or(m.options.default_lease);
+    const auto retention = options.retention.value_or(m.options.default_retention);
+    const Fence fence = detail::new_fence();
+
+    pg::Lease conn = m.pool->acquire();
+    const auto rollback = [&] {
+        try {
+            Params none;
+            auto r = m.run_one(*conn, pg::kRollback, none);
+            if (!r[0].ok()) conn->mark_broken();
+        } catch (const error&) {
+            conn->mark_broken();
+        }
+    };
+    try {
+        for (int failures = 0;;) {
+            Params none, ins, sel;
+            ins.text(key.scope())
+                .text(key.value())
+                .bytes(fp.bytes())
+                .int2(static_cast<std::int16_t>(fp.algorithm()))
+                .int8(fence)
+                .int8(lease.count())
+                .int8(retention.count());
+            sel.text(key.scope()).text(key.value());
+            // BEGIN; claim; read — one round trip, one open transaction (READ COMMITTED: the SELECT
+            // still takes its own snapshot).
+            const Step steps[] = {{&m.defs[pg::kBegin], &none, false},
+                                  {&m.defs[pg::kClaimInsert], &ins, false},
+                                  {&m.defs[pg::kSelect], &sel, true}};
+            auto res = m.run(*conn, steps);
+            if (!res[0].ok()) throw_statement_error(res[0], "begin");
+            bool won = res[1].ok() && res[1].rows() == 1;
+            if (!won && res[1].ok() && res[2].ok() && res[2].rows() == 1) {
+                Record record = parse_record(res[2].result.get(), 0);
+                if (record.expired) {
+                    auto r = m.run_one(*conn, pg::kReclaimExpired, ins);
+                    if (!r[0].ok()) {
+                        rollback();
+                        throw_statement_error(r[0], "claim (expired)");
+                    }
+                    won = r[0].rows() == 1;
+                }
+                if (!won) {
+                    rollback();
+                    if (record.expired) continue;
+                    const ClaimStatus status = classify(record, fp);
+                    TransactionOutcome out{status, {}, {}};
+                    if (status == ClaimStatus::completed) out.result = std::move(*record.result);
+                    if (status == ClaimStatus::in_progress) {
+                        out.retry_after = detail::retry_after_hint(record.lease_until, std::chrono::system_clock::now(),
+                                                                   m.options.max_retry_after);
+                    }
+                    return out;
+                }
+            }
+            if (won) break;
+            rollback();
+            if (!res[1].ok() && !claim_retryable(res[1].sqlstate)) throw_statement_error(res[1], "claim");
+            // Lock timeout on a concurrent open transaction, or the row vanished: bounded retry.
+            if (++failures >= m.options.claim_attempts) {
+                return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
+            }
+            m.counters.retries.fetch_add(1, std::memory_order_relaxed);
+        }
+        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+
+        Transaction tx(&*conn, key);
+        std::string bytes;
+        try {
+            bytes = effect(tx);
+        } catch (...) {
+            rollback();  // claim and effect go together
+            throw;
+        }
+        if (bytes.size() > m.options.max_result_bytes) {
+            rollback();
+            throw response_too_large("idem: result of " + std::to_string(bytes.size()) +
+                                         " bytes exceeds max_result_bytes (rolled back)",
+                                     std::move(bytes));
+        }
+        Params none, save;
+        save.text(key.scope()).text(key.value()).int8(fence).bytes(bytes);
+        const Step steps[] = {{&m.defs[pg::kSave], &save, false}, {&m.defs[pg::kCommit], &none, true}};
+        std::vector<StepResult> res;
+        try {
+            res = m.run(*conn, steps);
+        } catch (const pg::connection_broken& e) {
+            throw outcome_unknown(std::string("idem: the transaction's COMMIT was sent but its answer was lost: ") +
+                                      e.what() + " — retry with the same key to learn the outcome",
+                                  e.sqlstate());
+        }
+        if (!res[0].ok() || res[0].rows() != 1 || !res[1].ok()) {
+            rollback();
+            if (!res[0].ok()) throw_statement_error(res[0], "save (in transaction)");
+            if (!res[1].ok() && !res[1].aborted) throw_statement_error(res[1], "commit");
+            throw database_error("idem: in-transaction save matched no row");
+        }
+        m.counters.saves.fetch_add(1, std::memory_order_relaxed);
+        return TransactionOutcome{ClaimStatus::claimed, {}, {}};
+    } catch (const pg::connection_broken& e) {
+        throw store_unavailable(std::string("idem: in-transaction mode: ") + e.what(), e.sqlstate());
+    }
+}
+
+Transaction::Rows Transaction::exec(std::string_view sql, const std::vector<std::optional<std::string>>& params) {
+    auto& conn = *static_cast<pg::Connection*>(connection_);
+    const pg::StatementDef def{"", std::string(sql), {}};
+    Params p;
+    for (const auto& v : params) p.text_format(v ? std::optional<std::string_view>(*v) : std::nullopt);
+    const Step step{&def, &p, true, 0};
+    auto res = conn.run(std::span(&step, 1), Clock::now() + std::chrono::minutes(10));
+    if (!res[0].ok()) throw database_error("idem: transaction statement failed: " + res[0].message, res[0].sqlstate);
+    Rows out;
+    const PGresult* r = res[0].result.get();
+    const char* tuples = PQcmdTuples(const_cast<PGresult*>(r));
+    out.affected = tuples && *tuples ? std::strtoull(tuples, nullptr, 10) : static_cast<std::size_t>(PQntuples(r));
+    for (int row = 0; row < PQntuples(r); ++row) {
+        Row cells;
+        for (int col = 0; col < PQnfields(r); ++col) {
+            if (PQgetisnull(r, row, col)) {
+                cells.emplace_back(std::nullopt);
+            } else {
+                cells.emplace_back(std::string(PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col))));
+            }
+        }
+        out.rows.push_back(std::move(cells));
+    }
+    return out;
+}
+
+pg_conn* Transaction::native_handle() const noexcept {
+    return static_cast<pg::Connection*>(connection_)->native();
 }
 
 StoreStats PostgresStore::stats() const {

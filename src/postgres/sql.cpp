@@ -47,9 +47,16 @@ TableName TableName::parse(const std::string& name) {
 std::vector<StatementDef> statements(const TableName& t) {
     using namespace oid;
     const std::string& T = t.qualified;
+    // Every column of a record, then the lease/expiry verdict by the database's clock (one clock
+    // for every instance). parse_record reads them in this order.
+    const std::string record =
+        "state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, lease_until, expires_at, "
+        "phase, phase_data, (state = 'in_progress' AND lease_until < now()), "
+        "(state = 'completed' AND expires_at < now())";
+    const std::string owned = "scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress'";
     std::vector<StatementDef> defs(kStmtCount);
-    // The claim: the database arbitrates with the primary key. DO NOTHING writes no WAL on conflict.
-    // Times are computed by the server (one clock for every instance).
+    // The claim: the database arbitrates with the primary key. DO NOTHING writes no WAL and takes
+    // no row lock on conflict (DO UPDATE ... WHERE would lock the row on every replay).
     defs[kClaimInsert] = {"idem_claim",
                           fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, "
                                       "lease_until, expires_at) VALUES ($1, $2, 'in_progress', $3, $4, $5, "
@@ -59,30 +66,66 @@ std::vector<StatementDef> statements(const TableName& t) {
                           {text, text, bytea, int2, int8, int8, int8}};
     // Read by primary key; also sent right after the claim under its own Sync, so it takes a new
     // snapshot and sees the row that made the claim conflict.
-    defs[kSelect] = {"idem_select",
-                     fmt::format("SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
-                                 "lease_until, expires_at FROM {} WHERE scope = $1 AND key = $2",
-                                 T),
+    defs[kSelect] = {"idem_select", fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2", record, T),
                      {text, text}};
-    // Only the fence holder of an in-progress key completes it.
+    // Only the fence holder of an in-progress key completes it. `waiters`: someone LISTENs for it.
     defs[kSave] = {"idem_save",
                    fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
-                               "WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' "
-                               "RETURNING fence",
-                               T),
+                               "WHERE {} RETURNING waiters",
+                               T, owned),
                    {text, text, int8, bytea}};
-    defs[kRelease] = {"idem_release",
-                      fmt::format("DELETE FROM {} WHERE scope = $1 AND key = $2 AND fence = $3 "
-                                  "AND state = 'in_progress' RETURNING fence",
-                                  T),
+    defs[kRelease] = {"idem_release", fmt::format("DELETE FROM {} WHERE {} RETURNING fence", T, owned),
                       {text, text, int8}};
+    // Retention: a completed record past expires_at is claimed again by a conditional UPDATE; the
+    // row lock and the re-check of the WHERE clause let exactly one of concurrent claimers win.
+    defs[kReclaimExpired] = {
+        "idem_reclaim_expired",
+        fmt::format("UPDATE {} SET state = 'in_progress', fingerprint = $3, fingerprint_alg = $4, fence = $5, "
+                    "attempt = 1, result = NULL, phase = NULL, phase_data = NULL, waiters = false, "
+                    "created_at = now(), completed_at = NULL, lease_until = now() + $6 * interval '1 millisecond', "
+                    "expires_at = now() + $7 * interval '1 second' "
+                    "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
+                    T),
+        {text, text, bytea, int2, int8, int8, int8}};
+    // A stale claim (lease passed, fence unchanged) gets a new fence: one taker wins.
+    defs[kTakeOver] = {"idem_take_over",
+                       fmt::format("UPDATE {} SET fence = $4, lease_until = now() + $5 * interval '1 millisecond', "
+                                   "attempt = attempt + $6 WHERE {} AND lease_until < now() RETURNING {}",
+                                   T, owned, record),
+                       {text, text, int8, int8, int8, int4}};
+    defs[kExtendLease] = {"idem_extend_lease",
+                          fmt::format("UPDATE {} SET lease_until = now() + $4 * interval '1 millisecond' "
+                                      "WHERE {} RETURNING fence",
+                                      T, owned),
+                          {text, text, int8, int8}};
+    defs[kRecordPhase] = {"idem_record_phase",
+                          fmt::format("UPDATE {} SET phase = $4, phase_data = $5 WHERE {} RETURNING fence", T, owned),
+                          {text, text, int8, text, bytea}};
+    defs[kMarkWaiter] = {"idem_mark_waiter",
+                         fmt::format("UPDATE {} SET waiters = true WHERE scope = $1 AND key = $2 "
+                                     "AND state = 'in_progress' RETURNING fence",
+                                     T),
+                         {text, text}};
+    // Sent from the saver's own connection (a trigger's NOTIFY would fire on a Citus worker).
+    defs[kNotify] = {"idem_notify", fmt::format("SELECT pg_notify('{}', $1)", kChannel), {text}};
+    defs[kListen] = {"", fmt::format("LISTEN {}", kChannel), {}};
+    defs[kUnlisten] = {"", fmt::format("UNLISTEN {}", kChannel), {}};
     defs[kListStale] = {"idem_list_stale",
-                        fmt::format("SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, "
-                                    "created_at, lease_until, expires_at, scope, key FROM {} "
-                                    "WHERE state = 'in_progress' AND lease_until < now() "
-                                    "ORDER BY lease_until LIMIT $1",
-                                    T),
-                        {int8}};
+                        fmt::format("SELECT {}, scope, key FROM {} WHERE state = 'in_progress' AND lease_until < now() "
+                                    "AND left(scope, length($2)) = $2 ORDER BY lease_until LIMIT $1",
+                                    record, T),
+                        {int8, text}};
+    // One bounded batch; SKIP LOCKED: never waits on a row someone else holds.
+    defs[kPurge] = {"idem_purge",
+                    fmt::format("WITH victims AS (SELECT scope, key FROM {0} WHERE state = 'completed' "
+                                "AND expires_at < now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) "
+                                "DELETE FROM {0} AS t USING victims WHERE t.scope = victims.scope "
+                                "AND t.key = victims.key",
+                                T),
+                    {int8}};
+    defs[kBegin] = {"", "BEGIN", {}};
+    defs[kCommit] = {"", "COMMIT", {}};
+    defs[kRollback] = {"", "ROLLBACK", {}};
     defs[kPing] = {"idem_ping", "SELECT 1", {}};
     return defs;
 }
@@ -105,6 +148,9 @@ CREATE TABLE IF NOT EXISTS {qualified} (
     fence            bigint NOT NULL,             -- random token of the current claim
     attempt          integer NOT NULL DEFAULT 1,
     result           bytea,                       -- the stored response, byte for byte
+    phase            text,                        -- last recovery point recorded by the effect
+    phase_data       bytea,                       -- and its data (e.g. the provider's charge id)
+    waiters          boolean NOT NULL DEFAULT false,  -- a caller LISTENs for this key's save
     created_at       timestamptz NOT NULL DEFAULT now(),
     lease_until      timestamptz NOT NULL,        -- the claimer owns the key until then
     completed_at     timestamptz,
@@ -112,7 +158,8 @@ CREATE TABLE IF NOT EXISTS {qualified} (
     PRIMARY KEY (scope, key),
     CHECK ((state = 'completed') = (result IS NOT NULL))
 ) WITH (fillfactor = 90);
--- For purging expired keys. No index on state: the completing UPDATE stays a HOT update.
+-- For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the
+-- heartbeat and recovery points stay HOT updates (no index entry written).
 CREATE INDEX IF NOT EXISTS {index} ON {qualified} (expires_at);
 INSERT INTO {version_table} (table_name, version) VALUES ('{literal}', {version})
     ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()

@@ -23,7 +23,33 @@ struct TableName {
 
 constexpr int kSchemaVersion = 1;
 
-enum Stmt : std::size_t { kClaimInsert, kSelect, kSave, kRelease, kListStale, kPing, kStmtCount };
+enum Stmt : std::size_t {
+    kClaimInsert,
+    kSelect,
+    kSave,
+    kRelease,
+    kReclaimExpired,
+    kTakeOver,
+    kExtendLease,
+    kRecordPhase,
+    kMarkWaiter,
+    kNotify,
+    kListen,
+    kUnlisten,
+    kListStale,
+    kPurge,
+    kBegin,
+    kCommit,
+    kRollback,
+    kPing,
+    kStmtCount
+};
+
+/// Columns of a record, in this order, in every statement that returns one (see parse_record).
+inline constexpr int kRecordColumns = 13;
+
+/// The LISTEN/NOTIFY channel for "a waited-for key was saved"; the payload names table and key.
+inline constexpr const char* kChannel = "idem_saved";
 
 /// The prepared statements of a store, indexed by Stmt.
 std::vector<StatementDef> statements(const TableName& t);

@@ -1,0 +1,92 @@
+// idem/observer.hpp — counters and timings per outcome, with the key in each event.
+//
+//   auto counts = std::make_shared<idem::CountingObserver>();
+//   store.set_observer(counts);             // before the store is shared
+//   ... counts->snapshot().count(idem::Event::replayed)
+//
+// Events: executed, replayed, in_progress, mismatch (execute_once, with the call's duration);
+// released (not_performed), unknown (fn threw: outcome unknown, or the result was not saved);
+// taken_over (resume mode or a reconciler took a stale key); reconciled (a reconciler resolved a
+// key); purged (purge_expired, count = rows). Implement Observer to feed your own metrics.
+//
+// Thread-safety: on_event is called concurrently from every thread using the store; it must be
+// thread-safe and must not throw (it is noexcept). CountingObserver is lock-free.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace idem {
+
+class Key;
+
+enum class Event : std::uint8_t {
+    executed,
+    replayed,
+    in_progress,
+    mismatch,
+    released,
+    unknown,
+    taken_over,
+    reconciled,
+    purged,
+};
+inline constexpr std::size_t event_count = 9;
+
+[[nodiscard]] constexpr std::string_view to_string(Event event) noexcept {
+    constexpr std::string_view names[event_count] = {"executed", "replayed",   "in_progress",
+                                                     "mismatch", "released",   "unknown",
+                                                     "taken_over", "reconciled", "purged"};
+    return names[static_cast<std::size_t>(event)];
+}
+
+struct EventInfo {
+    Event event;
+    const Key* key;  ///< the key concerned; null for purged
+    std::chrono::nanoseconds duration;  ///< of the call, where one was timed
+    std::uint64_t count;                ///< 1, or the number of rows (purged)
+};
+
+class Observer {
+public:
+    virtual ~Observer() = default;
+    virtual void on_event(const EventInfo& event) noexcept = 0;
+};
+
+/// Counts events and sums their durations.
+class CountingObserver final : public Observer {
+public:
+    struct Snapshot {
+        std::array<std::uint64_t, event_count> counts{};
+        std::array<std::chrono::nanoseconds, event_count> total_time{};
+        [[nodiscard]] std::uint64_t count(Event e) const noexcept { return counts[static_cast<std::size_t>(e)]; }
+        [[nodiscard]] std::chrono::nanoseconds time(Event e) const noexcept {
+            return total_time[static_cast<std::size_t>(e)];
+        }
+    };
+
+    void on_event(const EventInfo& event) noexcept override {
+        const auto i = static_cast<std::size_t>(event.event);
+        counts_[i].fetch_add(event.count, std::memory_order_relaxed);
+        nanos_[i].fetch_add(event.duration.count(), std::memory_order_relaxed);
+    }
+
+    [[nodiscard]] Snapshot snapshot() const noexcept {
+        Snapshot s;
+        for (std::size_t i = 0; i < event_count; ++i) {
+            s.counts[i] = counts_[i].load(std::memory_order_relaxed);
+            s.total_time[i] = std::chrono::nanoseconds(nanos_[i].load(std::memory_order_relaxed));
+        }
+        return s;
+    }
+
+private:
+    std::array<std::atomic<std::uint64_t>, event_count> counts_{};
+    std::array<std::atomic<std::int64_t>, event_count> nanos_{};
+};
+
+}  // namespace idem
