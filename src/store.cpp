@@ -1,5 +1,7 @@
 #include "idem/store.hpp"
 
+#include "idem/errors.hpp"
+
 namespace idem {
 
 ClaimStatus classify(const Record& existing, const Fingerprint& fp) noexcept {
@@ -7,6 +9,35 @@ ClaimStatus classify(const Record& existing, const Fingerprint& fp) noexcept {
     // whatever state the first request is in.
     if (!(existing.fingerprint == fp)) return ClaimStatus::mismatch;
     return existing.state == RecordState::completed ? ClaimStatus::completed : ClaimStatus::in_progress;
+}
+
+}  // namespace idem
+
+namespace idem {
+
+std::vector<Claim> IdempotencyStore::claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
+                                                 const ClaimOptions& options) {
+    if (keys.size() != fps.size()) throw config_error("idem: claim_batch needs one fingerprint per key");
+    std::vector<Claim> claims;
+    claims.reserve(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) claims.push_back(claim(keys[i], fps[i], options));
+    return claims;
+}
+
+std::vector<SaveStatus> IdempotencyStore::save_batch(std::span<const SaveRequest> saves) {
+    std::vector<SaveStatus> statuses;
+    statuses.reserve(saves.size());
+    for (const SaveRequest& s : saves) {
+        try {
+            save(s.key, s.fence, s.result);
+            statuses.push_back(SaveStatus::saved);
+        } catch (const lease_lost&) {
+            statuses.push_back(SaveStatus::lease_lost);
+        } catch (const response_too_large&) {
+            statuses.push_back(SaveStatus::too_large);
+        }
+    }
+    return statuses;
 }
 
 }  // namespace idem

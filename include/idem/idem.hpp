@@ -1,6 +1,7 @@
 // idem/idem.hpp — the whole public API of idem in one include.
 #pragma once
 
+#include "idem/batch.hpp"         // IWYU pragma: export
 #include "idem/errors.hpp"        // IWYU pragma: export
 #include "idem/execute_once.hpp"  // IWYU pragma: export
 #include "idem/fingerprint.hpp"   // IWYU pragma: export

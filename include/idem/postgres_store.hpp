@@ -84,6 +84,9 @@ public:
     [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp,
                               const ClaimOptions& options = {}) override;
     void save(const Key& key, Fence fence, std::string_view result) override;
+    [[nodiscard]] std::vector<Claim> claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
+                                                 const ClaimOptions& options = {}) override;
+    [[nodiscard]] std::vector<SaveStatus> save_batch(std::span<const SaveRequest> saves) override;
     void release(const Key& key, Fence fence) override;
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
     void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) override;

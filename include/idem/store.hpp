@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -104,6 +105,15 @@ struct StaleKey {
     Record record;
 };
 
+/// One save of a batch (see IdempotencyStore::save_batch).
+struct SaveRequest {
+    const Key& key;
+    Fence fence;
+    std::string_view result;
+};
+
+enum class SaveStatus { saved, lease_lost, too_large };
+
 /// Counters since the store was made. A "round trip" is one wait for the database's answer: a
 /// pipeline of statements flushed together counts once. Connection set-up is not counted.
 struct StoreStats {
@@ -135,6 +145,18 @@ public:
     /// Deletes an in-progress claim whose effect certainly did not happen, so the key may run again.
     /// Throws lease_lost if `fence` no longer owns it.
     virtual void release(const Key& key, Fence fence) = 0;
+
+    /// Claims many keys at once: claims[i] answers keys[i] with fps[i], exactly as claim() would.
+    /// Keys must be distinct. PostgresStore does it in one round trip and one commit for all claims;
+    /// the default runs claim() for each. Throws like claim() for failures of the whole batch.
+    [[nodiscard]] virtual std::vector<Claim> claim_batch(std::span<const Key> keys,
+                                                         std::span<const Fingerprint> fps,
+                                                         const ClaimOptions& options = {});
+
+    /// Saves many results at once; statuses[i] answers saves[i]. PostgresStore: one round trip, one
+    /// commit. A fence that lost its key gets lease_lost and changes nothing; a result over
+    /// max_result_bytes() gets too_large; the others are saved. Throws for whole-batch failures.
+    [[nodiscard]] virtual std::vector<SaveStatus> save_batch(std::span<const SaveRequest> saves);
 
     /// Heartbeat: the fence holder extends its lease to now + `lease`. Throws lease_lost.
     virtual void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) = 0;

@@ -2,6 +2,7 @@
 
 #include "idem/transaction.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <random>
@@ -388,6 +389,169 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         } catch (const error&) {
         }
     }
+}
+
+std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
+                                              const ClaimOptions& options) {
+    Impl& m = *impl_;
+    if (keys.size() != fps.size()) throw config_error("idem: claim_batch needs one fingerprint per key");
+    const auto lease = options.lease.value_or(m.options.default_lease);
+    const auto retention = options.retention.value_or(m.options.default_retention);
+    std::vector<std::optional<Claim>> out(keys.size());
+
+    // Chunks keep one pipeline's memory and one transaction's lock count bounded.
+    constexpr std::size_t kChunk = 512;
+    for (std::size_t begin = 0; begin < keys.size(); begin += kChunk) {
+        const std::size_t n = std::min(kChunk, keys.size() - begin);
+        // Claims in key order: two batches that share keys lock them in the same order (no deadlock).
+        std::vector<std::size_t> order(n);
+        for (std::size_t j = 0; j < n; ++j) order[j] = begin + j;
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+        for (std::size_t j = 1; j < n; ++j) {
+            if (keys[order[j]] == keys[order[j - 1]]) throw config_error("idem: claim_batch keys must be distinct");
+        }
+        std::vector<Fence> fences(n);
+        for (auto& f : fences) f = detail::new_fence();
+        m.counters.claims.fetch_add(n, std::memory_order_relaxed);
+
+        for (int failures = 0;; ++failures) {
+            // [INSERT × n | Sync | SELECT × n | Sync]: all claims commit together, one round trip.
+            std::vector<StepResult> res = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
+                std::vector<Params> ins(n), sel(n);
+                std::vector<Step> steps;
+                steps.reserve(2 * n);
+                for (std::size_t j = 0; j < n; ++j) {
+                    const std::size_t i = order[j];
+                    ins[j].text(keys[i].scope())
+                        .text(keys[i].value())
+                        .bytes(fps[i].bytes())
+                        .int2(static_cast<std::int16_t>(fps[i].algorithm()))
+                        .int8(fences[j])
+                        .int8(lease.count())
+                        .int8(retention.count());
+                    steps.push_back(Step{&m.defs[pg::kClaimInsert], &ins[j], j + 1 == n});
+                }
+                for (std::size_t j = 0; j < n; ++j) {
+                    sel[j].text(keys[order[j]].scope()).text(keys[order[j]].value());
+                    steps.push_back(Step{&m.defs[pg::kSelect], &sel[j], j + 1 == n});
+                }
+                return m.run(conn, steps);
+            });
+            const auto failed = std::find_if(res.begin(), res.begin() + static_cast<std::ptrdiff_t>(n),
+                                             [](const StepResult& r) { return !r.ok() && !r.aborted; });
+            if (failed != res.begin() + static_cast<std::ptrdiff_t>(n)) {
+                // One failed INSERT rolled back the whole claim transaction.
+                if (!claim_retryable(failed->sqlstate)) throw_statement_error(*failed, "claim_batch");
+                m.counters.retries.fetch_add(1, std::memory_order_relaxed);
+                if (failures + 1 < m.options.claim_attempts) {
+                    thread_local std::minstd_rand jitter{std::random_device{}()};
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % 20));
+                    continue;
+                }
+                // Contended: settle each key on its own (each with its own bounded retries).
+                for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
+                m.counters.claims.fetch_sub(n, std::memory_order_relaxed);  // counted by claim() again
+                break;
+            }
+            for (std::size_t j = 0; j < n; ++j) {
+                const std::size_t i = order[j];
+                const StepResult& inserted = res[j];
+                const StepResult& selected = res[n + j];
+                if (inserted.rows() == 1) {
+                    m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+                    out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                    continue;
+                }
+                if (!selected.ok()) throw_statement_error(selected, "claim_batch (read)");
+                std::optional<Record> record;
+                if (selected.rows() == 1) record = parse_record(selected.result.get(), 0);
+                if (record && record->fence == fences[j] && record->state == RecordState::in_progress) {
+                    m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+                    out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                    continue;
+                }
+                const ClaimStatus status = record ? classify(*record, fps[i]) : ClaimStatus::in_progress;
+                // The rare cases (vanished row, expired record, resume or wait requested) take the
+                // single-key path, which knows them all.
+                if (!record || record->expired ||
+                    (status == ClaimStatus::in_progress && (options.resume_stale || options.wait.count() > 0))) {
+                    m.counters.claims.fetch_sub(1, std::memory_order_relaxed);
+                    out[i] = claim(keys[i], fps[i], options);
+                    continue;
+                }
+                Claim c{status, 0, std::move(record), {}};
+                if (status == ClaimStatus::in_progress) {
+                    c.retry_after = detail::retry_after_hint(c.existing->lease_until, std::chrono::system_clock::now(),
+                                                             m.options.max_retry_after);
+                }
+                out[i] = std::move(c);
+            }
+            break;
+        }
+    }
+    std::vector<Claim> claims;
+    claims.reserve(out.size());
+    for (auto& c : out) claims.push_back(std::move(*c));
+    return claims;
+}
+
+std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> saves) {
+    Impl& m = *impl_;
+    std::vector<SaveStatus> statuses(saves.size(), SaveStatus::saved);
+    std::vector<std::size_t> todo;
+    for (std::size_t i = 0; i < saves.size(); ++i) {
+        if (saves[i].result.size() > m.options.max_result_bytes) {
+            statuses[i] = SaveStatus::too_large;  // decided before any I/O
+        } else {
+            todo.push_back(i);
+        }
+    }
+    if (todo.empty()) return statuses;
+    m.counters.saves.fetch_add(todo.size(), std::memory_order_relaxed);
+    std::vector<std::size_t> notify;
+    m.with_connection("save_batch", [&](pg::Connection& conn, int attempt) {
+        notify.clear();
+        // [UPDATE × n | Sync]: one transaction, one commit for every result.
+        std::vector<Params> params(todo.size());
+        std::vector<Step> steps;
+        steps.reserve(todo.size());
+        for (std::size_t j = 0; j < todo.size(); ++j) {
+            const SaveRequest& s = saves[todo[j]];
+            params[j].text(s.key.scope()).text(s.key.value()).int8(s.fence).bytes(s.result);
+            steps.push_back(Step{&m.defs[pg::kSave], &params[j], j + 1 == todo.size()});
+        }
+        auto res = m.run(conn, steps);
+        for (const auto& r : res) {
+            if (!r.ok() && !r.aborted) throw_statement_error(r, "save_batch");
+        }
+        for (std::size_t j = 0; j < todo.size(); ++j) {
+            const std::size_t i = todo[j];
+            if (res[j].rows() == 1) {
+                statuses[i] = SaveStatus::saved;
+                if (pg::get_bool(res[j].result.get(), 0, 0)) notify.push_back(i);
+                continue;
+            }
+            statuses[i] = SaveStatus::lease_lost;
+            if (attempt > 1) {  // an earlier attempt of this batch may have committed
+                auto record = m.select(conn, saves[i].key);
+                if (record && record->fence == saves[i].fence && record->state == RecordState::completed) {
+                    statuses[i] = SaveStatus::saved;
+                }
+            }
+        }
+    });
+    for (std::size_t i : notify) {
+        try {
+            m.with_connection("notify", [&](pg::Connection& conn, int) {
+                Params p;
+                const std::string payload = notify_payload(m.table, saves[i].key);
+                p.text(payload);
+                m.run_one(conn, pg::kNotify, p);
+            });
+        } catch (const error&) {
+        }
+    }
+    return statuses;
 }
 
 void PostgresStore::release(const Key& key, Fence fence) {

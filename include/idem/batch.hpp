@@ -1,0 +1,198 @@
+// idem/batch.hpp — exactly-once effects for message consumers, a batch at a time.
+//
+// At-least-once delivery (Kafka, SQS, RabbitMQ, webhooks) hands consumers duplicates; the event id is
+// the idempotency key. execute_batch claims every message of a batch in one round trip, runs the
+// effect for the winners, and saves their results in one round trip:
+//
+//   std::vector<idem::Message> batch;   // {Key{"orders-consumer", event.id}, fingerprint(event.body)}
+//   auto results = idem::execute_batch(store, batch, [&](std::size_t i) { return apply(events[i]); });
+//   for (auto& r : results) if (r.outcome == idem::BatchOutcome::executed) ++applied;
+//
+// Per message (results[i] answers messages[i]):
+//   executed   claimed here, fn ran, result saved
+//   replayed   an earlier delivery completed it: fn did not run; response holds its stored result
+//   duplicate  the same key appears earlier in this batch: fn did not run for this copy
+//   in_progress, mismatch   as for execute_once
+//   released   fn threw not_performed: the claim was released (redelivery will run it); error holds it
+//   failed     fn threw anything else (outcome unknown: the key stays in progress), or its result
+//              could not be saved (response_not_saved / lease_lost); error holds the exception
+// Whole-batch failures (store unavailable before anything was claimed) are thrown.
+//
+// fn is called as fn(index) or fn(message), on the calling thread, in batch order.
+// Thread-safety: as thread-safe as the store.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "idem/errors.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
+#include "idem/response.hpp"
+#include "idem/store.hpp"
+
+namespace idem {
+
+struct Message {
+    Key key;
+    Fingerprint fingerprint;
+};
+
+enum class BatchOutcome { executed, replayed, duplicate, in_progress, mismatch, released, failed };
+
+[[nodiscard]] constexpr std::string_view to_string(BatchOutcome o) noexcept {
+    constexpr std::string_view names[] = {"executed", "replayed", "duplicate", "in_progress",
+                                          "mismatch", "released", "failed"};
+    return names[static_cast<std::size_t>(o)];
+}
+
+template <class R>
+struct BatchEntry {
+    BatchOutcome outcome = BatchOutcome::failed;
+    std::optional<R> response;  ///< executed, replayed
+    std::exception_ptr error;   ///< released, failed
+    std::chrono::milliseconds retry_after{0};  ///< in_progress
+};
+
+namespace detail {
+template <class F>
+decltype(auto) invoke_message(F& fn, std::size_t index, const Message& message) {
+    if constexpr (std::is_invocable_v<F&, std::size_t>) {
+        return std::invoke(fn, index);
+    } else {
+        return std::invoke(fn, message);
+    }
+}
+}  // namespace detail
+
+template <class F>
+[[nodiscard]] auto execute_batch(IdempotencyStore& store, std::span<const Message> messages, F&& fn,
+                                 const ClaimOptions& options = {}) {
+    using R = std::remove_cvref_t<decltype(detail::invoke_message(fn, std::size_t{}, messages[0]))>;
+    std::vector<BatchEntry<R>> out(messages.size());
+
+    // Distinct keys, first occurrence wins; later copies are duplicates of this batch.
+    std::vector<std::size_t> first;  // message index of each distinct key
+    std::map<const Key*, std::size_t, decltype([](const Key* a, const Key* b) { return *a < *b; })> seen;
+    for (std::size_t i = 0; i < messages.size(); ++i) {
+        if (seen.emplace(&messages[i].key, i).second) {
+            first.push_back(i);
+        } else {
+            out[i].outcome = BatchOutcome::duplicate;
+        }
+    }
+    std::vector<Key> keys;
+    std::vector<Fingerprint> fps;
+    keys.reserve(first.size());
+    fps.reserve(first.size());
+    for (std::size_t i : first) {
+        keys.push_back(messages[i].key);
+        fps.push_back(messages[i].fingerprint);
+    }
+    std::vector<Claim> claims = store.claim_batch(keys, fps, options);
+
+    std::vector<std::string> encoded(first.size());
+    std::vector<SaveRequest> saves;
+    std::vector<std::size_t> saved_slot;  // saves[j] belongs to first[saved_slot[j]]
+    for (std::size_t k = 0; k < first.size(); ++k) {
+        const std::size_t i = first[k];
+        BatchEntry<R>& entry = out[i];
+        Claim& claim = claims[k];
+        switch (claim.status) {
+            case ClaimStatus::completed:
+                entry.outcome = BatchOutcome::replayed;
+                entry.response.emplace(codec<R>::decode(*claim.existing->result));
+                store.emit(Event::replayed, &messages[i].key);
+                continue;
+            case ClaimStatus::in_progress:
+                entry.outcome = BatchOutcome::in_progress;
+                entry.retry_after = claim.retry_after;
+                store.emit(Event::in_progress, &messages[i].key);
+                continue;
+            case ClaimStatus::mismatch:
+                entry.outcome = BatchOutcome::mismatch;
+                store.emit(Event::mismatch, &messages[i].key);
+                continue;
+            case ClaimStatus::claimed: break;
+        }
+        try {
+            entry.response.emplace(detail::invoke_message(fn, i, messages[i]));
+            encoded[k] = codec<R>::encode(*entry.response);
+        } catch (const not_performed&) {
+            entry.error = std::current_exception();
+            entry.response.reset();
+            try {
+                store.release(messages[i].key, claim.fence);
+                entry.outcome = BatchOutcome::released;
+                store.emit(Event::released, &messages[i].key);
+            } catch (...) {
+                entry.outcome = BatchOutcome::failed;  // still in progress: safe, never runs twice
+                entry.error = std::current_exception();
+            }
+            continue;
+        } catch (...) {
+            entry.outcome = BatchOutcome::failed;  // outcome unknown: the claim stays in progress
+            entry.error = std::current_exception();
+            entry.response.reset();
+            store.emit(Event::unknown, &messages[i].key);
+            continue;
+        }
+        saves.push_back(SaveRequest{messages[i].key, claim.fence, encoded[k]});
+        saved_slot.push_back(k);
+    }
+    if (saves.empty()) return out;
+
+    std::vector<SaveStatus> statuses;
+    try {
+        statuses = store.save_batch(saves);
+    } catch (const error& e) {
+        for (std::size_t j = 0; j < saves.size(); ++j) {
+            BatchEntry<R>& entry = out[first[saved_slot[j]]];
+            entry.outcome = BatchOutcome::failed;
+            entry.error = std::make_exception_ptr(response_not_saved(
+                std::string("idem: the effect ran but the batch save failed: ") + e.what(),
+                std::string(saves[j].result), e.sqlstate()));
+            store.emit(Event::unknown, &saves[j].key);
+        }
+        return out;
+    }
+    for (std::size_t j = 0; j < saves.size(); ++j) {
+        BatchEntry<R>& entry = out[first[saved_slot[j]]];
+        switch (statuses[j]) {
+            case SaveStatus::saved:
+                entry.outcome = BatchOutcome::executed;
+                store.emit(Event::executed, &saves[j].key);
+                break;
+            case SaveStatus::lease_lost:
+                entry.outcome = BatchOutcome::failed;
+                entry.error = std::make_exception_ptr(lease_lost("idem: batch save refused: the fence lost the key"));
+                store.emit(Event::unknown, &saves[j].key);
+                break;
+            case SaveStatus::too_large:
+                entry.outcome = BatchOutcome::failed;
+                entry.error = std::make_exception_ptr(response_too_large(
+                    "idem: result exceeds max_result_bytes", std::string(saves[j].result)));
+                store.emit(Event::unknown, &saves[j].key);
+                break;
+        }
+    }
+    return out;
+}
+
+/// Overload for a vector or an initializer of messages.
+template <class F>
+[[nodiscard]] auto execute_batch(IdempotencyStore& store, const std::vector<Message>& messages, F&& fn,
+                                 const ClaimOptions& options = {}) {
+    return execute_batch(store, std::span<const Message>(messages), std::forward<F>(fn), options);
+}
+
+}  // namespace idem
