@@ -13,8 +13,9 @@
 // * Timeouts: connect_timeout (per host), statement_timeout (server side, and a client-side bound on
 //   every wait for an answer), lock_timeout (how long a claim may wait on a concurrent uncommitted
 //   claim of the same key; it then answers in_progress).
-// * Prepared statements per connection by default; set prepared_statements=false behind a pooler that
-//   cannot keep them (PgBouncer < 1.21 in transaction mode).
+// * Prepared statements per connection by default; behind PgBouncer < 1.21 in transaction pooling
+//   mode set prepared_statements=false and session_options=false (see docs/reliability.md).
+//   ClaimOptions::wait (LISTEN/NOTIFY) needs a session: not through a transaction-mode pooler.
 // * synchronous_commit is left as the server has it (on by default): a claim the caller acts on must
 //   survive a crash. Do not turn it off for idem's table.
 //
@@ -49,6 +50,10 @@ struct PostgresOptions {
     /// A connection idle longer than this is pinged before it is used.
     std::chrono::milliseconds health_check_after{std::chrono::seconds(30)};
     bool prepared_statements = true;
+    /// Send statement_timeout / lock_timeout / idle_in_transaction_session_timeout in the startup
+    /// packet (no round trip). Set false behind PgBouncer, which refuses startup options unless
+    /// `ignore_startup_parameters = options`, and set them on the role (ALTER ROLE … SET) instead.
+    bool session_options = true;
     std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
     std::chrono::seconds default_retention{std::chrono::hours(24)};
     /// Upper bound of the retry-after hint given with in_progress.

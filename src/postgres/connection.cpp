@@ -118,9 +118,10 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
     : prepared_(settings.prepared_statements) {
     const std::string timeout = std::to_string(
         std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));  // libpq: seconds, min 2
-    const std::string options = session_options(settings);
+    const std::string options = settings.session_options ? session_options(settings) : std::string();
     // The user's conninfo is expanded from "dbname"; the keywords after it take precedence.
-    const char* keys[] = {"dbname", "connect_timeout", "application_name", "options", nullptr};
+    const char* keys[] = {"dbname", "connect_timeout", "application_name",
+                          settings.session_options ? "options" : nullptr, nullptr};
     const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(),
                             options.c_str(), nullptr};
     conn_.reset(PQconnectdbParams(keys, values, 1));

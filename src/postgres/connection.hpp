@@ -106,6 +106,7 @@ struct ConnectSettings {
     std::chrono::milliseconds statement_timeout;
     std::chrono::milliseconds lock_timeout;
     bool prepared_statements = true;
+    bool session_options = true;
 };
 
 class Connection {

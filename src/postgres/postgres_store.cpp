@@ -11,6 +11,7 @@
 #include "../common.hpp"
 #include "connection.hpp"
 #include "pool.hpp"
+#include "record.hpp"
 #include "sql.hpp"
 
 namespace idem {
@@ -19,6 +20,7 @@ using pg::Clock;
 using pg::Params;
 using pg::Step;
 using pg::StepResult;
+using pg::parse_record;
 
 namespace {
 
@@ -41,34 +43,6 @@ bool claim_retryable(const std::string& sqlstate) {
 std::string notify_payload(const pg::TableName& t, const Key& key) {
     // \x1f cannot occur in a key (control characters are refused), so the payload is unambiguous.
     return (t.schema.empty() ? t.table : t.schema + "." + t.table) + '\x1f' + key.scope() + '\x1f' + key.value();
-}
-
-Record parse_record(const PGresult* r, int row) {
-    using namespace pg;
-    Record rec;
-    const std::string_view state = get_bytes(r, row, 0);
-    if (state == "in_progress") {
-        rec.state = RecordState::in_progress;
-    } else if (state == "completed") {
-        rec.state = RecordState::completed;
-    } else {
-        throw corrupt_record("idem: unknown state '" + std::string(state) + "'");
-    }
-    rec.fingerprint = Fingerprint::from_bytes(get_int2(r, row, 2), get_bytes(r, row, 1));
-    rec.fence = get_int8(r, row, 3);
-    rec.attempt = get_int4(r, row, 4);
-    if (!is_null(r, row, 5)) rec.result = std::string(get_bytes(r, row, 5));
-    if (rec.state == RecordState::completed && !rec.result) {
-        throw corrupt_record("idem: completed record without a result");
-    }
-    rec.created_at = get_timestamptz(r, row, 6);
-    rec.lease_until = get_timestamptz(r, row, 7);
-    rec.expires_at = get_timestamptz(r, row, 8);
-    if (!is_null(r, row, 9)) rec.phase = std::string(get_bytes(r, row, 9));
-    if (!is_null(r, row, 10)) rec.phase_data = std::string(get_bytes(r, row, 10));
-    rec.lease_expired = get_bool(r, row, 11);
-    rec.expired = get_bool(r, row, 12);
-    return rec;
 }
 
 }  // namespace
@@ -199,7 +173,8 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
     m.defs = pg::statements(m.table);
     m.settings = pg::ConnectSettings{std::move(conninfo),     options.application_name,
                                      options.connect_timeout, options.statement_timeout,
-                                     options.lock_timeout,    options.prepared_statements};
+                                     options.lock_timeout,    options.prepared_statements,
+                                     options.session_options};
     m.options = std::move(options);
     m.pool = std::make_unique<pg::Pool>(
         m.options.pool_size, m.options.pool_wait, m.options.health_check_after,

@@ -1,0 +1,15 @@
+// Decoding a stored row into a Record (internal; also the target of the row-decoding fuzzer).
+#pragma once
+
+#include <libpq-fe.h>
+
+#include "idem/store.hpp"
+
+namespace idem::pg {
+
+/// Reads the kRecordColumns record columns (binary format) of `row`. Throws corrupt_record on an
+/// unknown state, a wrong fingerprint length or algorithm, a NULL or mis-sized fixed-width column,
+/// or a completed record without a result.
+Record parse_record(const PGresult* r, int row);
+
+}  // namespace idem::pg
