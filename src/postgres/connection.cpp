@@ -66,12 +66,17 @@ bool is_null(const PGresult* r, int row, int col) { return PQgetisnull(r, row, c
 bool get_bool(const PGresult* r, int row, int col) { return get_be(r, row, col, 1) != 0; }
 
 std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row, int col) {
-    // Binary timestamptz: microseconds since 2000-01-01 00:00:00 UTC (integer datetimes).
-    constexpr std::int64_t pg_epoch_unix_seconds = 946684800;
+    // Binary timestamptz: microseconds since 2000-01-01 00:00:00 UTC (integer datetimes);
+    // INT64_MAX / INT64_MIN are 'infinity' / '-infinity'. system_clock counts nanoseconds here, so
+    // values beyond its range (±292 years around 1970) are clamped instead of overflowing.
+    using namespace std::chrono;
+    using tp = system_clock::time_point;
+    constexpr std::int64_t pg_epoch_unix_us = 946684800LL * 1000000LL;
     const std::int64_t us = get_int8(r, row, col);
-    return std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::microseconds(us) + std::chrono::seconds(pg_epoch_unix_seconds)));
+    const auto limit = duration_cast<microseconds>(tp::duration::max()).count() - pg_epoch_unix_us - 1;
+    if (us >= limit) return tp::max();
+    if (us <= -limit) return tp::min();
+    return tp(duration_cast<tp::duration>(microseconds(us + pg_epoch_unix_us)));
 }
 
 void quiet_notices(PGconn* conn) noexcept {
