@@ -340,16 +340,21 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                  std::string(result));
     }
     m.counters.saves.fetch_add(1, std::memory_order_relaxed);
-    const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int) {
+    const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int attempt) {
         Params p;
         p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
         auto res = m.run_one(conn, pg::kSave, p);
         if (!res[0].ok()) throw_statement_error(res[0], "save");
         if (res[0].rows() == 1) return pg::get_bool(res[0].result.get(), 0, 0);
-        // Not updated: either an earlier attempt of this save landed before its connection broke,
-        // or the fence lost the key.
-        auto record = m.select(conn, key);
-        if (record && record->fence == fence && record->state == RecordState::completed) return true;
+        // Not updated: either an earlier attempt of this very save landed before its connection
+        // broke (a retry finds its own bytes in place), or the fence lost the key.
+        if (attempt > 1) {
+            auto record = m.select(conn, key);
+            if (record && record->fence == fence && record->state == RecordState::completed &&
+                record->result == result) {
+                return false;
+            }
+        }
         throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
     });
     if (waiters) {
@@ -509,7 +514,8 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
             statuses[i] = SaveStatus::lease_lost;
             if (attempt > 1) {  // an earlier attempt of this batch may have committed
                 auto record = m.select(conn, saves[i].key);
-                if (record && record->fence == saves[i].fence && record->state == RecordState::completed) {
+                if (record && record->fence == saves[i].fence && record->state == RecordState::completed &&
+                    record->result == saves[i].result) {
                     statuses[i] = SaveStatus::saved;
                 }
             }
