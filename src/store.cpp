@@ -20,7 +20,19 @@ std::vector<Claim> IdempotencyStore::claim_batch(std::span<const Key> keys, std:
     if (keys.size() != fps.size()) throw config_error("idem: claim_batch needs one fingerprint per key");
     std::vector<Claim> claims;
     claims.reserve(keys.size());
-    for (std::size_t i = 0; i < keys.size(); ++i) claims.push_back(claim(keys[i], fps[i], options));
+    try {
+        for (std::size_t i = 0; i < keys.size(); ++i) claims.push_back(claim(keys[i], fps[i], options));
+    } catch (...) {
+        // Never strand a won claim whose effect will not run.
+        for (std::size_t i = 0; i < claims.size(); ++i) {
+            if (claims[i].status != ClaimStatus::claimed) continue;
+            try {
+                release(keys[i], claims[i].fence);
+            } catch (const error&) {
+            }
+        }
+        throw;
+    }
     return claims;
 }
 

@@ -11,12 +11,15 @@
 // Per message (results[i] answers messages[i]):
 //   executed   claimed here, fn ran, result saved
 //   replayed   an earlier delivery completed it: fn did not run; response holds its stored result
-//   duplicate  the same key appears earlier in this batch: fn did not run for this copy
+//   duplicate  the same key, with the same fingerprint, appears earlier in this batch: fn did not
+//              run for this copy (with another fingerprint the copy is a mismatch)
 //   in_progress, mismatch   as for execute_once
 //   released   fn threw not_performed: the claim was released (redelivery will run it); error holds it
-//   failed     fn threw anything else (outcome unknown: the key stays in progress), or its result
-//              could not be saved (response_not_saved / lease_lost); error holds the exception
-// Whole-batch failures (store unavailable before anything was claimed) are thrown.
+//   failed     fn threw anything else (outcome unknown: the key stays in progress), its result
+//              could not be saved (response_not_saved / lease_lost), or a stored result could not
+//              be decoded (corrupt_record); error holds the exception
+// Whole-batch failures of the claim (store unavailable) are thrown, with every claim the batch had
+// already won released again: nothing is left in progress by an exception.
 //
 // fn is called as fn(index) or fn(message), on the calling thread, in batch order.
 // Thread-safety: as thread-safe as the store.
@@ -84,10 +87,14 @@ template <class F>
     std::vector<std::size_t> first;  // message index of each distinct key
     std::map<const Key*, std::size_t, decltype([](const Key* a, const Key* b) { return *a < *b; })> seen;
     for (std::size_t i = 0; i < messages.size(); ++i) {
-        if (seen.emplace(&messages[i].key, i).second) {
+        auto [it, fresh] = seen.emplace(&messages[i].key, i);
+        if (fresh) {
             first.push_back(i);
         } else {
-            out[i].outcome = BatchOutcome::duplicate;
+            // Same key, different content: the same answer it would get in a later batch.
+            const bool same = messages[it->second].fingerprint == messages[i].fingerprint;
+            out[i].outcome = same ? BatchOutcome::duplicate : BatchOutcome::mismatch;
+            if (!same) store.emit(Event::mismatch, &messages[i].key);
         }
     }
     std::vector<Key> keys;
@@ -109,9 +116,14 @@ template <class F>
         Claim& claim = claims[k];
         switch (claim.status) {
             case ClaimStatus::completed:
-                entry.outcome = BatchOutcome::replayed;
-                entry.response.emplace(codec<R>::decode(*claim.existing->result));
-                store.emit(Event::replayed, &messages[i].key);
+                try {
+                    entry.response.emplace(codec<R>::decode(*claim.existing->result));
+                    entry.outcome = BatchOutcome::replayed;
+                    store.emit(Event::replayed, &messages[i].key);
+                } catch (...) {
+                    entry.outcome = BatchOutcome::failed;  // this message only; the batch goes on
+                    entry.error = std::current_exception();
+                }
                 continue;
             case ClaimStatus::in_progress:
                 entry.outcome = BatchOutcome::in_progress;

@@ -25,6 +25,47 @@ Params& Params::text_format(std::optional<std::string_view> s) {
     return *this;
 }
 
+namespace {
+void put_be(std::string& out, std::uint64_t v, int width) {
+    for (int i = width - 1; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+}  // namespace
+
+Params& Params::array(Oid element, const std::vector<std::string_view>& items) {
+    // Binary array: ndim, has-nulls flag, element type, then per dimension size and lower bound,
+    // then per element its length and bytes.
+    std::string& a = owned_.emplace_back();
+    std::size_t size = 20;
+    for (auto item : items) size += 4 + item.size();
+    a.reserve(size);
+    put_be(a, 1, 4);
+    put_be(a, 0, 4);
+    put_be(a, element, 4);
+    put_be(a, items.size(), 4);
+    put_be(a, 1, 4);
+    for (auto item : items) {
+        put_be(a, item.size(), 4);
+        a.append(item);
+    }
+    return raw(a);
+}
+
+Params& Params::int2_array(const std::vector<std::int16_t>& items) {
+    std::string& bytes = owned_.emplace_back();
+    for (auto v : items) put_be(bytes, static_cast<std::uint16_t>(v), 2);
+    std::vector<std::string_view> views;
+    for (std::size_t i = 0; i < items.size(); ++i) views.emplace_back(bytes.data() + 2 * i, 2);
+    return array(oid::int2, views);
+}
+
+Params& Params::int8_array(const std::vector<std::int64_t>& items) {
+    std::string& bytes = owned_.emplace_back();
+    for (auto v : items) put_be(bytes, static_cast<std::uint64_t>(v), 8);
+    std::vector<std::string_view> views;
+    for (std::size_t i = 0; i < items.size(); ++i) views.emplace_back(bytes.data() + 8 * i, 8);
+    return array(oid::int8, views);
+}
+
 Params& Params::number(std::uint64_t v, int width) {
     auto& buf = numbers_.emplace_back();
     for (int i = width - 1; i >= 0; --i, v >>= 8) buf[static_cast<std::size_t>(i)] = static_cast<char>(v & 0xFF);

@@ -52,6 +52,7 @@ struct StatementDef {
 
 namespace oid {
 constexpr Oid int2 = 21, int4 = 23, int8 = 20, text = 25, bytea = 17;
+constexpr Oid int2_array = 1005, int8_array = 1016, text_array = 1009, bytea_array = 1001;
 }  // namespace oid
 
 /// Parameters of one execution, all sent in binary format (text values are their UTF-8 bytes).
@@ -64,6 +65,11 @@ public:
     Params& int4(std::int32_t v) { return number(static_cast<std::uint64_t>(static_cast<std::uint32_t>(v)), 4); }
     /// A text-format parameter (the server parses it by the statement's parameter type), or NULL.
     Params& text_format(std::optional<std::string_view> s);
+    /// A one-dimensional array without NULLs, in binary format; the array is copied.
+    Params& text_array(const std::vector<std::string_view>& items) { return array(oid::text, items); }
+    Params& bytea_array(const std::vector<std::string_view>& items) { return array(oid::bytea, items); }
+    Params& int2_array(const std::vector<std::int16_t>& items);
+    Params& int8_array(const std::vector<std::int64_t>& items);
 
     [[nodiscard]] int size() const noexcept { return static_cast<int>(values_.size()); }
     const char* const* values() const noexcept { return values_.data(); }
@@ -74,7 +80,9 @@ private:
     // Text and bytes are referenced, not copied: they must outlive the run() that sends them.
     Params& raw(std::string_view s);
     Params& number(std::uint64_t v, int width);
-    std::deque<std::array<char, 8>> numbers_;  // deque: stable addresses as it grows
+    Params& array(Oid element, const std::vector<std::string_view>& items);
+    std::deque<std::array<char, 8>> numbers_;  // deques: stable addresses as they grow
+    std::deque<std::string> owned_;
     std::vector<const char*> values_;
     std::vector<int> lengths_;
     std::vector<int> formats_;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
+#include <unordered_map>
 #include <random>
 #include <thread>
 
@@ -378,96 +380,128 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
     std::vector<std::optional<Claim>> out(keys.size());
-
-    // Chunks keep one pipeline's memory and one transaction's lock count bounded.
-    constexpr std::size_t kChunk = 512;
-    for (std::size_t begin = 0; begin < keys.size(); begin += kChunk) {
-        const std::size_t n = std::min(kChunk, keys.size() - begin);
-        // Claims in key order: two batches that share keys lock them in the same order (no deadlock).
-        std::vector<std::size_t> order(n);
-        for (std::size_t j = 0; j < n; ++j) order[j] = begin + j;
-        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
-        for (std::size_t j = 1; j < n; ++j) {
-            if (keys[order[j]] == keys[order[j - 1]]) throw config_error("idem: claim_batch keys must be distinct");
-        }
-        std::vector<Fence> fences(n);
-        for (auto& f : fences) f = detail::new_fence();
-        m.counters.claims.fetch_add(n, std::memory_order_relaxed);
-
-        for (int failures = 0;; ++failures) {
-            // [INSERT × n | Sync | SELECT × n | Sync]: all claims commit together, one round trip.
-            std::vector<StepResult> res = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
-                std::vector<Params> ins(n), sel(n);
-                std::vector<Step> steps;
-                steps.reserve(2 * n);
-                for (std::size_t j = 0; j < n; ++j) {
-                    const std::size_t i = order[j];
-                    ins[j].text(keys[i].scope())
-                        .text(keys[i].value())
-                        .bytes(fps[i].bytes())
-                        .int2(static_cast<std::int16_t>(fps[i].algorithm()))
-                        .int8(fences[j])
-                        .int8(lease.count())
-                        .int8(retention.count());
-                    steps.push_back(Step{&m.defs[pg::kClaimInsert], &ins[j], j + 1 == n});
+    // Claims won so far: released again if a later part of the batch fails, so an exception never
+    // strands a claim whose effect will not run.
+    const auto release_won = [&] {
+        for (std::size_t i = 0; i < out.size(); ++i) {
+            if (out[i] && out[i]->status == ClaimStatus::claimed) {
+                try {
+                    release(keys[i], out[i]->fence);
+                } catch (const error&) {
+                    // stays in progress: safe (the effect did not run), the reconciler releases it
                 }
-                for (std::size_t j = 0; j < n; ++j) {
-                    sel[j].text(keys[order[j]].scope()).text(keys[order[j]].value());
-                    steps.push_back(Step{&m.defs[pg::kSelect], &sel[j], j + 1 == n});
-                }
-                return m.run(conn, steps);
-            });
-            const auto failed = std::find_if(res.begin(), res.begin() + static_cast<std::ptrdiff_t>(n),
-                                             [](const StepResult& r) { return !r.ok() && !r.aborted; });
-            if (failed != res.begin() + static_cast<std::ptrdiff_t>(n)) {
-                // One failed INSERT rolled back the whole claim transaction.
-                if (!claim_retryable(failed->sqlstate)) throw_statement_error(*failed, "claim_batch");
-                m.counters.retries.fetch_add(1, std::memory_order_relaxed);
-                if (failures + 1 < m.options.claim_attempts) {
-                    thread_local std::minstd_rand jitter{std::random_device{}()};
-                    std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % 20));
-                    continue;
-                }
-                // Contended: settle each key on its own (each with its own bounded retries).
-                for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
-                m.counters.claims.fetch_sub(n, std::memory_order_relaxed);  // counted by claim() again
-                break;
             }
+        }
+    };
+    try {
+        // Chunks keep one transaction's lock count and one statement's size bounded.
+        constexpr std::size_t kChunk = 1024;
+        for (std::size_t begin = 0; begin < keys.size(); begin += kChunk) {
+            const std::size_t n = std::min(kChunk, keys.size() - begin);
+            // Claims in key order: concurrent batches that share keys lock them in the same order.
+            std::vector<std::size_t> order(n);
+            for (std::size_t j = 0; j < n; ++j) order[j] = begin + j;
+            std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+            for (std::size_t j = 1; j < n; ++j) {
+                if (keys[order[j]] == keys[order[j - 1]]) throw config_error("idem: claim_batch keys must be distinct");
+            }
+            std::vector<Fence> fences(n);
+            std::vector<std::string_view> scopes(n), values(n), digests(n);
+            std::vector<std::int16_t> algs(n);
             for (std::size_t j = 0; j < n; ++j) {
                 const std::size_t i = order[j];
-                const StepResult& inserted = res[j];
-                const StepResult& selected = res[n + j];
-                if (inserted.rows() == 1) {
-                    m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
-                    out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
-                    continue;
-                }
-                if (!selected.ok()) throw_statement_error(selected, "claim_batch (read)");
-                std::optional<Record> record;
-                if (selected.rows() == 1) record = parse_record(selected.result.get(), 0);
-                if (record && record->fence == fences[j] && record->state == RecordState::in_progress) {
-                    m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
-                    out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
-                    continue;
-                }
-                const ClaimStatus status = record ? classify(*record, fps[i]) : ClaimStatus::in_progress;
-                // The rare cases (vanished row, expired record, resume or wait requested) take the
-                // single-key path, which knows them all.
-                if (!record || record->expired ||
-                    (status == ClaimStatus::in_progress && (options.resume_stale || options.wait.count() > 0))) {
-                    m.counters.claims.fetch_sub(1, std::memory_order_relaxed);
-                    out[i] = claim(keys[i], fps[i], options);
-                    continue;
-                }
-                Claim c{status, 0, std::move(record), {}};
-                if (status == ClaimStatus::in_progress) {
-                    c.retry_after = detail::retry_after_hint(c.existing->lease_until, std::chrono::system_clock::now(),
-                                                             m.options.max_retry_after);
-                }
-                out[i] = std::move(c);
+                fences[j] = detail::new_fence();
+                scopes[j] = keys[i].scope();
+                values[j] = keys[i].value();
+                digests[j] = fps[i].bytes();
+                algs[j] = static_cast<std::int16_t>(fps[i].algorithm());
             }
-            break;
+            m.counters.claims.fetch_add(n, std::memory_order_relaxed);
+
+            for (int failures = 0;; ++failures) {
+                // [INSERT … SELECT FROM unnest | Sync | SELECT … JOIN unnest | Sync]: every claim of the
+                // chunk commits together, one round trip, two statements.
+                std::vector<StepResult> res = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
+                    Params ins, sel;
+                    ins.text_array(scopes)
+                        .text_array(values)
+                        .bytea_array(digests)
+                        .int2_array(algs)
+                        .int8_array(fences)
+                        .int8(lease.count())
+                        .int8(retention.count());
+                    sel.text_array(scopes).text_array(values);
+                    const Step steps[] = {{&m.defs[pg::kClaimBatchInsert], &ins}, {&m.defs[pg::kSelectBatch], &sel}};
+                    return m.run(conn, steps);
+                });
+                if (!res[0].ok()) {
+                    if (!claim_retryable(res[0].sqlstate)) throw_statement_error(res[0], "claim_batch");
+                    m.counters.retries.fetch_add(1, std::memory_order_relaxed);
+                    if (failures + 1 < m.options.claim_attempts) {
+                        thread_local std::minstd_rand jitter{std::random_device{}()};
+                        std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % 20));
+                        continue;
+                    }
+                    // Contended: settle each key on its own (each with its own bounded retries).
+                    m.counters.claims.fetch_sub(n, std::memory_order_relaxed);  // claim() counts again
+                    for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
+                    break;
+                }
+                if (!res[1].ok()) throw_statement_error(res[1], "claim_batch (read)");
+                std::unordered_map<Fence, std::size_t> won;  // fence → position in `order`
+                for (std::size_t j = 0; j < n; ++j) won.emplace(fences[j], j);
+                std::vector<bool> inserted(n, false);
+                const PGresult* r = res[0].result.get();
+                for (int row = 0; row < PQntuples(r); ++row) {
+                    if (auto it = won.find(pg::get_int8(r, row, 0)); it != won.end()) inserted[it->second] = true;
+                }
+                std::map<std::pair<std::string_view, std::string_view>, int> found;  // (scope, key) → row
+                const PGresult* rows = res[1].result.get();
+                for (int row = 0; row < PQntuples(rows); ++row) {
+                    found.emplace(std::pair(pg::get_bytes(rows, row, pg::kRecordColumns),
+                                            pg::get_bytes(rows, row, pg::kRecordColumns + 1)),
+                                  row);
+                }
+                for (std::size_t j = 0; j < n; ++j) {
+                    const std::size_t i = order[j];
+                    if (inserted[j]) {
+                        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+                        out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                        continue;
+                    }
+                    std::optional<Record> record;
+                    if (auto it = found.find(std::pair(scopes[j], values[j])); it != found.end()) {
+                        record = parse_record(rows, it->second);
+                    }
+                    if (record && record->fence == fences[j] && record->state == RecordState::in_progress) {
+                        // ours: an attempt whose answer was lost with its connection committed it
+                        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+                        out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                        continue;
+                    }
+                    const ClaimStatus status = record ? classify(*record, fps[i]) : ClaimStatus::in_progress;
+                    // The rare cases (a vanished row, an expired record, resume or wait requested) take
+                    // the single-key path, which knows them all.
+                    if (!record || record->expired ||
+                        (status == ClaimStatus::in_progress && (options.resume_stale || options.wait.count() > 0))) {
+                        m.counters.claims.fetch_sub(1, std::memory_order_relaxed);
+                        out[i] = claim(keys[i], fps[i], options);
+                        continue;
+                    }
+                    Claim c{status, 0, std::move(record), {}};
+                    if (status == ClaimStatus::in_progress) {
+                        c.retry_after = detail::retry_after_hint(c.existing->lease_until,
+                                                                 std::chrono::system_clock::now(),
+                                                                 m.options.max_retry_after);
+                    }
+                    out[i] = std::move(c);
+                }
+                break;
+            }
         }
+    } catch (...) {
+        release_won();
+        throw;
     }
     std::vector<Claim> claims;
     claims.reserve(out.size());
@@ -477,44 +511,43 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
 
 std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> saves) {
     Impl& m = *impl_;
-    std::vector<SaveStatus> statuses(saves.size(), SaveStatus::saved);
-    std::vector<std::size_t> todo;
+    std::vector<SaveStatus> statuses(saves.size(), SaveStatus::lease_lost);
+    std::vector<std::string_view> scopes, values, results;
+    std::vector<Fence> fences;
+    std::unordered_map<Fence, std::size_t> index;  // fence → position in saves
     for (std::size_t i = 0; i < saves.size(); ++i) {
         if (saves[i].result.size() > m.options.max_result_bytes) {
             statuses[i] = SaveStatus::too_large;  // decided before any I/O
-        } else {
-            todo.push_back(i);
+            continue;
         }
+        scopes.push_back(saves[i].key.scope());
+        values.push_back(saves[i].key.value());
+        results.push_back(saves[i].result);
+        fences.push_back(saves[i].fence);
+        index.emplace(saves[i].fence, i);
     }
-    if (todo.empty()) return statuses;
-    m.counters.saves.fetch_add(todo.size(), std::memory_order_relaxed);
+    if (fences.empty()) return statuses;
+    m.counters.saves.fetch_add(fences.size(), std::memory_order_relaxed);
     std::vector<std::size_t> notify;
     m.with_connection("save_batch", [&](pg::Connection& conn, int attempt) {
         notify.clear();
-        // [UPDATE × n | Sync]: one transaction, one commit for every result.
-        std::vector<Params> params(todo.size());
-        std::vector<Step> steps;
-        steps.reserve(todo.size());
-        for (std::size_t j = 0; j < todo.size(); ++j) {
-            const SaveRequest& s = saves[todo[j]];
-            params[j].text(s.key.scope()).text(s.key.value()).int8(s.fence).bytes(s.result);
-            steps.push_back(Step{&m.defs[pg::kSave], &params[j], j + 1 == todo.size()});
+        // One UPDATE … FROM unnest: one statement, one commit for every result.
+        Params p;
+        p.text_array(scopes).text_array(values).int8_array(fences).bytea_array(results);
+        auto res = m.run_one(conn, pg::kSaveBatch, p);
+        if (!res[0].ok()) throw_statement_error(res[0], "save_batch");
+        const PGresult* r = res[0].result.get();
+        for (int row = 0; row < PQntuples(r); ++row) {
+            auto it = index.find(pg::get_int8(r, row, 0));
+            if (it == index.end()) continue;
+            statuses[it->second] = SaveStatus::saved;
+            if (pg::get_bool(r, row, 1)) notify.push_back(it->second);
         }
-        auto res = m.run(conn, steps);
-        for (const auto& r : res) {
-            if (!r.ok() && !r.aborted) throw_statement_error(r, "save_batch");
-        }
-        for (std::size_t j = 0; j < todo.size(); ++j) {
-            const std::size_t i = todo[j];
-            if (res[j].rows() == 1) {
-                statuses[i] = SaveStatus::saved;
-                if (pg::get_bool(res[j].result.get(), 0, 0)) notify.push_back(i);
-                continue;
-            }
-            statuses[i] = SaveStatus::lease_lost;
-            if (attempt > 1) {  // an earlier attempt of this batch may have committed
+        if (attempt > 1) {  // an earlier attempt of this batch may have committed before its connection broke
+            for (auto [fence, i] : index) {
+                if (statuses[i] != SaveStatus::lease_lost) continue;
                 auto record = m.select(conn, saves[i].key);
-                if (record && record->fence == saves[i].fence && record->state == RecordState::completed &&
+                if (record && record->fence == fence && record->state == RecordState::completed &&
                     record->result == saves[i].result) {
                     statuses[i] = SaveStatus::saved;
                 }

@@ -68,6 +68,29 @@ std::vector<StatementDef> statements(const TableName& t) {
     // snapshot and sees the row that made the claim conflict.
     defs[kSelect] = {"idem_select", fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2", record, T),
                      {text, text}};
+    // Batches: one statement for many keys (arrays in, rows out), so a batch costs two statements
+    // however large it is. The client sorts the arrays by key: concurrent batches lock in one order.
+    defs[kClaimBatchInsert] = {
+        "idem_claim_batch",
+        fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
+                    "expires_at) SELECT u.s, u.k, 'in_progress', u.f, u.a, u.fe, "
+                    "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second' "
+                    "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[]) AS u(s, k, f, a, fe) "
+                    "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
+                    T),
+        {text_array, text_array, bytea_array, int2_array, int8_array, int8, int8}};
+    defs[kSelectBatch] = {"idem_select_batch",
+                          fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
+                                      "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
+                                      record, T),
+                          {text_array, text_array}};
+    defs[kSaveBatch] = {"idem_save_batch",
+                        fmt::format("UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
+                                    "FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[]) AS u(s, k, f, r) "
+                                    "WHERE t.scope = u.s AND t.key = u.k AND t.fence = u.f AND t.state = 'in_progress' "
+                                    "RETURNING t.fence, t.waiters",
+                                    T),
+                        {text_array, text_array, int8_array, bytea_array}};
     // Only the fence holder of an in-progress key completes it. `waiters`: someone LISTENs for it.
     defs[kSave] = {"idem_save",
                    fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "

@@ -26,6 +26,9 @@ constexpr int kSchemaVersion = 1;
 enum Stmt : std::size_t {
     kClaimInsert,
     kSelect,
+    kClaimBatchInsert,
+    kSelectBatch,
+    kSaveBatch,
     kSave,
     kRelease,
     kReclaimExpired,
