@@ -1,0 +1,160 @@
+// In-transaction mode (PostgresStore only): claim, the effect's statements and the saved result
+// commit or roll back together.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <latch>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "idem/transaction.hpp"
+#include "lifecycle.hpp"
+
+using namespace lifecycle;
+using namespace std::string_literals;
+using idem::Outcome;
+using idem::Response;
+using idem_test::PgConn;
+
+TEST_CASE("in-transaction mode: commit together, roll back together, duplicates, mismatch",
+          "[lifecycle][transaction]") {
+    PostgresBackend backend;
+    auto& store = backend.make_pg(knobs(4, "idem_lifecycle_test", 200ms, 2));
+    EffectsTable effects(backend.conninfo());
+    PgConn admin(backend.conninfo());
+    const auto scope = fresh_scope("tx");
+    const auto fp = idem::fingerprint("POST /orders"s, 2500);
+    const std::string insert = "INSERT INTO " + effects.name() + " (scope, key, note) VALUES ($1, $2, $3) RETURNING id";
+    std::atomic<int> runs{0};
+
+    SECTION("executed: the effect's row and the saved response are both there; a replay does not run fn") {
+        const idem::Key key(scope, "order-1");
+        std::string row_id;
+        const auto r = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction& tx) {
+            ++runs;
+            const auto rows = tx.exec(insert, {key.scope(), key.value(), "it's \"quoted\"; --"s});
+            REQUIRE(rows.rows.size() == 1);
+            CHECK(rows.affected == 1);
+            row_id = rows.rows[0][0].value();
+            const auto none = tx.exec("SELECT NULL::text, $1::int + 1", {"41"});
+            CHECK_FALSE(none.rows[0][0]);
+            CHECK(none.rows[0][1] == "42"s);
+            return Response{201, "order " + row_id + "\0"s};
+        });
+        REQUIRE(r.outcome() == Outcome::executed);
+        CHECK(runs == 1);
+        CHECK(effects.count(admin, key) == 1);
+        CHECK(admin.scalar("SELECT count(*) FROM " + effects.name() + " WHERE note = $1", {"it's \"quoted\"; --"}) == 1);
+        auto rec = store.read(key);
+        REQUIRE(rec);
+        CHECK(rec->state == idem::RecordState::completed);
+        CHECK(*rec->result == encode(r.response()));
+
+        const auto replay = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+            ++runs;
+            return Response{500, "must not run"};
+        });
+        CHECK(replay.outcome() == Outcome::replayed);
+        CHECK(runs == 1);
+        CHECK(encode(replay.response()) == *rec->result);
+        CHECK(replay.response().body == "order " + row_id + "\0"s);
+        // Plain execute_once on the same key replays it too.
+        CHECK(idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "no"}; }).outcome() ==
+              Outcome::replayed);
+        CHECK(runs == 1);
+        // Mismatch.
+        const auto other = idem::fingerprint("POST /orders"s, 2501);
+        CHECK(idem::execute_once_in_transaction(store, key, other, [&](idem::Transaction&) {
+                  ++runs;
+                  return Response{500, "no"};
+              }).outcome() == Outcome::mismatch);
+        CHECK(runs == 1);
+        CHECK(effects.count(admin, key) == 1);
+    }
+
+    SECTION("fn throws: the effect's rows and the claim roll back; the key then executes") {
+        const idem::Key key(scope, "order-2");
+        CHECK_THROWS_WITH(idem::execute_once_in_transaction(store, key, fp,
+                                                            [&](idem::Transaction& tx) -> Response {
+                                                                ++runs;
+                                                                tx.exec(insert, {key.scope(), key.value(), "first"});
+                                                                throw std::runtime_error("card declined upstream");
+                                                            }),
+                          "card declined upstream");
+        CHECK_FALSE(store.read(key));
+        CHECK(effects.count(admin) == 0);
+        // A failing statement rolls back too (database_error from exec).
+        CHECK_THROWS_AS(idem::execute_once_in_transaction(store, key, fp,
+                                                          [&](idem::Transaction& tx) {
+                                                              ++runs;
+                                                              tx.exec(insert, {key.scope(), key.value(), "second"});
+                                                              tx.exec("SELECT 1/0");
+                                                              return Response{200, "x"};
+                                                          }),
+                        idem::database_error);
+        CHECK_FALSE(store.read(key));
+        CHECK(effects.count(admin) == 0);
+
+        const auto r = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction& tx) {
+            ++runs;
+            tx.exec(insert, {key.scope(), key.value(), "third"});
+            return Response{201, "third time"};
+        });
+        CHECK(r.outcome() == Outcome::executed);
+        CHECK(runs == 3);
+        CHECK(effects.count(admin) == 1);
+        CHECK(admin.scalar("SELECT count(*) FROM " + effects.name() + " WHERE note = 'third'") == 1);
+        CHECK(store.read(key)->state == idem::RecordState::completed);
+    }
+
+    SECTION("a duplicate while the first transaction is open: in_progress; after the commit: replayed") {
+        const idem::Key key(scope, "order-3");
+        std::latch in_effect(1);
+        std::optional<idem::Result<Response>> first;
+        SteadyClock::time_point fn_returned;
+        std::string first_error;
+        std::thread a([&] {
+            try {
+                first.emplace(idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction& tx) {
+                    ++runs;
+                    tx.exec(insert, {key.scope(), key.value(), "A"});
+                    in_effect.count_down();
+                    std::this_thread::sleep_for(1500ms);  // the transaction stays open
+                    fn_returned = SteadyClock::now();
+                    return Response{201, "A's order"};
+                }));
+            } catch (const std::exception& ex) {
+                first_error = ex.what();
+                in_effect.count_down();
+            }
+        });
+        in_effect.wait();
+        const auto t0 = SteadyClock::now();
+        const auto dup = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+            ++runs;
+            return Response{500, "duplicate ran"};
+        });
+        const auto t1 = SteadyClock::now();
+        a.join();
+        REQUIRE(first_error.empty());
+        REQUIRE(first);
+        CHECK(first->outcome() == Outcome::executed);
+        CHECK(dup.outcome() == Outcome::in_progress);
+        CHECK(dup.retry_after().count() > 0);
+        INFO("the duplicate answered after " << ms(t1 - t0) << " ms");
+        CHECK(t1 < fn_returned);             // answered while A's transaction was still open
+        CHECK(ms(t1 - t0) >= 350.0);         // waited lock_timeout (200 ms) on each of its 2 attempts
+        CHECK(ms(t1 - t0) < 1200.0);
+        CHECK(runs == 1);
+
+        const auto after = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+            ++runs;
+            return Response{500, "duplicate ran"};
+        });
+        CHECK(after.outcome() == Outcome::replayed);
+        CHECK(after.response() == first->response());
+        CHECK(runs == 1);
+        CHECK(effects.count(admin, key) == 1);
+    }
+}
