@@ -236,8 +236,9 @@ void PostgresStore::ensure_schema() {
     const std::string literal = m.table.schema.empty() ? m.table.table : m.table.schema + "." + m.table.table;
     exec("BEGIN");
     // Serialises concurrent ensure_schema() calls (several instances starting at once): without it,
-    // two CREATE TABLE IF NOT EXISTS can still collide on the catalog's unique index.
-    exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema:" + literal});
+    // two CREATE TABLE IF NOT EXISTS can still collide on the catalog's unique index. One lock for
+    // every table: stores of different tables share the schema's idem_schema_version table.
+    exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"});
     if (!m.table.schema.empty()) exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
     exec(pg::schema_sql(m.table));
     auto r = exec("SELECT version FROM " + m.table.version_table + " WHERE table_name = $1", {literal});

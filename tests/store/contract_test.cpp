@@ -1,0 +1,737 @@
+// The IdempotencyStore contract, through execute_once and the store interface, run on every store.
+//
+// Built twice from this one file: idem_contract_memory (MemoryStore, no database) and
+// idem_contract_postgres (PostgresStore; needs IDEM_TEST_DATABASE_URL, see
+// scripts/with-postgres.sh).
+#include "backends.hpp"
+#include "idem/idem.hpp"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <latch>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <typeinfo>
+#include <utility>
+
+using namespace std::chrono_literals;
+using namespace std::string_literals;
+using idem::Outcome;
+using idem::Response;
+
+#if defined(IDEM_CONTRACT_POSTGRES)
+using Backends = std::tuple<idem_test::PostgresBackend>;
+#else
+using Backends = std::tuple<idem_test::MemoryBackend>;
+#endif
+
+namespace {
+
+using Codec = idem::codec<Response>;
+
+Response charge_response(const std::string& id) {
+    return Response{201,
+                    R"({"id":")" + id + R"(","amount":25000,"currency":"BRL"})",
+                    {{"Content-Type", "application/json"}, {"Location", "/charges/" + id}}};
+}
+
+idem::Fingerprint charge_fp(std::int64_t amount = 25000) {
+    return idem::fingerprint("POST /charges"s, amount, "BRL"s);
+}
+
+std::string random_bytes(std::size_t n, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::string s(n, '\0');
+    for (auto& c : s)
+        c = static_cast<char>(rng() & 0xFF);
+    return s;
+}
+
+// A user result type with its own codec (the pattern response.hpp documents).
+struct Receipt {
+    std::string charge_id;
+    std::int64_t amount_cents = 0;
+    std::string currency;
+    bool captured = false;
+    friend bool operator==(const Receipt&, const Receipt&) = default;
+};
+
+/// Thrown by an effect to model a provider timeout: the outcome is unknown.
+struct ProviderTimeout : std::runtime_error {
+    using std::runtime_error::runtime_error;
+    int code = 504;
+};
+
+/// A not_performed subclass carrying the caller's own data.
+struct Declined : idem::not_performed {
+    explicit Declined(std::string reason)
+        : idem::not_performed("declined: " + reason), why(std::move(reason)) {}
+    std::string why;
+};
+
+} // namespace
+
+template <> struct idem::codec<Receipt> {
+    static std::string encode(const Receipt& r) {
+        std::string out = r.charge_id;
+        out += '\0';
+        out += std::to_string(r.amount_cents);
+        out += '\0';
+        out += r.currency;
+        out += '\0';
+        out += r.captured ? '1' : '0';
+        return out;
+    }
+    static Receipt decode(std::string_view bytes) {
+        Receipt r;
+        const auto a = bytes.find('\0');
+        const auto b = bytes.find('\0', a + 1);
+        const auto c = bytes.find('\0', b + 1);
+        if (a == bytes.npos || b == bytes.npos || c == bytes.npos || c + 2 != bytes.size()) {
+            throw idem::corrupt_record("bad receipt");
+        }
+        r.charge_id = std::string(bytes.substr(0, a));
+        r.amount_cents = std::stoll(std::string(bytes.substr(a + 1, b - a - 1)));
+        r.currency = std::string(bytes.substr(b + 1, c - b - 1));
+        r.captured = bytes[c + 1] == '1';
+        return r;
+    }
+};
+
+TEMPLATE_LIST_TEST_CASE("new key: executed, the effect runs once, the response is stored",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("new"), "k-1");
+    int runs = 0;
+
+    auto r = idem::execute_once(store, key, charge_fp(), [&] {
+        ++runs;
+        return charge_response("ch_1");
+    });
+    CHECK(r.outcome() == Outcome::executed);
+    CHECK_FALSE(r.is_replay());
+    REQUIRE(r.has_response());
+    CHECK(r.response() == charge_response("ch_1"));
+    CHECK(runs == 1);
+
+    const auto record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::completed);
+    CHECK(record->fingerprint == charge_fp());
+    CHECK(record->attempt == 1);
+    REQUIRE(record->result.has_value());
+    CHECK(*record->result == Codec::encode(charge_response("ch_1")));
+
+    const auto stats = store.stats();
+    CHECK(stats.claims == 1);
+    CHECK(stats.claims_won == 1);
+    CHECK(stats.saves == 1);
+    CHECK(stats.releases == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("repeat: replayed with identical bytes, the effect does not run again",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("repeat"), "k-1");
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return charge_response("ch_" +
+                               std::to_string(runs)); // a second run would answer differently
+    };
+
+    const auto first = idem::execute_once(store, key, charge_fp(), effect);
+    REQUIRE(first.outcome() == Outcome::executed);
+    for (int i = 0; i < 3; ++i) {
+        const auto again = idem::execute_once(store, key, charge_fp(), effect);
+        CHECK(again.outcome() == Outcome::replayed);
+        CHECK(again.is_replay());
+        REQUIRE(again.has_response());
+        CHECK(again.response().status == 201);
+        CHECK(again.response().headers == first.response().headers);
+        CHECK(again.response().body == first.response().body);
+        CHECK(Codec::encode(again.response()) == Codec::encode(first.response()));
+    }
+    CHECK(runs == 1);
+    CHECK(store.stats().claims == 4);
+    CHECK(store.stats().claims_won == 1);
+    CHECK(store.stats().saves == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("same key, different fingerprint: mismatch, the effect does not run",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("mismatch"), "k-1");
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return charge_response("ch_1");
+    };
+
+    REQUIRE(idem::execute_once(store, key, charge_fp(25000), effect).outcome() ==
+            Outcome::executed);
+    const auto other = idem::execute_once(store, key, charge_fp(99999), effect);
+    CHECK(other.outcome() == Outcome::mismatch);
+    CHECK_FALSE(other.has_response());
+    CHECK_THROWS_AS(other.response(), std::logic_error);
+    CHECK(runs == 1);
+    // the stored record is untouched, and the original request still replays
+    CHECK(store.read(key)->fingerprint == charge_fp(25000));
+    CHECK(idem::execute_once(store, key, charge_fp(25000), effect).outcome() == Outcome::replayed);
+    CHECK(runs == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or mismatch)",
+                        "[contract]", Backends) {
+    TestType backend;
+    idem_test::StoreConfig config;
+    config.max_retry_after = 2s;
+    auto& store = backend.make(config);
+    const idem::Key key(idem_test::fresh_scope("inprogress"), "k-1");
+    std::atomic<int> runs{0};
+    std::latch entered(1);
+    std::latch finish(1);
+
+    std::optional<idem::Result<Response>> first;
+    std::exception_ptr first_error;
+    std::thread worker([&] {
+        try {
+            first.emplace(idem::execute_once(store, key, charge_fp(), [&] {
+                ++runs;
+                entered.count_down();
+                finish.wait();
+                return charge_response("ch_1");
+            }));
+        } catch (...) {
+            first_error = std::current_exception();
+            entered.count_down();
+        }
+    });
+    entered.wait();
+
+    std::optional<idem::Result<Response>> second;
+    std::optional<idem::Result<Response>> third;
+    try {
+        second.emplace(idem::execute_once(store, key, charge_fp(), [&] {
+            ++runs;
+            return charge_response("ch_2");
+        }));
+        third.emplace(idem::execute_once(store, key, charge_fp(1), [&] {
+            ++runs;
+            return charge_response("ch_3");
+        }));
+    } catch (...) {
+        finish.count_down();
+        worker.join();
+        throw;
+    }
+    finish.count_down();
+    worker.join();
+    if (first_error)
+        std::rethrow_exception(first_error);
+
+    REQUIRE(second.has_value());
+    CHECK(second->outcome() == Outcome::in_progress);
+    CHECK_FALSE(second->has_response());
+    CHECK(second->retry_after() > 0ms);
+    CHECK(second->retry_after() <= 2s);
+    REQUIRE(third.has_value());
+    CHECK(third->outcome() == Outcome::mismatch); // the fingerprint is checked first
+
+    REQUIRE(first.has_value());
+    CHECK(first->outcome() == Outcome::executed);
+    CHECK(runs == 1);
+    const auto after = idem::execute_once(store, key, charge_fp(), [&] {
+        ++runs;
+        return charge_response("ch_4");
+    });
+    CHECK(after.outcome() == Outcome::replayed);
+    CHECK(after.response() == charge_response("ch_1"));
+    CHECK(runs == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the key runs again",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("notperformed"), "k-1");
+    int runs = 0;
+
+    try {
+        (void)idem::execute_once(store, key, charge_fp(), [&]() -> Response {
+            ++runs;
+            throw Declined("rate limited");
+        });
+        FAIL("not_performed was swallowed");
+    } catch (const Declined& e) { // the very exception, subclass and data intact
+        CHECK(e.why == "rate limited");
+        CHECK(std::string(e.what()) == "declined: rate limited");
+    }
+    CHECK(runs == 1);
+    CHECK_FALSE(store.read(key).has_value());
+    CHECK(store.stats().releases == 1);
+
+    const auto retry = idem::execute_once(store, key, charge_fp(), [&] {
+        ++runs;
+        return charge_response("ch_2");
+    });
+    CHECK(retry.outcome() == Outcome::executed);
+    CHECK(retry.response() == charge_response("ch_2"));
+    CHECK(runs == 2);
+    CHECK(store.read(key)->state == idem::RecordState::completed);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "fn throws another exception: rethrown unchanged, the key stays in progress", "[contract]",
+    Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("unknown"), "k-1");
+    int runs = 0;
+
+    try {
+        (void)idem::execute_once(store, key, charge_fp(), [&]() -> Response {
+            ++runs;
+            throw std::runtime_error("provider timed out");
+        });
+        FAIL("the exception was swallowed");
+    } catch (const std::exception& e) {
+        CHECK(typeid(e) == typeid(std::runtime_error)); // not wrapped into an idem::error
+        CHECK(std::string(e.what()) == "provider timed out");
+    }
+    try {
+        (void)idem::execute_once(store, idem::Key(key.scope(), "k-2"), charge_fp(),
+                                 [&]() -> Response {
+                                     ++runs;
+                                     throw ProviderTimeout("gateway 504");
+                                 });
+        FAIL("the exception was swallowed");
+    } catch (const ProviderTimeout& e) {
+        CHECK(e.code == 504);
+    }
+    CHECK(runs == 2);
+    CHECK(store.stats().releases == 0);
+
+    const auto record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::in_progress);
+    CHECK_FALSE(record->result.has_value());
+
+    const auto next = idem::execute_once(store, key, charge_fp(), [&] {
+        ++runs;
+        return charge_response("ch_again");
+    });
+    CHECK(next.outcome() == Outcome::in_progress);
+    CHECK(next.retry_after() > 0ms);
+    CHECK(runs == 2);
+}
+
+TEMPLATE_LIST_TEST_CASE("a business error (402) is saved and replayed like any result",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("declined"), "k-1");
+    int runs = 0;
+    const Response declined{
+        402, R"({"error":"card_declined"})", {{"Content-Type", "application/json"}}};
+    auto effect = [&] {
+        ++runs;
+        return declined;
+    };
+
+    const auto first = idem::execute_once(store, key, charge_fp(), effect);
+    CHECK(first.outcome() == Outcome::executed);
+    CHECK(first.response().status == 402);
+    const auto again = idem::execute_once(store, key, charge_fp(), effect);
+    CHECK(again.outcome() == Outcome::replayed);
+    CHECK(again.response() == declined);
+    CHECK(runs == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("scopes isolate keys: the same value in two scopes runs twice",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const auto base = idem_test::fresh_scope("iso");
+    const idem::Key in_a(base + ":acct_1", "same-value");
+    const idem::Key in_b(base + ":acct_2", "same-value");
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return charge_response("ch_" + std::to_string(runs));
+    };
+
+    CHECK(idem::execute_once(store, in_a, charge_fp(), effect).outcome() == Outcome::executed);
+    const auto b = idem::execute_once(store, in_b, charge_fp(), effect);
+    CHECK(b.outcome() == Outcome::executed);
+    CHECK(b.response() == charge_response("ch_2"));
+    CHECK(runs == 2);
+    // scope and value are not concatenated: ("s:a","b") and ("s","a:b") are different keys
+    CHECK(idem::execute_once(store, idem::Key(base + "x", "y"), charge_fp(), effect).outcome() ==
+          Outcome::executed);
+    CHECK(idem::execute_once(store, idem::Key(base, "xy"), charge_fp(), effect).outcome() ==
+          Outcome::executed);
+    CHECK(runs == 4);
+    CHECK(idem::execute_once(store, in_a, charge_fp(), effect).response() ==
+          charge_response("ch_1"));
+    CHECK(runs == 4);
+}
+
+TEMPLATE_LIST_TEST_CASE("binary bodies replay byte for byte: NUL bytes, all values, 1 MiB",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const auto scope = idem_test::fresh_scope("binary");
+    std::string every_byte;
+    for (int i = 0; i < 256; ++i)
+        every_byte.push_back(static_cast<char>(i));
+
+    const Response nul{200, "a\0b\0\0c"s + every_byte, {{"X-Bin", "\0\xff\x01"s}, {"X-Empty", ""}}};
+    const Response big{
+        200, random_bytes(1u << 20, 7), {{"Content-Type", "application/octet-stream"}}};
+    const std::string raw = "\0\0\0raw\xff"s + random_bytes(4096, 9);
+
+    int runs = 0;
+    for (const auto* response : {&nul, &big}) {
+        const idem::Key key(scope, "k-" + std::to_string(response->body.size()));
+        auto effect = [&] {
+            ++runs;
+            return *response;
+        };
+        CHECK(idem::execute_once(store, key, charge_fp(), effect).outcome() == Outcome::executed);
+        const auto again = idem::execute_once(store, key, charge_fp(), effect);
+        REQUIRE(again.outcome() == Outcome::replayed);
+        CHECK(again.response().body.size() == response->body.size());
+        CHECK(again.response().body == response->body);
+        CHECK(again.response().headers == response->headers);
+        CHECK(*store.read(key)->result == Codec::encode(*response));
+    }
+    CHECK(runs == 2);
+
+    // std::string results are stored as is
+    const idem::Key key(scope, "raw");
+    CHECK(idem::execute_once(store, key, charge_fp(), [&] { return raw; }).outcome() ==
+          Outcome::executed);
+    const auto again = idem::execute_once(store, key, charge_fp(), [&] { return "other"s; });
+    CHECK(again.outcome() == Outcome::replayed);
+    CHECK(again.response() == raw);
+    CHECK(*store.read(key)->result == raw);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "response_too_large: key stays in progress, the exception carries the result", "[contract]",
+    Backends) {
+    TestType backend;
+    idem_test::StoreConfig config;
+    config.max_result_bytes = 256;
+    auto& store = backend.make(config);
+    CHECK(store.max_result_bytes() == 256);
+    const idem::Key key(idem_test::fresh_scope("toolarge"), "k-1");
+    const Response large{200, std::string(1000, 'x'), {{"Content-Type", "text/plain"}}};
+    int runs = 0;
+
+    try {
+        (void)idem::execute_once(store, key, charge_fp(), [&] {
+            ++runs;
+            return large;
+        });
+        FAIL("a result over max_result_bytes was accepted");
+    } catch (const idem::response_too_large& e) {
+        CHECK(e.encoded_result() == Codec::encode(large));
+        CHECK(Codec::decode(e.encoded_result()) == large);
+        CHECK(dynamic_cast<const idem::outcome_unknown*>(&e) != nullptr);
+    }
+    CHECK(runs == 1);
+    const auto record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::in_progress);
+    CHECK_FALSE(record->result.has_value());
+    CHECK(idem::execute_once(store, key, charge_fp(), [&] {
+              ++runs;
+              return large;
+          }).outcome() == Outcome::in_progress);
+    CHECK(runs == 1);
+
+    // the limit is inclusive: a result of exactly max_result_bytes is stored
+    const idem::Key exact(key.scope(), "k-exact");
+    const std::string fits(256, 'y');
+    CHECK(idem::execute_once(store, exact, charge_fp(), [&] { return fits; }).outcome() ==
+          Outcome::executed);
+    const auto direct = store.claim(idem::Key(key.scope(), "k-direct"), charge_fp());
+    REQUIRE(direct.status == idem::ClaimStatus::claimed);
+    CHECK_THROWS_AS(
+        store.save(idem::Key(key.scope(), "k-direct"), direct.fence, std::string(257, 'z')),
+        idem::response_too_large);
+}
+
+TEMPLATE_LIST_TEST_CASE("a user type with its own codec round trips", "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("receipt"), "order-77");
+    int runs = 0;
+    const Receipt receipt{"ch_77", 25000, "BRL", true};
+    auto effect = [&] {
+        ++runs;
+        return receipt;
+    };
+
+    const auto first = idem::execute_once(store, key, charge_fp(), effect);
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(first.response())>, Receipt>);
+    CHECK(first.outcome() == Outcome::executed);
+    CHECK(first.response() == receipt);
+    const auto again = idem::execute_once(store, key, charge_fp(), effect);
+    CHECK(again.outcome() == Outcome::replayed);
+    CHECK(again.response() == receipt);
+    CHECK(runs == 1);
+    CHECK(*store.read(key)->result == idem::codec<Receipt>::encode(receipt));
+}
+
+TEMPLATE_LIST_TEST_CASE("claim: the winner gets a fence, later claims see the record", "[contract]",
+                        Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("claim"), "k-1");
+
+    const auto won =
+        store.claim(key, charge_fp(), idem::ClaimOptions{.lease = 5s, .retention = 3600s});
+    REQUIRE(won.status == idem::ClaimStatus::claimed);
+    CHECK(won.fence > 0);
+    CHECK_FALSE(won.existing.has_value());
+
+    const auto record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::in_progress);
+    CHECK(record->fence == won.fence);
+    CHECK(record->attempt == 1);
+    CHECK(record->fingerprint == charge_fp());
+    CHECK_FALSE(record->result.has_value());
+    CHECK_FALSE(record->lease_expired);
+    CHECK_FALSE(record->expired);
+    CHECK(record->lease_until - record->created_at >= 4900ms);
+    CHECK(record->lease_until - record->created_at <= 5100ms);
+    CHECK(record->expires_at - record->created_at >= 3599s);
+    CHECK(record->expires_at - record->created_at <= 3601s);
+    const auto now = std::chrono::system_clock::now();
+    CHECK(record->created_at <= now + 1s);
+    CHECK(record->created_at >= now - 60s);
+
+    const auto lost = store.claim(key, charge_fp());
+    CHECK(lost.status == idem::ClaimStatus::in_progress);
+    REQUIRE(lost.existing.has_value());
+    CHECK(lost.existing->state == idem::RecordState::in_progress);
+    CHECK(lost.retry_after > 0ms);
+    CHECK(store.claim(key, charge_fp(1)).status == idem::ClaimStatus::mismatch);
+
+    store.save(key, won.fence, "done");
+    const auto done = store.claim(key, charge_fp());
+    CHECK(done.status == idem::ClaimStatus::completed);
+    REQUIRE(done.existing.has_value());
+    CHECK(done.existing->result == std::optional<std::string>("done"));
+    CHECK(store.claim(key, charge_fp(1)).status == idem::ClaimStatus::mismatch);
+    CHECK(store.stats().claims_won == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("save/release with a wrong fence: lease_lost and nothing changes",
+                        "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const auto scope = idem_test::fresh_scope("fence");
+    const idem::Key key(scope, "k-1");
+
+    const auto claim = store.claim(key, charge_fp());
+    REQUIRE(claim.status == idem::ClaimStatus::claimed);
+    const idem::Fence wrong = claim.fence ^ 1;
+
+    CHECK_THROWS_AS(store.save(key, wrong, "stolen"), idem::lease_lost);
+    CHECK_THROWS_AS(store.release(key, wrong), idem::lease_lost);
+    auto record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::in_progress);
+    CHECK(record->fence == claim.fence);
+    CHECK_FALSE(record->result.has_value());
+
+    // keys nobody claimed
+    CHECK_THROWS_AS(store.save(idem::Key(scope, "never"), claim.fence, "x"), idem::lease_lost);
+    CHECK_THROWS_AS(store.release(idem::Key(scope, "never"), claim.fence), idem::lease_lost);
+    CHECK_FALSE(store.read(idem::Key(scope, "never")).has_value());
+    // the right fence on another key is still the wrong fence
+    const auto other = store.claim(idem::Key(scope, "k-2"), charge_fp());
+    REQUIRE(other.status == idem::ClaimStatus::claimed);
+    CHECK(other.fence != claim.fence);
+    CHECK_THROWS_AS(store.save(idem::Key(scope, "k-2"), claim.fence, "x"), idem::lease_lost);
+
+    store.save(key, claim.fence, "done");
+    // a completed key can no longer be released, whatever the fence: that would let it run twice
+    CHECK_THROWS_AS(store.release(key, claim.fence), idem::lease_lost);
+    CHECK_THROWS_AS(store.release(key, wrong), idem::lease_lost);
+    CHECK_THROWS_AS(store.save(key, wrong, "stolen"), idem::lease_lost);
+    record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::completed);
+    CHECK(record->result == std::optional<std::string>("done"));
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "list_stale: a claim whose lease passed is listed, and its fence completes it", "[contract]",
+    Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const auto scope = idem_test::fresh_scope("stale");
+    const idem::Key stale1(scope, "stale-1");
+    const idem::Key stale2(scope, "stale-2");
+    const idem::Key fresh(scope, "fresh");
+    const idem::Key completed(scope, "completed");
+
+    const auto c1 =
+        store.claim(stale1, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
+    std::this_thread::sleep_for(5ms);
+    const auto c2 =
+        store.claim(stale2, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
+    const auto cf =
+        store.claim(fresh, charge_fp(), idem::ClaimOptions{.lease = 30s, .retention = {}});
+    const auto cc =
+        store.claim(completed, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
+    REQUIRE(c1.status == idem::ClaimStatus::claimed);
+    REQUIRE(c2.status == idem::ClaimStatus::claimed);
+    REQUIRE(cf.status == idem::ClaimStatus::claimed);
+    REQUIRE(cc.status == idem::ClaimStatus::claimed);
+    store.save(completed, cc.fence, Codec::encode(charge_response("done")));
+    std::this_thread::sleep_for(150ms);
+
+    const auto listed = store.list_stale(10);
+    REQUIRE(listed.size() == 2);
+    CHECK(listed[0].key == stale1); // oldest lease first
+    CHECK(listed[0].record.fence == c1.fence);
+    CHECK(listed[0].record.state == idem::RecordState::in_progress);
+    CHECK(listed[0].record.fingerprint == charge_fp());
+    CHECK(listed[0].record.lease_expired);
+    CHECK_FALSE(listed[0].record.expired);
+    CHECK(listed[1].key == stale2);
+    CHECK(listed[1].record.fence == c2.fence);
+    CHECK(store.list_stale(1).size() == 1);
+    CHECK(store.list_stale(1)[0].key == stale1);
+    CHECK(store.read(stale1)->lease_expired);
+    CHECK_FALSE(store.read(fresh)->lease_expired);
+    // listing can be narrowed to scopes starting with a prefix
+    CHECK(store.list_stale(10, scope).size() == 2);
+    CHECK(store.list_stale(10, scope + "-other").empty());
+    CHECK(store.list_stale(10, scope.substr(0, 3)).size() == 2);
+
+    // a stale key still answers in_progress to clients
+    int runs = 0;
+    CHECK(idem::execute_once(store, stale1, charge_fp(), [&] {
+              ++runs;
+              return charge_response("x");
+          }).outcome() == Outcome::in_progress);
+
+    // the reconciler learned the charge happened: it saves with the listed fence
+    store.save(listed[0].key, listed[0].record.fence,
+               Codec::encode(charge_response("ch_reconciled")));
+    const auto replay = idem::execute_once(store, stale1, charge_fp(), [&] {
+        ++runs;
+        return charge_response("x");
+    });
+    CHECK(replay.outcome() == Outcome::replayed);
+    CHECK(replay.response() == charge_response("ch_reconciled"));
+    // ... and that it did not happen for the other: it releases, the key runs again
+    store.release(listed[1].key, listed[1].record.fence);
+    CHECK(idem::execute_once(store, stale2, charge_fp(), [&] {
+              ++runs;
+              return charge_response("ch_2");
+          }).outcome() == Outcome::executed);
+    CHECK(runs == 1);
+    CHECK(store.list_stale(10).empty());
+}
+
+TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]",
+                        Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const idem::Key key(idem_test::fresh_scope("context"), "k-ctx");
+    std::optional<idem::Key> seen_key;
+    idem::Fence seen_fence = 0;
+    int seen_attempt = 0;
+    std::optional<idem::Record> during;
+
+    const auto r = idem::execute_once(store, key, charge_fp(), [&](idem::Context& ctx) {
+        seen_key = ctx.key();
+        seen_fence = ctx.fence();
+        seen_attempt = ctx.attempt();
+        during = store.read(ctx.key());
+        return charge_response("ch_ctx");
+    });
+    CHECK(r.outcome() == Outcome::executed);
+    REQUIRE(seen_key.has_value());
+    CHECK(*seen_key == key);
+    CHECK(seen_attempt == 1);
+    CHECK(seen_fence > 0);
+    REQUIRE(during.has_value());
+    CHECK(during->state == idem::RecordState::in_progress);
+    CHECK(during->fence == seen_fence);
+    // the fence is the one that owned the key: a write with it after completion changes nothing
+    CHECK_THROWS_AS(store.release(key, seen_fence), idem::lease_lost);
+    CHECK(store.read(key)->state == idem::RecordState::completed);
+}
+
+TEMPLATE_LIST_TEST_CASE("many keys from several threads each run once", "[contract]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const auto scope = idem_test::fresh_scope("threads");
+    constexpr int kKeys = 50;
+    constexpr int kThreads = 8;
+    std::array<std::atomic<int>, kKeys> runs{};
+    std::atomic<int> executed{0};
+    std::atomic<int> replayed{0};
+    std::atomic<int> other{0};
+    std::latch start(kThreads);
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(kThreads);
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            try {
+                start.arrive_and_wait();
+                for (int i = 0; i < kKeys; ++i) {
+                    const int k = (i + t * 7) % kKeys;
+                    const auto r = idem::execute_once(store, idem::Key(scope, std::to_string(k)),
+                                                      charge_fp(), [&] {
+                                                          ++runs[static_cast<std::size_t>(k)];
+                                                          return charge_response(std::to_string(k));
+                                                      });
+                    if (r.outcome() == Outcome::executed) {
+                        ++executed;
+                    } else if (r.outcome() == Outcome::replayed &&
+                               r.response() == charge_response(std::to_string(k))) {
+                        ++replayed;
+                    } else if (r.outcome() != Outcome::in_progress) {
+                        ++other;
+                    }
+                }
+            } catch (...) {
+                errors[static_cast<std::size_t>(t)] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    for (auto& e : errors) {
+        if (e)
+            std::rethrow_exception(e);
+    }
+    CHECK(executed == kKeys);
+    CHECK(other == 0);
+    for (int k = 0; k < kKeys; ++k) {
+        CAPTURE(k);
+        CHECK(runs[static_cast<std::size_t>(k)] == 1);
+    }
+    CHECK(store.stats().claims_won == kKeys);
+}

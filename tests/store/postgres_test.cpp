@@ -1,0 +1,674 @@
+// PostgresStore-only behaviour: round trips, verbatim keys, schema handling, broken connections,
+// the pool. Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
+#include "idem/idem.hpp"
+#include "pg.hpp"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <exception>
+#include <latch>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace std::chrono_literals;
+using namespace std::string_literals;
+using idem::Outcome;
+using idem::Response;
+using idem_test::PgConn;
+
+namespace {
+
+std::string require_db() {
+    const auto url = idem_test::database_url();
+    if (url.empty())
+        FAIL(idem_test::kNoDatabaseMessage);
+    return url;
+}
+
+idem::Fingerprint fp_of(std::int64_t amount) {
+    return idem::fingerprint("POST /charges"s, amount, "BRL"s);
+}
+
+Response ok(const std::string& body) {
+    return Response{201, body, {{"Content-Type", "text/plain"}}};
+}
+
+/// A fresh table with idem's schema, dropped (with its schema-version row) at the end.
+class Table {
+public:
+    explicit Table(std::string conninfo, std::string name = idem_test::unique_name("idem_t"))
+        : conninfo_(std::move(conninfo)), name_(std::move(name)) {}
+    ~Table() {
+        try {
+            PgConn conn(conninfo_);
+            conn.exec("DROP TABLE IF EXISTS " + name_ + " CASCADE");
+            if (name_.find('.') == std::string::npos) {
+                conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name_});
+            }
+        } catch (...) {
+        }
+    }
+    Table(const Table&) = delete;
+    Table& operator=(const Table&) = delete;
+    [[nodiscard]] const std::string& name() const { return name_; }
+
+private:
+    std::string conninfo_;
+    std::string name_;
+};
+
+idem::PostgresOptions options_for(const Table& table, std::size_t pool_size = 4) {
+    idem::PostgresOptions o;
+    o.table = table.name();
+    o.pool_size = pool_size;
+    o.application_name = idem_test::unique_name("idem_pgtest");
+    return o;
+}
+
+/// Terminates every backend whose application_name is `app`; waits until they are gone.
+int terminate_backends(PgConn& admin, const std::string& app) {
+    const auto killed = admin.exec(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        {app});
+    for (int i = 0; i < 500; ++i) {
+        if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                         {app}) == 0) {
+            return killed.rows();
+        }
+        std::this_thread::sleep_for(10ms);
+    }
+    FAIL("backends of " << app << " still alive after pg_terminate_backend");
+    return killed.rows();
+}
+
+} // namespace
+
+TEST_CASE("round trips: new request 2, replay 1, in_progress 1, mismatch 1",
+          "[postgres][round_trips]") {
+    const auto url = require_db();
+    Table table(url);
+    const bool prepared = GENERATE(true, false);
+    CAPTURE(prepared);
+    auto options = options_for(table, 1);
+    options.prepared_statements = prepared;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    const auto scope = idem_test::unique_name("rt");
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return ok("charged");
+    };
+    auto cost = [&](auto&& call) {
+        const auto before = store.stats().round_trips;
+        call();
+        return store.stats().round_trips - before;
+    };
+
+    // Warm the one connection through every path (connect, prepare) before counting.
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(1), effect).outcome() ==
+            Outcome::executed);
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(1), effect).outcome() ==
+            Outcome::replayed);
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(2), effect).outcome() ==
+            Outcome::mismatch);
+
+    std::optional<idem::Result<Response>> r;
+    CHECK(cost([&] {
+              r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(1), effect));
+          }) == 2);
+    CHECK(r->outcome() == Outcome::executed);
+    CHECK(cost([&] {
+              r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(1), effect));
+          }) == 1);
+    CHECK(r->outcome() == Outcome::replayed);
+    CHECK(cost([&] {
+              r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(2), effect));
+          }) == 1);
+    CHECK(r->outcome() == Outcome::mismatch);
+
+    const auto held = store.claim(idem::Key(scope, "held"), fp_of(1));
+    REQUIRE(held.status == idem::ClaimStatus::claimed);
+    CHECK(cost([&] {
+              r.emplace(idem::execute_once(store, idem::Key(scope, "held"), fp_of(1), effect));
+          }) == 1);
+    CHECK(r->outcome() == Outcome::in_progress);
+    CHECK(runs == 2);
+    CHECK(store.stats().connections_opened == 1);
+    CHECK(store.stats().retries == 0);
+
+    // too large: refused before any I/O
+    CHECK(cost([&] {
+              CHECK_THROWS_AS(store.save(idem::Key(scope, "held"), held.fence,
+                                         std::string(options.max_result_bytes + 1, 'x')),
+                              idem::response_too_large);
+          }) == 0);
+}
+
+TEST_CASE("SQL-looking and unicode keys are stored and replayed verbatim", "[postgres][keys]") {
+    const auto url = require_db();
+    Table table(url);
+    PgConn admin(url);
+    const auto canary = idem_test::unique_name("idem_canary");
+    admin.exec("CREATE TABLE " + canary + " (x int)");
+    idem::PostgresStore store(url, options_for(table));
+    store.ensure_schema();
+
+    const std::vector<std::string> values = {
+        "'; DROP TABLE " + canary + "; --",
+        "'; DROP TABLE " + table.name() + "; --",
+        "'); DELETE FROM " + table.name() + "; --",
+        "$1",
+        "$2::text",
+        "\\x00",
+        "\\\\x41",
+        "E'\\x41'",
+        "' OR '1'='1",
+        "\"quoted\"",
+        "%",
+        "_",
+        "a%",
+        "NULL",
+        "null",
+        "ABC",
+        "abc",
+        "abc ",
+        " abc",
+        "caf\xc3\xa9",          // café, precomposed
+        "cafe\xcc\x81",         // café, decomposed: a different key
+        "\xf0\x9f\x92\xb3 pay", // U+1F4B3
+        std::string(255, 'z'),
+    };
+    const std::string scope = "acct'; DROP TABLE " + canary + "; --";
+    int runs = 0;
+    for (const auto& value : values) {
+        CAPTURE(value);
+        const idem::Key key(scope, value);
+        const auto first = idem::execute_once(store, key, fp_of(1), [&] {
+            ++runs;
+            return ok("for:" + value);
+        });
+        CHECK(first.outcome() == Outcome::executed);
+        const auto again = idem::execute_once(store, key, fp_of(1), [&] {
+            ++runs;
+            return ok("wrong");
+        });
+        CHECK(again.outcome() == Outcome::replayed);
+        CHECK(again.response().body == "for:" + value);
+        // the row holds the key byte for byte
+        CHECK(
+            admin.scalar("SELECT count(*) FROM " + table.name() + " WHERE scope = $1 AND key = $2",
+                         {scope, value}) == 1);
+    }
+    CHECK(runs == static_cast<int>(values.size()));
+    CHECK(admin.scalar("SELECT count(*) FROM " + table.name()) ==
+          static_cast<long long>(values.size()));
+    CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + table.name() + " WHERE scope = $1",
+                       {scope}) == static_cast<long long>(values.size()));
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {canary}) == 1);
+    admin.exec("DROP TABLE " + canary);
+}
+
+TEST_CASE("invalid keys are refused before any I/O", "[postgres][keys]") {
+    const auto url = require_db();
+    Table table(url);
+    idem::PostgresStore store(url, options_for(table));
+    store.ensure_schema();
+    (void)store.read(idem::Key("s", "warm"));
+    const auto before = store.stats();
+    int runs = 0;
+    for (const auto& bad : {""s, "a\0b"s, "\xff"s, "\xc0\xaf"s, "\xed\xa0\x80"s, "tab\there"s,
+                            "\x7f"s, std::string(256, 'k')}) {
+        try {
+            const idem::Key key("scope", bad);
+            (void)idem::execute_once(store, key, fp_of(1), [&] {
+                ++runs;
+                return ok("x");
+            });
+            FAIL("accepted an invalid key");
+        } catch (const idem::invalid_key&) {
+        }
+    }
+    CHECK(runs == 0);
+    const auto after = store.stats();
+    CHECK(after.round_trips == before.round_trips);
+    CHECK(after.claims == before.claims);
+    CHECK(after.connections_opened == before.connections_opened);
+}
+
+TEST_CASE("ensure_schema is idempotent, also from 8 threads at once", "[postgres][schema]") {
+    const auto url = require_db();
+    Table table(url);
+    PgConn admin(url);
+    {
+        idem::PostgresStore store(url, options_for(table));
+        store.ensure_schema();
+        store.ensure_schema();
+        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] {
+                  return ok("x");
+              }).outcome() == Outcome::executed);
+        store.ensure_schema(); // keeps the data
+        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] {
+                  return ok("y");
+              }).outcome() == Outcome::replayed);
+    }
+
+    Table fresh(url);
+    constexpr int kThreads = 8;
+    std::latch start(kThreads);
+    std::vector<std::exception_ptr> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            try {
+                idem::PostgresStore store(url, options_for(fresh, 1));
+                start.arrive_and_wait();
+                store.ensure_schema();
+            } catch (...) {
+                errors[static_cast<std::size_t>(t)] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    for (auto& e : errors) {
+        if (e)
+            std::rethrow_exception(e);
+    }
+    idem::PostgresStore store(url, options_for(fresh));
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] {
+              return ok("x");
+          }).outcome() == Outcome::executed);
+    CHECK(admin.scalar("SELECT version FROM idem_schema_version WHERE table_name = $1",
+                       {fresh.name()}) == idem::PostgresStore::schema_version());
+}
+
+TEST_CASE("ensure_schema for 8 different tables at once, in a fresh schema", "[postgres][schema]") {
+    // Several services (or test binaries) with their own tables start together on a new database:
+    // they share the schema's idem_schema_version table, so its creation must be serialised too.
+    const auto url = require_db();
+    PgConn admin(url);
+    const auto schema = idem_test::unique_name("idem_s");
+    admin.exec("CREATE SCHEMA " + schema);
+    struct DropSchema {
+        PgConn& admin;
+        std::string schema;
+        ~DropSchema() {
+            try {
+                admin.exec("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
+            } catch (...) {
+            }
+        }
+    } drop{admin, schema};
+
+    constexpr int kThreads = 8;
+    std::latch start(kThreads);
+    std::vector<std::string> failures(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            try {
+                idem::PostgresOptions options;
+                options.table = schema + ".t" + std::to_string(t);
+                idem::PostgresStore store(url, options);
+                start.arrive_and_wait();
+                store.ensure_schema();
+            } catch (const std::exception& e) {
+                failures[static_cast<std::size_t>(t)] = e.what();
+            }
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    for (int t = 0; t < kThreads; ++t) {
+        CAPTURE(t);
+        CHECK(failures[static_cast<std::size_t>(t)] == "");
+    }
+    CHECK(admin.scalar("SELECT count(*) FROM " + schema + ".idem_schema_version") == kThreads);
+}
+
+TEST_CASE("a schema-qualified table works; an invalid table name is a config_error",
+          "[postgres][schema]") {
+    const auto url = require_db();
+    PgConn admin(url);
+    const auto schema = idem_test::unique_name("idem_s");
+    admin.exec("CREATE SCHEMA " + schema);
+    struct DropSchema {
+        PgConn& admin;
+        std::string schema;
+        ~DropSchema() {
+            try {
+                admin.exec("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
+            } catch (...) {
+            }
+        }
+    } drop{admin, schema};
+
+    idem::PostgresOptions options;
+    options.table = schema + ".keys";
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return ok("in schema");
+    };
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() ==
+          Outcome::executed);
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() ==
+          Outcome::replayed);
+    CHECK(runs == 1);
+    CHECK(admin.scalar("SELECT count(*) FROM " + schema +
+                       ".keys WHERE scope = 's' AND key = 'k'") == 1);
+    CHECK(
+        admin.scalar("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keys'",
+                     {schema}) == 1);
+
+    for (const auto& bad : {"x; drop"s, ""s, "bad name"s, "a.b.c"s, "x\"y"s, "1abc"s, "tbl;"s,
+                            "a."s, ".b"s, "keys--"s, "t'x"s, "sch.x; drop"s}) {
+        CAPTURE(bad);
+        idem::PostgresOptions o;
+        o.table = bad;
+        CHECK_THROWS_AS(idem::PostgresStore(url, o), idem::config_error);
+    }
+    idem::PostgresOptions zero;
+    zero.pool_size = 0;
+    CHECK_THROWS_AS(idem::PostgresStore(url, zero), idem::config_error);
+}
+
+TEST_CASE("an unreachable database: store_unavailable, and the effect is not called",
+          "[postgres][unavailable]") {
+    (void)require_db();
+    const std::vector<std::string> unreachable = {
+        "host=/nonexistent/idem-" + std::to_string(::getpid()) +
+            " port=5999 dbname=postgres user=postgres",
+        "host=127.0.0.1 port=1 dbname=postgres user=postgres",
+    };
+    for (const auto& conninfo : unreachable) {
+        CAPTURE(conninfo);
+        idem::PostgresOptions options;
+        options.connect_timeout = 1s;
+        options.pool_wait = 1s;
+        idem::PostgresStore store(conninfo, options); // nothing connects yet
+        int runs = 0;
+        const auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS_AS(idem::execute_once(store, idem::Key("s", "k"), fp_of(1),
+                                           [&] {
+                                               ++runs;
+                                               return ok("x");
+                                           }),
+                        idem::store_unavailable);
+        CHECK(runs == 0);
+        CHECK(std::chrono::steady_clock::now() - started < 10s);
+        CHECK_THROWS_AS(store.read(idem::Key("s", "k")), idem::store_unavailable);
+        CHECK_THROWS_AS(store.ensure_schema(), idem::store_unavailable);
+        CHECK(store.stats().claims_won == 0);
+    }
+}
+
+TEST_CASE("a pooled connection killed between calls: the next call succeeds",
+          "[postgres][reconnect]") {
+    const auto url = require_db();
+    Table table(url);
+    PgConn admin(url);
+    auto options = options_for(table, 1);
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    const auto scope = idem_test::unique_name("kill");
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return ok("charged once");
+    };
+
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "k1"), fp_of(1), effect).outcome() ==
+            Outcome::executed);
+    REQUIRE(store.stats().connections_opened == 1);
+    CHECK(terminate_backends(admin, options.application_name) == 1);
+
+    const auto replay = idem::execute_once(store, idem::Key(scope, "k1"), fp_of(1), effect);
+    CHECK(replay.outcome() == Outcome::replayed);
+    CHECK(replay.response() == ok("charged once"));
+    CHECK(runs == 1);
+
+    CHECK(terminate_backends(admin, options.application_name) == 1);
+    CHECK(idem::execute_once(store, idem::Key(scope, "k2"), fp_of(1), effect).outcome() ==
+          Outcome::executed);
+    CHECK(runs == 2);
+    CHECK(idem::execute_once(store, idem::Key(scope, "k2"), fp_of(1), effect).outcome() ==
+          Outcome::replayed);
+    CHECK(runs == 2);
+    const auto stats = store.stats();
+    CHECK(stats.connections_opened == 3);
+    CHECK(stats.connections_discarded == 2);
+}
+
+TEST_CASE("a pooled connection killed while the effect runs: the save still lands",
+          "[postgres][reconnect]") {
+    const auto url = require_db();
+    Table table(url);
+    PgConn admin(url);
+    auto options = options_for(table, 1);
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    const auto scope = idem_test::unique_name("killsave");
+    int runs = 0;
+
+    const auto r = idem::execute_once(store, idem::Key(scope, "k"), fp_of(1), [&] {
+        ++runs;
+        // the claim's connection is back in the pool, idle: kill it before save uses it
+        terminate_backends(admin, options.application_name);
+        return ok("saved after reconnect");
+    });
+    CHECK(r.outcome() == Outcome::executed);
+    CHECK(runs == 1);
+    const auto record = store.read(idem::Key(scope, "k"));
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::completed);
+    CHECK(record->result == idem::codec<Response>::encode(ok("saved after reconnect")));
+
+    // the same for a release after not_performed
+    CHECK_THROWS_AS(idem::execute_once(store, idem::Key(scope, "np"), fp_of(1),
+                                       [&]() -> Response {
+                                           ++runs;
+                                           terminate_backends(admin, options.application_name);
+                                           throw idem::not_performed("refused");
+                                       }),
+                    idem::not_performed);
+    CHECK_FALSE(store.read(idem::Key(scope, "np")).has_value());
+    CHECK(runs == 2);
+}
+
+TEST_CASE("two stores on one table see each other's keys", "[postgres]") {
+    const auto url = require_db();
+    Table table(url);
+    idem::PostgresStore a(url, options_for(table, 1));
+    idem::PostgresStore b(url, options_for(table, 1));
+    a.ensure_schema();
+    const idem::Key key("shared", "k");
+    const auto claim = a.claim(key, fp_of(1));
+    REQUIRE(claim.status == idem::ClaimStatus::claimed);
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return ok("b");
+    };
+    CHECK(idem::execute_once(b, key, fp_of(1), effect).outcome() == Outcome::in_progress);
+    CHECK(idem::execute_once(b, key, fp_of(2), effect).outcome() == Outcome::mismatch);
+    a.save(key, claim.fence, idem::codec<Response>::encode(ok("a")));
+    const auto replay = idem::execute_once(b, key, fp_of(1), effect);
+    CHECK(replay.outcome() == Outcome::replayed);
+    CHECK(replay.response() == ok("a"));
+    CHECK(runs == 0);
+    CHECK_THROWS_AS(b.release(key, claim.fence), idem::lease_lost);
+}
+
+TEST_CASE("corrupt rows are reported as corrupt_record, never a crash", "[postgres][corrupt]") {
+    const auto url = require_db();
+    Table table(url);
+    PgConn admin(url);
+    idem::PostgresStore store(url, options_for(table));
+    store.ensure_schema();
+    const idem::Key key("s", "k");
+    REQUIRE(idem::execute_once(store, key, fp_of(1), [] { return ok("x"); }).outcome() ==
+            Outcome::executed);
+
+    admin.exec("UPDATE " + table.name() +
+               " SET result = '\\x00ff'::bytea WHERE scope = 's' AND key = 'k'");
+    CHECK_THROWS_AS(idem::execute_once(store, key, fp_of(1), [] { return ok("y"); }),
+                    idem::corrupt_record);
+    admin.exec("UPDATE " + table.name() +
+               " SET fingerprint = '\\x0102'::bytea WHERE scope = 's' AND key = 'k'");
+    CHECK_THROWS_AS(store.read(key), idem::corrupt_record);
+    CHECK_THROWS_AS(store.claim(key, fp_of(1)), idem::corrupt_record);
+    admin.exec("UPDATE " + table.name() +
+                   " SET fingerprint_alg = 9, fingerprint = $1::bytea WHERE scope = 's'",
+               {"\\x" + fp_of(1).hex()});
+    CHECK_THROWS_AS(store.read(key), idem::corrupt_record);
+    admin.exec("UPDATE " + table.name() + " SET fingerprint_alg = 1 WHERE scope = 's'");
+    CHECK(store.read(key).has_value());
+}
+
+TEST_CASE("a pool of 2 serves 16 threads", "[postgres][pool]") {
+    const auto url = require_db();
+    Table table(url);
+    auto options = options_for(table, 2);
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    const auto scope = idem_test::unique_name("pool");
+    constexpr int kThreads = 16;
+    constexpr int kShared = 20;
+    constexpr int kOwn = 10;
+    std::array<std::atomic<int>, kShared> shared_runs{};
+    std::atomic<int> own_runs{0};
+    std::atomic<int> bad{0};
+    std::latch start(kThreads);
+    std::vector<std::exception_ptr> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            try {
+                start.arrive_and_wait();
+                for (int i = 0; i < kShared; ++i) {
+                    const int k = (i + t) % kShared;
+                    const auto r = idem::execute_once(
+                        store, idem::Key(scope, "shared-" + std::to_string(k)), fp_of(1), [&] {
+                            ++shared_runs[static_cast<std::size_t>(k)];
+                            return ok(std::to_string(k));
+                        });
+                    if (r.has_response() && r.response() != ok(std::to_string(k)))
+                        ++bad;
+                    if (r.outcome() == Outcome::mismatch)
+                        ++bad;
+                }
+                for (int i = 0; i < kOwn; ++i) {
+                    const auto key = "own-" + std::to_string(t) + "-" + std::to_string(i);
+                    const auto r = idem::execute_once(store, idem::Key(scope, key), fp_of(1), [&] {
+                        ++own_runs;
+                        return ok(key);
+                    });
+                    if (r.outcome() != Outcome::executed)
+                        ++bad;
+                }
+            } catch (...) {
+                errors[static_cast<std::size_t>(t)] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    for (auto& e : errors) {
+        if (e)
+            std::rethrow_exception(e);
+    }
+    CHECK(bad == 0);
+    CHECK(own_runs == kThreads * kOwn);
+    for (int k = 0; k < kShared; ++k) {
+        CAPTURE(k);
+        CHECK(shared_runs[static_cast<std::size_t>(k)] == 1);
+    }
+    CHECK(store.stats().connections_opened <= 2);
+    CHECK(store.stats().claims_won == kShared + kThreads * kOwn);
+}
+
+TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller gives up",
+          "[postgres][pool]") {
+    const auto url = require_db();
+    Table table(url);
+    PgConn locker(url);
+    PgConn admin(url);
+    auto options = options_for(table, 1);
+    options.pool_wait = 200ms;
+    options.lock_timeout = 10s;
+    options.statement_timeout = 20s;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    const auto scope = idem_test::unique_name("pooltimeout");
+    (void)store.read(idem::Key(scope, "warm"));
+
+    std::atomic<int> runs{0};
+    locker.exec("BEGIN");
+    locker.exec("LOCK TABLE " + table.name() + " IN ACCESS EXCLUSIVE MODE");
+    std::optional<idem::Result<Response>> blocked;
+    std::exception_ptr blocked_error;
+    std::thread holder([&] {
+        try {
+            blocked.emplace(idem::execute_once(store, idem::Key(scope, "first"), fp_of(1), [&] {
+                ++runs;
+                return ok("first");
+            }));
+        } catch (...) {
+            blocked_error = std::current_exception();
+        }
+    });
+    struct Unlock { // on any early exit: free the table, then wait for the blocked call
+        PgConn& locker;
+        std::thread& holder;
+        ~Unlock() {
+            if (!holder.joinable())
+                return;
+            try {
+                locker.exec("COMMIT");
+            } catch (...) {
+            }
+            holder.join();
+        }
+    } unlock{locker, holder};
+
+    // wait until the store's connection waits on our lock
+    bool waiting = false;
+    for (int i = 0; i < 500 && !waiting; ++i) {
+        waiting = admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                               "AND wait_event_type = 'Lock'",
+                               {options.application_name}) == 1;
+        if (!waiting)
+            std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(waiting);
+
+    const auto started = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(idem::execute_once(store, idem::Key(scope, "second"), fp_of(1),
+                                       [&] {
+                                           ++runs;
+                                           return ok("second");
+                                       }),
+                    idem::pool_timeout);
+    const auto waited = std::chrono::steady_clock::now() - started;
+    CHECK(waited >= 190ms);
+    CHECK(waited < 5s);
+    CHECK(runs == 0);
+
+    locker.exec("COMMIT");
+    holder.join();
+    if (blocked_error)
+        std::rethrow_exception(blocked_error);
+    REQUIRE(blocked.has_value());
+    CHECK(blocked->outcome() == Outcome::executed);
+    CHECK(runs == 1);
+    CHECK_FALSE(store.read(idem::Key(scope, "second")).has_value());
+}

@@ -1,0 +1,183 @@
+// idem_race_worker — one of several OS processes racing on the same keys (see
+// concurrency_test.cpp).
+//
+// Usage: idem_race_worker CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS THREADS START_AT_MS OUTFILE
+//
+// Waits until START_AT_MS (milliseconds since the Unix epoch) so that every process starts
+// together, then THREADS threads each walk the keys 0..KEYS-1 in their own shuffled order and call
+// execute_once. The effect INSERTs a row (scope, key, pid, tid) into EFFECTS_TABLE over its own
+// connection and returns the body "key=K;pid=P;tid=T". Then every thread walks all keys again until
+// each one replays. OUTFILE gets one line per call:
+//   E <key> <body>    executed here (the effect ran in this process)
+//   R <key> <body>    replayed during the race
+//   P <key>           in progress during the race
+//   F <key> <body>    the final replay of the second pass
+// Exit status 0 when every call went as the contract says, 1 otherwise (the reason on stderr).
+#include "idem/idem.hpp"
+#include "pg.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+std::mutex out_mutex;
+std::vector<std::string> out_lines;
+
+void emit(std::string line) {
+    std::lock_guard lock(out_mutex);
+    out_lines.push_back(std::move(line));
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 9) {
+        std::cerr << "usage: idem_race_worker CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS THREADS "
+                     "START_AT_MS "
+                     "OUTFILE\n";
+        return 2;
+    }
+    const std::string conninfo = argv[1];
+    const std::string table = argv[2];
+    const std::string effects = argv[3];
+    const std::string scope = argv[4];
+    const int keys = std::stoi(argv[5]);
+    const int thread_count = std::stoi(argv[6]);
+    const long long start_at_ms = std::stoll(argv[7]);
+    const std::string outfile = argv[8];
+    const int pid = static_cast<int>(::getpid());
+
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(thread_count));
+    std::atomic<int> contract_violations{0};
+    try {
+        idem::PostgresOptions options;
+        options.table = table;
+        options.pool_size = static_cast<std::size_t>(thread_count);
+        options.application_name = "idem_race_worker";
+        idem::PostgresStore store(conninfo, options);
+        store.ensure_schema(); // every process at once: must be harmless
+        const auto fp = idem::fingerprint(std::string("race"), std::string(scope));
+
+        // Each thread connects for its effect before the start, so the race is about idem only.
+        std::vector<std::unique_ptr<idem_test::PgConn>> effect_conns;
+        for (int t = 0; t < thread_count; ++t) {
+            effect_conns.push_back(std::make_unique<idem_test::PgConn>(conninfo));
+        }
+
+        const auto start_at =
+            std::chrono::system_clock::time_point(std::chrono::milliseconds(start_at_ms));
+        std::this_thread::sleep_until(start_at);
+
+        std::latch go(thread_count);
+        std::vector<std::thread> threads;
+        for (int t = 0; t < thread_count; ++t) {
+            threads.emplace_back([&, t] {
+                try {
+                    auto& conn = *effect_conns[static_cast<std::size_t>(t)];
+                    std::vector<int> order(static_cast<std::size_t>(keys));
+                    std::iota(order.begin(), order.end(), 0);
+                    std::mt19937 rng(static_cast<unsigned>(pid * 131 + t));
+                    std::shuffle(order.begin(), order.end(), rng);
+                    go.arrive_and_wait();
+
+                    for (int k : order) {
+                        const idem::Key key(scope, "key-" + std::to_string(k));
+                        const auto r = idem::execute_once(store, key, fp, [&] {
+                            conn.exec("INSERT INTO " + effects +
+                                          " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
+                                      {scope, key.value(), std::to_string(pid), std::to_string(t)});
+                            return "key=" + std::to_string(k) + ";pid=" + std::to_string(pid) +
+                                   ";tid=" + std::to_string(t);
+                        });
+                        switch (r.outcome()) {
+                        case idem::Outcome::executed:
+                            emit("E " + std::to_string(k) + " " + r.response());
+                            break;
+                        case idem::Outcome::replayed:
+                            emit("R " + std::to_string(k) + " " + r.response());
+                            break;
+                        case idem::Outcome::in_progress:
+                            if (r.retry_after().count() <= 0)
+                                ++contract_violations;
+                            emit("P " + std::to_string(k));
+                            break;
+                        case idem::Outcome::mismatch:
+                            std::cerr << "worker " << pid << ": mismatch on key " << k << "\n";
+                            ++contract_violations;
+                            break;
+                        }
+                    }
+                    // Second pass: every key must now replay (retry while its executor finishes).
+                    for (int k = 0; k < keys; ++k) {
+                        const idem::Key key(scope, "key-" + std::to_string(k));
+                        const auto deadline =
+                            std::chrono::steady_clock::now() + std::chrono::seconds(60);
+                        for (;;) {
+                            const auto r = idem::execute_once(store, key, fp, [&]() -> std::string {
+                                ++contract_violations; // the effect must never run in the second
+                                                       // pass
+                                std::cerr << "worker " << pid << ": effect ran again for key " << k
+                                          << "\n";
+                                return "second run";
+                            });
+                            if (r.outcome() == idem::Outcome::replayed) {
+                                emit("F " + std::to_string(k) + " " + r.response());
+                                break;
+                            }
+                            if (r.outcome() != idem::Outcome::in_progress ||
+                                std::chrono::steady_clock::now() > deadline) {
+                                std::cerr << "worker " << pid << ": key " << k << " ended as "
+                                          << idem::to_string(r.outcome()) << "\n";
+                                ++contract_violations;
+                                break;
+                            }
+                            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                        }
+                    }
+                } catch (...) {
+                    errors[static_cast<std::size_t>(t)] = std::current_exception();
+                }
+            });
+        }
+        for (auto& th : threads)
+            th.join();
+    } catch (const std::exception& e) {
+        std::cerr << "worker " << pid << ": " << e.what() << "\n";
+        return 1;
+    }
+    int failed = contract_violations.load();
+    for (auto& e : errors) {
+        if (!e)
+            continue;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            std::cerr << "worker " << pid << ": thread failed: " << ex.what() << "\n";
+        }
+        ++failed;
+    }
+    std::ofstream out(outfile);
+    for (const auto& line : out_lines)
+        out << line << '\n';
+    out.close();
+    if (!out) {
+        std::cerr << "worker " << pid << ": cannot write " << outfile << "\n";
+        return 1;
+    }
+    return failed == 0 ? 0 : 1;
+}
