@@ -28,6 +28,8 @@ std::vector<Bad> bad_parts() {
         {"a\rb", "carriage return"},
         {"\x1f", "U+001F"},
         {"\x01key", "U+0001"},
+        {"a\xc2\x80" "b", "U+0080 (C1 control)"},
+        {"a\xc2\x9f" "b", "U+009F (C1 control)"},
         {"a\x7f", "DEL U+007F"},
         {"\xff", "0xFF is never UTF-8"},
         {"\xfe", "0xFE is never UTF-8"},
