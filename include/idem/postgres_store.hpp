@@ -62,6 +62,9 @@ struct PostgresOptions {
     std::size_t max_result_bytes = 16u << 20;
     /// Attempts for a claim that hits 40001 / 40P01 / 55P03 or a broken connection.
     int claim_attempts = 3;
+    /// How long a save keeps retrying while the database is unreachable (restart, failover): the
+    /// effect already happened, and a fenced save is safe to repeat. Past it: response_not_saved.
+    std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
     std::string application_name = "idem";
 };
 

@@ -26,6 +26,7 @@
 // Thread-safety: a Transaction belongs to the thread running fn.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <initializer_list>
@@ -66,9 +67,11 @@ public:
 
 private:
     friend class PostgresStore;
-    Transaction(void* connection, const Key& key) noexcept : connection_(connection), key_(key) {}
+    Transaction(void* connection, const Key& key, std::chrono::milliseconds timeout) noexcept
+        : connection_(connection), key_(key), timeout_(timeout) {}
     void* connection_;  // pg::Connection
     const Key& key_;
+    std::chrono::milliseconds timeout_;  // bound on each statement's answer
 };
 
 /// In-transaction execute_once; see the top of this header.

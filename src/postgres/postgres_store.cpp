@@ -87,16 +87,33 @@ struct PostgresStore::Impl {
     // Runs `f` on a pooled connection; on a broken connection retries on a fresh one, up to
     // claim_attempts times in all. f(conn, attempt) gets the 1-based attempt number.
     template <class F>
-    auto with_connection(const char* what, F&& f) {
+    auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
+        const auto retry_until = Clock::now() + keep_trying;
+        auto backoff = std::chrono::milliseconds(25);
         for (int attempt = 1;; ++attempt) {
+            std::string failure, sqlstate;
+            bool broken = false;
             try {
                 pg::Lease lease = pool->acquire();
                 return f(*lease, attempt);
             } catch (const pg::connection_broken& e) {
-                if (attempt >= options.claim_attempts) {
-                    throw store_unavailable(std::string("idem: ") + what + ": " + e.what(), e.sqlstate());
-                }
-                counters.retries.fetch_add(1, std::memory_order_relaxed);
+                failure = e.what(), sqlstate = e.sqlstate(), broken = true;
+            } catch (const pool_timeout&) {
+                throw;  // already waited its bound
+            } catch (const store_unavailable& e) {
+                failure = e.what(), sqlstate = e.sqlstate();  // could not connect (restart, failover)
+            }
+            // Broken connections: claim_attempts in all. Failed connects: only within keep_trying
+            // (a request path should hear "unavailable" at once, a save should try hard).
+            if ((broken ? attempt >= options.claim_attempts : true) && Clock::now() >= retry_until) {
+                throw store_unavailable(std::string("idem: ") + what + ": " + failure, sqlstate);
+            }
+            counters.retries.fetch_add(1, std::memory_order_relaxed);
+            // A broken pooled connection says little about the next one: retry at once. A failed
+            // connect means the server is away: back off.
+            if (!broken || attempt > 1) {
+                std::this_thread::sleep_for(backoff);
+                backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
             }
         }
     }
@@ -359,7 +376,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
             }
         }
         throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
-    });
+    }, m.options.save_retry_window);
     if (waiters) {
         // Someone waits (ClaimOptions::wait): wake them. Best effort — they also time out and re-read.
         try {
@@ -554,7 +571,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
                 }
             }
         }
-    });
+    }, m.options.save_retry_window);
     for (std::size_t i : notify) {
         try {
             m.with_connection("notify", [&](pg::Connection& conn, int) {
@@ -730,7 +747,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
         }
         m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
 
-        Transaction tx(&*conn, key);
+        Transaction tx(&*conn, key, m.options.statement_timeout + m.options.lock_timeout + std::chrono::seconds(1));
         std::string bytes;
         try {
             bytes = effect(tx);
@@ -774,7 +791,7 @@ Transaction::Rows Transaction::exec(std::string_view sql, const std::vector<std:
     Params p;
     for (const auto& v : params) p.text_format(v ? std::optional<std::string_view>(*v) : std::nullopt);
     const Step step{&def, &p, true, 0};
-    auto res = conn.run(std::span(&step, 1), Clock::now() + std::chrono::minutes(10));
+    auto res = conn.run(std::span(&step, 1), Clock::now() + timeout_);
     if (!res[0].ok()) throw database_error("idem: transaction statement failed: " + res[0].message, res[0].sqlstate);
     Rows out;
     const PGresult* r = res[0].result.get();
