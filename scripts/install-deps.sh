@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install (or report) the Debian packages needed to build and test idem.
 #
-# Usage: scripts/install-deps.sh [--with-examples] [--with-fault] [--with-clang] [--all]
+# Usage: scripts/install-deps.sh [--with-examples] [--with-fault] [--with-clang] [--with-failover] [--all]
 #
 #   (core, always)    cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2
 #                     postgresql-15 postgresql-client-15
 #   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
-#   --with-fault      clang libclang-rt-14-dev (clang toolchain + sanitizer/fuzzer runtimes
-#                     used by the fault-injection / fuzz / clang-sanitizer builds)
-#   --with-clang      alias of --with-fault
+#   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
+#   --with-clang      clang libclang-rt-14-dev (libFuzzer and clang sanitizer runtimes)
+#   --with-failover   patroni etcd-server etcd-client (the Patroni failover scenario)
 #   --all             everything above
 #
 # As root, missing packages are installed with apt-get. Otherwise the missing packages and
@@ -21,23 +21,31 @@ core=(cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresq
       postgresql-client-15)
 examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
 clang_pkgs=(clang libclang-rt-14-dev)
+fault_pkgs=(pgbouncer)
+failover_pkgs=(patroni etcd-server etcd-client)
 
-usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
 
 wanted=("${core[@]}")
 with_examples=0
 with_clang=0
+with_fault=0
+with_failover=0
 for arg in "$@"; do
     case "$arg" in
         --with-examples) with_examples=1 ;;
-        --with-fault | --with-clang) with_clang=1 ;;
-        --all) with_examples=1; with_clang=1 ;;
+        --with-fault) with_fault=1 ;;
+        --with-clang) with_clang=1 ;;
+        --with-failover) with_failover=1 ;;
+        --all) with_examples=1; with_clang=1; with_fault=1; with_failover=1 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "install-deps: unknown argument: $arg" >&2; usage >&2; exit 2 ;;
     esac
 done
 ((with_examples)) && wanted+=("${examples[@]}")
 ((with_clang)) && wanted+=("${clang_pkgs[@]}")
+((with_fault)) && wanted+=("${fault_pkgs[@]}")
+((with_failover)) && wanted+=("${failover_pkgs[@]}")
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "install-deps: dpkg-query not found; this script supports Debian/Ubuntu only." >&2

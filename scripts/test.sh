@@ -75,7 +75,7 @@ on_exit() {
 trap on_exit EXIT
 
 step "[1/4] Checking dependencies"
-scripts/install-deps.sh --with-examples
+scripts/install-deps.sh --all
 
 step "[2/4] Configuring $build_dir (sanitize=$sanitize)"
 cmake -S . -B "$build_dir" "${cmake_args[@]}"
