@@ -1,0 +1,309 @@
+#include "gateway.hpp"
+
+#include <charconv>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace payments {
+namespace {
+
+using PgResult = std::unique_ptr<PGresult, decltype(&PQclear)>;
+
+constexpr std::string_view kCreatedAt =
+    R"(to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))";
+
+const std::string kChargeColumns =
+    "id, account, idempotency_key, order_id, amount_cents, currency, card, "
+    "status, " +
+    std::string(kCreatedAt);
+
+// Prepared on every pooled connection when it is opened.
+const std::pair<const char*, std::string> kStatements[] = {
+    {"gw_charge", "INSERT INTO gateway_charges (account, idempotency_key, order_id, amount_cents, "
+                  "currency, card, "
+                  "status) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, " +
+                      std::string(kCreatedAt)},
+    {"gw_find",
+     "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 ORDER BY id"},
+    {"gw_find_account",
+     "SELECT " + kChargeColumns +
+         " FROM gateway_charges WHERE idempotency_key = $1 AND account = $2 ORDER BY id"},
+    {"rl_hit",
+     "INSERT INTO payments_rate_limit AS r (account, window_start, hits) "
+     "VALUES ($1, floor(extract(epoch FROM clock_timestamp()))::bigint, 1) "
+     "ON CONFLICT (account, window_start) DO UPDATE SET hits = r.hits + 1 RETURNING hits"},
+    {"rl_purge", "DELETE FROM payments_rate_limit WHERE window_start < floor(extract(epoch FROM "
+                 "clock_timestamp()))::bigint - 60"},
+};
+
+constexpr std::string_view kSchema = R"SQL(
+BEGIN;
+SELECT pg_advisory_xact_lock(4242003001);
+CREATE TABLE IF NOT EXISTS gateway_charges (
+    id              bigserial   PRIMARY KEY,
+    account         text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    order_id        bigint      NOT NULL,
+    amount_cents    bigint      NOT NULL CHECK (amount_cents > 0),
+    currency        text        NOT NULL,
+    card            text        NOT NULL,
+    status          text        NOT NULL CHECK (status IN ('captured', 'declined')),
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS gateway_charges_key ON gateway_charges (idempotency_key, account);
+CREATE UNLOGGED TABLE IF NOT EXISTS payments_rate_limit (
+    account      text   NOT NULL,
+    window_start bigint NOT NULL,
+    hits         bigint NOT NULL,
+    PRIMARY KEY (account, window_start)
+);
+COMMIT;
+)SQL";
+
+std::string pg_message(PGconn* conn) {
+    std::string message = conn != nullptr ? PQerrorMessage(conn) : "out of memory";
+    while (!message.empty() && (message.back() == '\n' || message.back() == ' '))
+        message.pop_back();
+    return message;
+}
+
+std::int64_t to_int64(const char* text) {
+    std::int64_t value = 0;
+    const std::string_view view(text);
+    const auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value);
+    if (ec != std::errc() || end != view.data() + view.size()) {
+        throw DbError("payments: unexpected integer from the database: " + std::string(view));
+    }
+    return value;
+}
+
+PgResult exec_prepared(PGconn* conn, const char* name, std::initializer_list<const char*> params,
+                       ExecStatusType expect = PGRES_TUPLES_OK) {
+    std::vector<const char*> values(params);
+    PgResult result(PQexecPrepared(conn, name, static_cast<int>(values.size()), values.data(),
+                                   nullptr, nullptr, 0),
+                    &PQclear);
+    if (!result || PQresultStatus(result.get()) != expect) {
+        const char* state = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
+        std::string message = result ? PQresultErrorMessage(result.get()) : pg_message(conn);
+        while (!message.empty() && message.back() == '\n')
+            message.pop_back();
+        throw DbError(std::string("payments: ") + name + ": " + message +
+                      (state != nullptr ? std::string(" [") + state + "]" : std::string()));
+    }
+    return result;
+}
+
+Charge charge_from_row(const PGresult* result, int row) {
+    Charge charge;
+    charge.id = to_int64(PQgetvalue(result, row, 0));
+    charge.account = PQgetvalue(result, row, 1);
+    charge.idempotency_key = PQgetvalue(result, row, 2);
+    charge.order_id = to_int64(PQgetvalue(result, row, 3));
+    charge.amount_cents = to_int64(PQgetvalue(result, row, 4));
+    charge.currency = PQgetvalue(result, row, 5);
+    charge.card = PQgetvalue(result, row, 6);
+    charge.status = PQgetvalue(result, row, 7);
+    charge.created_at = PQgetvalue(result, row, 8);
+    return charge;
+}
+
+} // namespace
+
+// ----------------------------------------------------------------------------------------------
+// PgPool
+
+PgPool::PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds statement_timeout,
+               std::chrono::milliseconds wait)
+    : conninfo_(std::move(conninfo)),
+      options_("-c statement_timeout=" + std::to_string(statement_timeout.count())),
+      size_(size == 0 ? 1 : size), wait_(wait) {}
+
+PgPool::~PgPool() {
+    std::lock_guard lock(mutex_);
+    for (PGconn* conn : idle_)
+        PQfinish(conn);
+    idle_.clear();
+}
+
+PgPool::Lease::Lease(Lease&& other) noexcept
+    : pool_(other.pool_), conn_(std::exchange(other.conn_, nullptr)) {}
+
+PgPool::Lease::~Lease() {
+    if (conn_ != nullptr)
+        pool_->give_back(conn_);
+}
+
+PGconn* PgPool::open() {
+    const char* keys[] = {"dbname", "options", "application_name", "connect_timeout", nullptr};
+    const char* values[] = {conninfo_.c_str(), options_.c_str(), "payments-gateway", "5", nullptr};
+    PGconn* conn = PQconnectdbParams(keys, values, 1);
+    if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
+        std::string message = pg_message(conn);
+        PQfinish(conn);
+        throw DbError("payments: cannot connect to the database: " + message);
+    }
+    for (const auto& [name, sql] : kStatements) {
+        PgResult result(PQprepare(conn, name, sql.c_str(), 0, nullptr), &PQclear);
+        if (!result || PQresultStatus(result.get()) != PGRES_COMMAND_OK) {
+            std::string message = result ? PQresultErrorMessage(result.get()) : pg_message(conn);
+            PQfinish(conn);
+            throw DbError(std::string("payments: cannot prepare ") + name + ": " + message);
+        }
+    }
+    return conn;
+}
+
+PgPool::Lease PgPool::acquire() {
+    std::unique_lock lock(mutex_);
+    const auto until = std::chrono::steady_clock::now() + wait_;
+    for (;;) {
+        if (!idle_.empty()) {
+            PGconn* conn = idle_.back();
+            idle_.pop_back();
+            return Lease(this, conn);
+        }
+        if (open_ < size_) {
+            ++open_;
+            lock.unlock();
+            try {
+                return Lease(this, open());
+            } catch (...) {
+                lock.lock();
+                --open_;
+                available_.notify_one();
+                throw;
+            }
+        }
+        if (available_.wait_until(lock, until) == std::cv_status::timeout && idle_.empty() &&
+            open_ >= size_) {
+            throw DbError("payments: every database connection stayed busy");
+        }
+    }
+}
+
+void PgPool::give_back(PGconn* conn) noexcept {
+    const bool healthy =
+        PQstatus(conn) == CONNECTION_OK && PQtransactionStatus(conn) == PQTRANS_IDLE;
+    {
+        std::lock_guard lock(mutex_);
+        if (healthy) {
+            idle_.push_back(conn);
+        } else {
+            --open_;
+        }
+    }
+    if (!healthy)
+        PQfinish(conn);
+    available_.notify_one();
+}
+
+void PgPool::exec_script(std::string_view sql) {
+    // Its own connection: the pooled ones prepare statements on tables this script creates.
+    const char* keys[] = {"dbname", "application_name", "connect_timeout", "options", nullptr};
+    const char* values[] = {conninfo_.c_str(), "payments-setup", "5",
+                            "-c client_min_messages=warning", nullptr};
+    std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdbParams(keys, values, 1),
+                                                      &PQfinish);
+    if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
+        throw DbError("payments: cannot connect to the database: " + pg_message(conn.get()));
+    }
+    PgResult result(PQexec(conn.get(), std::string(sql).c_str()), &PQclear);
+    if (!result || PQresultStatus(result.get()) != PGRES_COMMAND_OK) {
+        throw DbError("payments: schema setup failed: " + pg_message(conn.get()));
+    }
+}
+
+void ensure_app_schema(PgPool& pool) {
+    pool.exec_script(kSchema);
+}
+
+// -----------------------------------------------------------------------------------------
+// FakeGateway
+
+Charge FakeGateway::charge(const ChargeRequest& request) {
+    const PaymentRequest& payment = *request.payment;
+    if (latency_.count() > 0)
+        std::this_thread::sleep_for(latency_); // the network, both ways
+
+    std::optional<PgPool::Lease> conn;
+    try {
+        conn.emplace(pool_.acquire());
+    } catch (const DbError& e) {
+        throw GatewayNotCharged(std::string("gateway unreachable: ") + e.what());
+    }
+    // Past this point a charge may be made. Never start one once the claim may be considered stale
+    // by a reconciler (which would release a key whose charge is still on its way).
+    if (std::chrono::steady_clock::now() > request.deadline) {
+        throw GatewayNotCharged("gateway call not started: the claim is too old");
+    }
+
+    const bool captured = payment.card == "tok_ok" || payment.card == "tok_timeout";
+    const std::string order_id = std::to_string(payment.order_id);
+    const std::string amount = std::to_string(payment.amount_cents);
+    const std::string account(request.account);
+    const std::string key(request.idempotency_key);
+    PgResult result(nullptr, &PQclear);
+    try {
+        result = exec_prepared(conn->get(), "gw_charge",
+                               {account.c_str(), key.c_str(), order_id.c_str(), amount.c_str(),
+                                payment.currency.c_str(), payment.card.c_str(),
+                                captured ? "captured" : "declined"});
+    } catch (const DbError& e) {
+        if (PQstatus(conn->get()) == CONNECTION_OK) {
+            // The gateway answered with an error: the statement was rolled back, nothing charged.
+            throw GatewayNotCharged(std::string("gateway refused the charge: ") + e.what());
+        }
+        throw GatewayTimeout(std::string("gateway connection lost during the charge: ") + e.what());
+    }
+    if (payment.card == "tok_timeout") {
+        // The charge is recorded, but its answer never reaches us.
+        throw GatewayTimeout("gateway timed out (tok_timeout): the charge may have been made");
+    }
+
+    Charge charge;
+    charge.id = to_int64(PQgetvalue(result.get(), 0, 0));
+    charge.created_at = PQgetvalue(result.get(), 0, 1);
+    charge.account = account;
+    charge.idempotency_key = key;
+    charge.order_id = payment.order_id;
+    charge.amount_cents = payment.amount_cents;
+    charge.currency = payment.currency;
+    charge.card = payment.card;
+    charge.status = captured ? "captured" : "declined";
+    return charge;
+}
+
+std::vector<Charge> FakeGateway::find(std::string_view idempotency_key,
+                                      std::optional<std::string_view> account) {
+    PgPool::Lease conn = pool_.acquire();
+    const std::string key(idempotency_key);
+    const std::string acct(account.value_or(""));
+    PgResult result =
+        account ? exec_prepared(conn.get(), "gw_find_account", {key.c_str(), acct.c_str()})
+                : exec_prepared(conn.get(), "gw_find", {key.c_str()});
+    std::vector<Charge> charges;
+    const int rows = PQntuples(result.get());
+    charges.reserve(static_cast<std::size_t>(rows));
+    for (int row = 0; row < rows; ++row)
+        charges.push_back(charge_from_row(result.get(), row));
+    return charges;
+}
+
+// -----------------------------------------------------------------------------------------
+// RateLimiter
+
+bool RateLimiter::allow(std::string_view account) {
+    PgPool::Lease conn = pool_.acquire();
+    const std::string acct(account);
+    PgResult result = exec_prepared(conn.get(), "rl_hit", {acct.c_str()});
+    return to_int64(PQgetvalue(result.get(), 0, 0)) <= per_second_;
+}
+
+void RateLimiter::purge() {
+    PgPool::Lease conn = pool_.acquire();
+    (void)exec_prepared(conn.get(), "rl_purge", {}, PGRES_COMMAND_OK);
+}
+
+} // namespace payments

@@ -1,0 +1,143 @@
+// gateway.hpp — the example's own PostgreSQL access: a small libpq connection pool, the fake card
+// gateway (its ledger lives in the same database as idem's table) and the per-account rate limiter.
+//
+// None of this is part of idem. The fake gateway stands in for a card processor:
+//   * it does NOT deduplicate: every call inserts a ledger row, so a double call shows as two rows.
+//     That makes the ledger a witness: tests count rows per idempotency key to prove "charged
+//     once".
+//   * "tok_ok" → captured; "tok_timeout" → captured, then the answer is lost (GatewayTimeout);
+//     any other token ("tok_declined", ...) → declined (the attempt is recorded too).
+//
+// Thread-safety: every class here may be used from any number of threads.
+#pragma once
+
+#include "idem/errors.hpp"
+#include "payment.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <libpq-fe.h>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace payments {
+
+/// The database could not be used (connect failure, pool exhausted, broken connection, SQL error).
+class DbError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The gateway call was sent but no answer came back: the charge may or may not exist.
+/// Deliberately NOT an idem::not_performed: execute_once keeps the key in progress.
+class GatewayTimeout : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The gateway certainly did not charge (unreachable, refused before the charge was sent, or the
+/// claim is too old to start a charge). execute_once releases the key; the client may retry.
+class GatewayNotCharged : public idem::not_performed {
+public:
+    using idem::not_performed::not_performed;
+};
+
+/// A fixed-size pool of libpq connections, opened lazily, each with the example's prepared
+/// statements.
+class PgPool {
+public:
+    PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds statement_timeout,
+           std::chrono::milliseconds wait = std::chrono::seconds(5));
+    ~PgPool();
+    PgPool(const PgPool&) = delete;
+    PgPool& operator=(const PgPool&) = delete;
+
+    class Lease {
+    public:
+        Lease(PgPool* pool, PGconn* conn) noexcept : pool_(pool), conn_(conn) {}
+        Lease(Lease&& other) noexcept;
+        Lease& operator=(Lease&&) = delete;
+        Lease(const Lease&) = delete;
+        Lease& operator=(const Lease&) = delete;
+        ~Lease();
+        [[nodiscard]] PGconn* get() const noexcept { return conn_; }
+
+    private:
+        PgPool* pool_;
+        PGconn* conn_;
+    };
+
+    /// A connection, opening one if fewer than `size` exist; waits up to `wait` otherwise.
+    /// Throws DbError (could not connect / pool exhausted): nothing was sent.
+    [[nodiscard]] Lease acquire();
+
+    /// Runs a statement without parameters outside the pool's prepared set (schema setup).
+    void exec_script(std::string_view sql);
+
+private:
+    PGconn* open();
+    void give_back(PGconn* conn) noexcept;
+
+    std::string conninfo_;
+    std::string options_;
+    std::size_t size_;
+    std::chrono::milliseconds wait_;
+    std::mutex mutex_;
+    std::condition_variable available_;
+    std::vector<PGconn*> idle_;
+    std::size_t open_ = 0;
+};
+
+/// Creates the gateway ledger and the rate-limit table if missing; safe when several instances
+/// start at once (serialised by an advisory lock).
+void ensure_app_schema(PgPool& pool);
+
+struct ChargeRequest {
+    std::string_view account;
+    std::string_view idempotency_key;
+    const PaymentRequest* payment = nullptr;
+    /// The charge is not sent after this instant (GatewayNotCharged instead).
+    std::chrono::steady_clock::time_point deadline;
+};
+
+class FakeGateway {
+public:
+    FakeGateway(PgPool& pool, std::chrono::milliseconds latency) : pool_(pool), latency_(latency) {}
+
+    /// Charges the card; the idempotency key is passed on (and recorded), as a real processor's
+    /// API would take it. Returns the ledger row for "captured" and "declined".
+    /// Throws GatewayTimeout (outcome unknown) or GatewayNotCharged (certainly nothing charged).
+    [[nodiscard]] Charge charge(const ChargeRequest& request);
+
+    /// Ledger rows for a key, oldest first; `account` narrows to one account. Throws DbError.
+    [[nodiscard]] std::vector<Charge> find(std::string_view idempotency_key,
+                                           std::optional<std::string_view> account);
+
+private:
+    PgPool& pool_;
+    std::chrono::milliseconds latency_;
+};
+
+/// Fixed one-second windows per account, counted in the shared database (an UNLOGGED table), so the
+/// limit holds across every instance behind the load balancer.
+class RateLimiter {
+public:
+    RateLimiter(PgPool& pool, std::int64_t per_second) : pool_(pool), per_second_(per_second) {}
+    /// True if the request is within the limit. Throws DbError.
+    [[nodiscard]] bool allow(std::string_view account);
+    /// Deletes windows older than a minute.
+    void purge();
+
+private:
+    PgPool& pool_;
+    std::int64_t per_second_;
+};
+
+} // namespace payments

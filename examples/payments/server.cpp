@@ -1,0 +1,586 @@
+// payments-server — the reference article's payments endpoint, in C++ over idem.
+//
+//   payments-server --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=app"
+//                   [--gateway-latency-ms N] [--lease-ms N] [--reconcile-every-ms N]
+//                   [--rate-limit-per-second N] [--threads N] [--db-pool N]
+//
+// Several instances may share one database; any request may land on any of them. Each instance:
+//   POST /payments           the idempotent payment endpoint (see README.md for every status code)
+//   GET  /gateway/charges    the fake gateway's ledger for ?idempotency_key=K[&account=A]
+//   GET  /healthz            200 once the server accepts requests
+// and runs a reconciler thread that settles keys left in progress (a gateway timeout, a crash)
+// by asking the gateway what happened. SIGTERM / SIGINT stop it cleanly (exit status 0).
+// --listen must be a loopback address; port 0 picks a free port. The one line written to stdout is
+// "listening on http://HOST:PORT"; everything else goes to stderr.
+#include "gateway.hpp"
+#include "idem/idem.hpp"
+#include "payment.hpp"
+
+#include <arpa/inet.h>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <httplib.h>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <pthread.h>
+#include <signal.h>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <strings.h>
+#include <sys/socket.h>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::mutex g_log_mutex;
+std::string g_log_prefix = "payments-server";
+
+template <class... Parts> void log(const Parts&... parts) {
+    std::lock_guard lock(g_log_mutex);
+    std::cerr << g_log_prefix << ": ";
+    (std::cerr << ... << parts);
+    std::cerr << std::endl;
+}
+
+// -------------------------------------------------------------------------------------------
+// options
+
+struct Options {
+    std::string host;
+    int port = -1;
+    std::string db;
+    milliseconds gateway_latency{0};
+    milliseconds lease{30'000};
+    milliseconds reconcile_every{1'000};
+    std::int64_t rate_limit_per_second = 0; // 0: off
+    std::size_t threads = 32;
+    std::size_t db_pool = 8;
+};
+
+[[noreturn]] void usage(int status) {
+    (status == 0 ? std::cout : std::cerr)
+        << "usage: payments-server --listen 127.0.0.1:PORT --db CONNINFO [--gateway-latency-ms N]\n"
+           "                       [--lease-ms N] [--reconcile-every-ms N] "
+           "[--rate-limit-per-second N]\n"
+           "                       [--threads N] [--db-pool N]\n"
+           "  --listen              loopback address and port (port 0: any free port)\n"
+           "  --db                  libpq connection string shared by every instance\n"
+           "  --gateway-latency-ms  simulated card-gateway latency, 0..4000 (default 0)\n"
+           "  --lease-ms            how long a claim owns its key before the reconciler may settle "
+           "it (30000)\n"
+           "  --reconcile-every-ms  reconciler period (1000)\n"
+           "  --rate-limit-per-second  per-account limit across all instances (default 0: off)\n"
+           "  --threads             HTTP worker threads, one per open connection (32)\n"
+           "  --db-pool             database connections for idem, and as many for the gateway "
+           "(8)\n";
+    std::exit(status);
+}
+
+[[noreturn]] void bad_option(const std::string& message) {
+    std::cerr << "payments-server: " << message << "\n";
+    usage(2);
+}
+
+std::int64_t parse_int(std::string_view name, std::string_view text, std::int64_t min,
+                       std::int64_t max) {
+    std::int64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size() || value < min || value > max) {
+        bad_option(std::string(name) + ": expected an integer in [" + std::to_string(min) + ", " +
+                   std::to_string(max) + "], got '" + std::string(text) + "'");
+    }
+    return value;
+}
+
+bool is_loopback(const std::string& host) {
+    in_addr v4{};
+    if (inet_pton(AF_INET, host.c_str(), &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    in6_addr v6{};
+    if (inet_pton(AF_INET6, host.c_str(), &v6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&v6);
+    return false;
+}
+
+Options parse_options(int argc, char** argv) {
+    Options o;
+    std::string listen;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        if (arg == "-h" || arg == "--help")
+            usage(0);
+        std::string value;
+        if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+            arg.resize(eq);
+        } else if (i + 1 < argc) {
+            value = argv[++i];
+        } else {
+            bad_option(arg + " needs a value");
+        }
+        if (arg == "--listen")
+            listen = value;
+        else if (arg == "--db")
+            o.db = value;
+        else if (arg == "--gateway-latency-ms")
+            o.gateway_latency = milliseconds(parse_int(arg, value, 0, 4000));
+        else if (arg == "--lease-ms")
+            o.lease = milliseconds(parse_int(arg, value, 50, 86'400'000));
+        else if (arg == "--reconcile-every-ms")
+            o.reconcile_every = milliseconds(parse_int(arg, value, 10, 3'600'000));
+        else if (arg == "--rate-limit-per-second")
+            o.rate_limit_per_second = parse_int(arg, value, 0, 1'000'000'000);
+        else if (arg == "--threads")
+            o.threads = static_cast<std::size_t>(parse_int(arg, value, 1, 1024));
+        else if (arg == "--db-pool")
+            o.db_pool = static_cast<std::size_t>(parse_int(arg, value, 1, 256));
+        else
+            bad_option("unknown option " + arg);
+    }
+    if (listen.empty())
+        bad_option("--listen is required");
+    if (o.db.empty())
+        bad_option("--db is required");
+    const auto colon = listen.rfind(':');
+    if (colon == std::string::npos)
+        bad_option("--listen: expected HOST:PORT");
+    o.host = listen.substr(0, colon);
+    if (o.host.size() >= 2 && o.host.front() == '[' && o.host.back() == ']')
+        o.host = o.host.substr(1, o.host.size() - 2);
+    if (o.host == "localhost")
+        o.host = "127.0.0.1";
+    o.port = static_cast<int>(
+        parse_int("--listen port", std::string_view(listen).substr(colon + 1), 0, 65535));
+    if (!is_loopback(o.host))
+        bad_option("--listen: '" + o.host +
+                   "' is not a loopback address; this example only listens on loopback");
+    return o;
+}
+
+// ------------------------------------------------------------------------------------------
+// helpers
+
+// cpp-httplib 0.11 listens with a backlog of 5 (compiled into Debian's shared library): a burst of
+// simultaneous connections then overflows the accept queue and some clients see their connection
+// dropped. Linux lets listen() be called again on a bound socket to raise the backlog.
+class HttpServer : public httplib::Server {
+public:
+    bool raise_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
+const std::string kJson = "application/json";
+
+// A request starts its gateway call within this budget or not at all (503, key released) ...
+constexpr milliseconds kChargeStartBudget = 5s;
+// ... and the gateway answers within this (its statement_timeout), or the outcome is unknown.
+constexpr milliseconds kGatewayTimeout = 2s;
+// So a key in progress with no charge this long after its claim will never get one: release it.
+constexpr milliseconds kReleaseAfter = kChargeStartBudget + kGatewayTimeout + 1s;
+
+void reply(httplib::Response& res, int status, const std::string& body) {
+    res.status = status;
+    res.set_content(body, kJson);
+}
+
+void reply_retry(httplib::Response& res, int status, const std::string& body, milliseconds after) {
+    const auto seconds = std::max<std::int64_t>(1, (after.count() + 999) / 1000);
+    res.set_header("Retry-After", std::to_string(seconds));
+    reply(res, status, body);
+}
+
+void reply_stored(httplib::Response& res, const idem::Response& stored, bool replayed) {
+    res.status = stored.status;
+    std::string content_type = kJson;
+    for (const auto& [name, value] : stored.headers) {
+        if (strcasecmp(name.c_str(), "Content-Type") == 0)
+            content_type = value;
+        else
+            res.set_header(name, value);
+    }
+    if (replayed)
+        res.set_header("Idempotent-Replayed", "true");
+    res.set_content(stored.body, content_type);
+}
+
+// ------------------------------------------------------------------------------------- the service
+
+struct Service {
+    idem::PostgresStore& store;
+    payments::FakeGateway& gateway;
+    payments::RateLimiter* limiter; // null: no rate limit
+    idem::ClaimOptions claim_options;
+    milliseconds lease;
+    milliseconds charge_start_budget;
+
+    void post_payment(const httplib::Request& req, httplib::Response& res) const;
+    void get_charges(const httplib::Request& req, httplib::Response& res) const;
+};
+
+void Service::post_payment(const httplib::Request& req, httplib::Response& res) const {
+    // 1. Who is paying. The account scopes every key: one account never sees another's keys.
+    const auto account = payments::bearer_account(req.get_header_value("Authorization"));
+    if (!account) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        return reply(res, 401,
+                     payments::error_body("unauthorized", "send Authorization: Bearer <account>"));
+    }
+    // 2. Rate limit, before anything is claimed: a 429 never consumes the key.
+    if (limiter != nullptr) {
+        try {
+            if (!limiter->allow(*account)) {
+                return reply_retry(res, 429, payments::error_body("rate_limited"), 1s);
+            }
+        } catch (const payments::DbError& e) {
+            log("rate limiter: ", e.what());
+            return reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
+        }
+    }
+    // 3. The key. Missing, empty, too long, not UTF-8 or with control characters: 400.
+    const std::size_t key_count = req.get_header_value_count("Idempotency-Key");
+    if (key_count == 0) {
+        return reply(
+            res, 400,
+            payments::error_body("missing_idempotency_key", "send an Idempotency-Key header"));
+    }
+    if (key_count > 1) {
+        return reply(
+            res, 400,
+            payments::error_body("invalid_idempotency_key", "send exactly one Idempotency-Key"));
+    }
+    std::optional<idem::Key> key;
+    try {
+        key.emplace(payments::payment_scope(*account), req.get_header_value("Idempotency-Key"));
+    } catch (const idem::invalid_key&) {
+        return reply(res, 400,
+                     payments::error_body("invalid_idempotency_key",
+                                          "1..255 bytes of UTF-8 without control characters"));
+    }
+    // 4. The body, validated before the claim: a 400 never consumes the key.
+    std::string problem;
+    const auto payment = payments::parse_payment_request(req.body, problem);
+    if (!payment)
+        return reply(res, 400, payments::error_body("invalid_request", problem));
+    const idem::Fingerprint fp = payments::payment_fingerprint(*payment);
+
+    // 5. At most once per key. The effect never starts a charge later than charge_start_budget
+    //    after the request arrived, so the reconciler knows when "no charge yet" means "never".
+    const auto deadline = Clock::now() + charge_start_budget;
+    try {
+        auto result = idem::execute_once(
+            store, *key, fp,
+            [&]() -> idem::Response {
+                const payments::Charge charge = gateway.charge({.account = *account,
+                                                                .idempotency_key = key->value(),
+                                                                .payment = &*payment,
+                                                                .deadline = deadline});
+                return payments::charge_response(charge);
+            },
+            claim_options);
+        switch (result.outcome()) {
+        case idem::Outcome::executed:
+            return reply_stored(res, result.response(), false);
+        case idem::Outcome::replayed:
+            return reply_stored(res, result.response(), true);
+        case idem::Outcome::in_progress:
+            return reply_retry(
+                res, 409,
+                payments::error_body("in_progress",
+                                     "a request with this key is still being processed"),
+                result.retry_after());
+        case idem::Outcome::mismatch:
+            return reply(res, 422,
+                         payments::error_body("idempotency_key_reused",
+                                              "this key was used with a different request"));
+        }
+    } catch (const payments::GatewayNotCharged& e) {
+        // Nothing charged and the key released: the client may retry with the same key.
+        log("not charged (key released): ", e.what());
+        return reply_retry(res, 503, payments::error_body("gateway_unavailable"), 1s);
+    } catch (const payments::GatewayTimeout& e) {
+        // The charge may exist. The key stays in progress until the reconciler learns the truth.
+        log("outcome unknown (key kept in progress): ", e.what());
+        return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
+    } catch (const idem::response_not_saved& e) {
+        // The charge happened; its answer is not stored yet (the reconciler will store the same
+        // bytes).
+        log("response not saved: ", e.what());
+        try {
+            return reply_stored(res, idem::codec<idem::Response>::decode(e.encoded_result()),
+                                false);
+        } catch (const idem::error&) {
+            return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
+        }
+    } catch (const idem::lease_lost&) {
+        // Another instance's reconciler settled or released the key meanwhile: answer what it
+        // stored.
+        try {
+            if (auto record = store.read(*key);
+                record && record->state == idem::RecordState::completed && record->result) {
+                return reply_stored(res, idem::codec<idem::Response>::decode(*record->result),
+                                    true);
+            }
+        } catch (const idem::error& e) {
+            log("read after lease_lost: ", e.what());
+        }
+        return reply_retry(res, 409, payments::error_body("in_progress"), 1s);
+    } catch (const idem::store_unavailable& e) {
+        log("store unavailable: ", e.what());
+        return reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
+    } catch (const idem::outcome_unknown& e) {
+        log("outcome unknown: ", e.what());
+        return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
+    } catch (const idem::error& e) {
+        log("idem error: ", e.what(), e.sqlstate().empty() ? "" : " [" + e.sqlstate() + "]");
+        return reply(res, 500, payments::error_body("internal_error"));
+    }
+}
+
+void Service::get_charges(const httplib::Request& req, httplib::Response& res) const {
+    if (!req.has_param("idempotency_key")) {
+        return reply(res, 400, payments::error_body("missing_parameter", "idempotency_key"));
+    }
+    const std::string key = req.get_param_value("idempotency_key");
+    std::optional<std::string> account;
+    if (req.has_param("account"))
+        account = req.get_param_value("account");
+    try {
+        const auto charges = gateway.find(key, account);
+        nlohmann::ordered_json out;
+        out["count"] = charges.size();
+        out["charges"] = nlohmann::ordered_json::array();
+        for (const auto& c : charges) {
+            out["charges"].push_back({{"id", c.id},
+                                      {"payment_id", "pay_" + std::to_string(c.id)},
+                                      {"account", c.account},
+                                      {"idempotency_key", c.idempotency_key},
+                                      {"order_id", c.order_id},
+                                      {"amount_cents", c.amount_cents},
+                                      {"currency", c.currency},
+                                      {"card", c.card},
+                                      {"status", c.status},
+                                      {"created_at", c.created_at}});
+        }
+        reply(res, 200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    } catch (const payments::DbError& e) {
+        log("ledger: ", e.what());
+        reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// reconciler
+
+// Settles keys left in progress: a claim whose lease passed belongs to a request that crashed, hung
+// or met an unknown gateway outcome. idem::Reconciler lists them (this service's scope prefix only)
+// and takes each one over with a fence of its own, so several instances never settle the same key
+// at once and a late original attempt gets lease_lost. The gateway's ledger says what happened:
+//   a charge for (account, key)  → save the response that charge deserves (201 or 402) — the same
+//     bytes the request itself would have saved;
+//   no charge, and too late for one to still appear (a request never starts a charge later than
+//     kChargeStartBudget after it arrived, and the gateway answers within kGatewayTimeout)
+//     → release the key: the client's retry runs the payment;
+//   no charge yet, but one could still be on its way → leave it; it is listed again later.
+class ReconcilerThread {
+public:
+    ReconcilerThread(idem::IdempotencyStore& store, payments::FakeGateway& gateway,
+                     payments::RateLimiter* limiter, milliseconds every, milliseconds lease)
+        : reconciler_(
+              store, [&gateway](idem::Reconciliation& r) { resolve(gateway, r); },
+              make_options(lease)),
+          limiter_(limiter), every_(every) {}
+
+    void start() {
+        thread_ = std::jthread([this](std::stop_token stop) { run(stop); });
+    }
+    void stop() {
+        thread_.request_stop();
+        if (thread_.joinable())
+            thread_.join();
+    }
+
+private:
+    static idem::ReconcilerOptions make_options(milliseconds lease) {
+        idem::ReconcilerOptions options;
+        options.scope_prefix = std::string(payments::payment_scope_prefix());
+        options.lease = lease; // a key left undecided is looked at again after this
+        return options;
+    }
+
+    static void resolve(payments::FakeGateway& gateway, idem::Reconciliation& r) {
+        const auto account = payments::account_of_scope(r.key().scope());
+        if (!account)
+            return;
+        const auto charges = gateway.find(r.key().value(), *account); // throws: left for later
+        if (!charges.empty()) {
+            if (charges.size() > 1) {
+                log("reconciler: ALERT: ", charges.size(), " gateway charges for key '",
+                    r.key().value(), "' of account ", *account);
+            }
+            const idem::Response response = payments::charge_response(charges.front());
+            log("reconciler: key '", r.key().value(), "' of account ", *account,
+                " was charged: saving ", response.status, " (pay_", charges.front().id, ")");
+            r.save(response);
+        } else if (std::chrono::system_clock::now() - r.record().created_at > kReleaseAfter) {
+            log("reconciler: key '", r.key().value(), "' of account ", *account,
+                " was never charged: releasing");
+            r.release();
+        }
+    }
+
+    void run(const std::stop_token& stop) {
+        std::mutex mutex;
+        std::condition_variable_any wake;
+        auto next_purge = Clock::now();
+        while (!stop.stop_requested()) {
+            try {
+                const auto sweep = reconciler_.run_once();
+                if (sweep.failed > 0)
+                    log("reconciler: ", sweep.failed, " key(s) could not be settled this time");
+            } catch (const std::exception& e) {
+                log("reconciler: ", e.what());
+            }
+            if (limiter_ != nullptr && Clock::now() >= next_purge) {
+                next_purge = Clock::now() + 10s;
+                try {
+                    limiter_->purge();
+                } catch (const std::exception& e) {
+                    log("reconciler: rate-limit purge: ", e.what());
+                }
+            }
+            std::unique_lock lock(mutex);
+            wake.wait_for(lock, stop, every_, [] { return false; });
+        }
+    }
+
+    idem::Reconciler reconciler_;
+    payments::RateLimiter* limiter_;
+    milliseconds every_;
+    std::jthread thread_;
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+    const Options options = parse_options(argc, argv);
+
+    // SIGTERM / SIGINT are taken by one thread with sigwait: block them before any thread starts.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    try {
+        idem::PostgresOptions store_options;
+        store_options.pool_size = options.db_pool;
+        store_options.default_lease = options.lease;
+        store_options.application_name = "payments-server";
+        idem::PostgresStore store(options.db, store_options);
+        store.ensure_schema();
+
+        payments::PgPool pool(options.db, options.db_pool, kGatewayTimeout);
+        payments::ensure_app_schema(pool);
+        payments::FakeGateway gateway(pool, options.gateway_latency);
+        std::optional<payments::RateLimiter> limiter;
+        if (options.rate_limit_per_second > 0)
+            limiter.emplace(pool, options.rate_limit_per_second);
+
+        idem::ClaimOptions claim_options;
+        claim_options.lease = options.lease;
+        const Service service{store,         gateway,       limiter ? &*limiter : nullptr,
+                              claim_options, options.lease, kChargeStartBudget};
+
+        HttpServer server;
+        const std::size_t threads = options.threads;
+        server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+        server.set_keep_alive_max_count(1'000'000);
+        server.set_keep_alive_timeout(5);
+        server.set_tcp_nodelay(true);
+        server.set_payload_max_length(64 * 1024);
+        server.Post("/payments", [&service](const httplib::Request& req, httplib::Response& res) {
+            service.post_payment(req, res);
+        });
+        server.Get("/gateway/charges",
+                   [&service](const httplib::Request& req, httplib::Response& res) {
+                       service.get_charges(req, res);
+                   });
+        server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+            reply(res, 200, "{\"status\":\"ok\"}");
+        });
+        server.set_exception_handler(
+            [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+                try {
+                    if (ep)
+                        std::rethrow_exception(ep);
+                } catch (const std::exception& e) {
+                    log("unhandled: ", e.what());
+                } catch (...) {
+                    log("unhandled non-standard exception");
+                }
+                reply(res, 500, payments::error_body("internal_error"));
+            });
+
+        int port = options.port;
+        if (port == 0) {
+            port = server.bind_to_any_port(options.host);
+            if (port <= 0)
+                throw std::runtime_error("cannot bind " + options.host);
+        } else if (!server.bind_to_port(options.host, port)) {
+            throw std::runtime_error("cannot bind " + options.host + ":" + std::to_string(port));
+        }
+        if (!server.raise_backlog(SOMAXCONN))
+            log("warning: cannot raise the listen backlog");
+        g_log_prefix = "payments-server[" + std::to_string(port) + "]";
+        const std::string url_host =
+            options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
+        std::cout << "listening on http://" << url_host << ":" << port << std::endl;
+
+        ReconcilerThread reconciler(store, gateway, limiter ? &*limiter : nullptr,
+                                    options.reconcile_every, options.lease);
+        reconciler.start();
+
+        std::atomic<bool> stopping{false};
+        std::atomic<bool> listen_done{false};
+        std::thread signal_thread([&] {
+            int sig = 0;
+            sigwait(&stop_signals, &sig);
+            if (listen_done)
+                return;
+            stopping = true;
+            log("signal ", sig, ": stopping");
+            // listen_after_bind may not have started yet; stop() only acts on a running server.
+            while (!listen_done && !server.is_running())
+                std::this_thread::sleep_for(5ms);
+            if (!listen_done)
+                server.stop();
+        });
+
+        const bool listened = server.listen_after_bind();
+        listen_done = true;
+        if (!stopping)
+            pthread_kill(signal_thread.native_handle(), SIGTERM); // wake sigwait
+        signal_thread.join();
+        reconciler.stop();
+        if (!stopping && !listened) {
+            log("the HTTP server stopped unexpectedly");
+            return 1;
+        }
+        log("stopped");
+        return 0;
+    } catch (const std::exception& e) {
+        log("fatal: ", e.what());
+        return 1;
+    }
+}

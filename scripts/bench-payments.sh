@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# Speed comparison: payments-server (C++/idem) against the reference article's Express + pg server,
+# same machine, same throwaway database, one run.
+#
+# Usage: scripts/bench-payments.sh [--duration SECONDS] [--rounds N] [--peer DIR] [--build-dir DIR]
+#
+#   --duration   seconds per wrk run (default 8)
+#   --rounds     runs per figure, alternating the two servers; the median is reported (default 3)
+#   --peer       the Express peer (default ../shared/peers/express-seed003, relative to the repo)
+#   --build-dir  release build directory (default build/release)
+#
+# For each server: the new-payment path (wrk new.lua: a fresh key per request) and the replay path
+# (wrk replay.lua: keys replay-1..100, each sent once first), at 1 and 16 connections (wrk -t1,
+# gateway latency 0). The two servers take turns (Express, ours, Express, ours, ...) so that a change
+# in the machine's load during the run hits both alike. Prints the figures as Markdown for
+# docs/benchmarks.md on stdout (progress on stderr); exits 1 if a target ratio was missed.
+# Needs wrk, node and npm (the Express side is skipped if npm or node is missing).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo="$(pwd)"
+
+duration=8
+rounds=3
+peer="$repo/../shared/peers/express-seed003"
+build_dir=build/release
+inner=0
+while (($# > 0)); do
+    case "$1" in
+        --duration) duration="${2:?}"; shift ;;
+        --duration=*) duration="${1#*=}" ;;
+        --rounds) rounds="${2:?}"; shift ;;
+        --rounds=*) rounds="${1#*=}" ;;
+        --peer) peer="${2:?}"; shift ;;
+        --peer=*) peer="${1#*=}" ;;
+        --build-dir) build_dir="${2:?}"; shift ;;
+        --build-dir=*) build_dir="${1#*=}" ;;
+        --inner) inner=1 ;;
+        -h | --help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        *) echo "bench-payments: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+if ((!inner)); then
+    command -v wrk >/dev/null || { echo "bench-payments: wrk not found (apt-get install wrk)" >&2; exit 1; }
+    [[ -f "$peer/server.js" ]] || { echo "bench-payments: Express peer not found at $peer" >&2; exit 1; }
+    step "Building payments-server (Release, $build_dir)"
+    cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_BENCH=OFF \
+        -DIDEM_BUILD_EXAMPLES=ON >/dev/null
+    cmake --build "$build_dir" -j"$(nproc)" --target payments-server payments-client >/dev/null
+
+    peer_dir="$(mktemp -d "${TMPDIR:-/tmp}/express-peer.XXXXXX")"
+    trap 'rm -rf "$peer_dir"' EXIT
+    cp -r "$peer"/. "$peer_dir"/
+    if command -v npm >/dev/null && command -v node >/dev/null; then
+        step "npm install (Express peer, in $peer_dir)"
+        if ! (cd "$peer_dir" && npm install --no-audit --no-fund --loglevel=error >&2); then
+            echo "bench-payments: npm install failed; the Express side is skipped" >&2
+            rm -rf "$peer_dir/node_modules"
+        fi
+    else
+        echo "bench-payments: npm or node not found; the Express side is skipped" >&2
+    fi
+    scripts/with-postgres.sh "$0" --inner --duration "$duration" --rounds "$rounds" --peer "$peer_dir" \
+        --build-dir "$build_dir"
+    exit $?
+fi
+
+# ---- inside scripts/with-postgres.sh: a throwaway cluster, IDEM_PG_HOST / IDEM_PG_PORT ----
+server="$build_dir/examples/payments/payments-server"
+client="$build_dir/examples/payments/payments-client"
+work="$(mktemp -d "${TMPDIR:-/tmp}/bench-payments.XXXXXX")"
+pids=()
+cleanup() {
+    local rc=$?
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$work"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+free_port() {
+    local port
+    while :; do
+        port=$((20000 + RANDOM % 20000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return
+        fi
+    done
+}
+
+wait_http() { # wait_http PORT NAME: until something answers HTTP on the port
+    for _ in $(seq 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    echo "bench-payments: $2 did not start" >&2
+    cat "$work/$2.log" >&2 || true
+    exit 1
+}
+
+have_express=0
+[[ -d "$peer/node_modules" ]] && have_express=1
+
+declare -A url
+step "Starting payments-server (Release)"
+port="$(free_port)"
+"$server" --listen "127.0.0.1:$port" --db "$IDEM_TEST_DATABASE_URL" --gateway-latency-ms 0 \
+    >"$work/idem.out" 2>"$work/idem.log" &
+pids+=($!)
+wait_http "$port" idem
+url[idem]="http://127.0.0.1:$port"
+
+if ((have_express)); then
+    step "Starting the Express peer"
+    psql "$IDEM_TEST_DATABASE_URL" -q -v ON_ERROR_STOP=1 -f "$peer/schema.sql" >/dev/null
+    port="$(free_port)"
+    (cd "$peer" && PGHOST="$IDEM_PG_HOST" PGPORT="$IDEM_PG_PORT" PGUSER=postgres PGDATABASE=postgres \
+        PORT="$port" exec node server.js) >"$work/express.log" 2>&1 &
+    pids+=($!)
+    wait_http "$port" express
+    url[express]="http://127.0.0.1:$port"
+fi
+
+declare -A identical
+servers=(idem)
+((have_express)) && servers=(express idem)
+
+step "Warming the replay keys (replay-1..100) on each server"
+for s in "${servers[@]}"; do
+    for i in $(seq 100); do
+        "$client" --url "${url[$s]}" --account acct_bench --key "replay-$i" --order 123 --amount 25000 \
+            --currency BRL --card tok_ok --max-retries 3 >"$work/$s.warm.$i" 2>/dev/null
+    done
+    # Byte-identity of a replay: the first answer vs. a later replay of the same key.
+    "$client" --url "${url[$s]}" --account acct_bench --key replay-1 --order 123 --amount 25000 \
+        --currency BRL --card tok_ok >"$work/$s.replay.1" 2>/dev/null || true
+    if [[ "$(sed -n 2p "$work/$s.warm.1")" == "$(sed -n 2p "$work/$s.replay.1")" ]]; then
+        identical[$s]=yes
+    else
+        identical[$s]=no
+    fi
+    echo "$s: first  $(sed -n 2p "$work/$s.warm.1")" >&2
+    echo "$s: replay $(sed -n 2p "$work/$s.replay.1")" >&2
+done
+
+# run_wrk SERVER SCRIPT CONNECTIONS ROUND → "req/s p50_ms non2xx"
+run_wrk() {
+    local out="$work/wrk.$1.$2.$3.$4"
+    wrk -t1 -c"$3" -d"${duration}s" --latency -s "$peer/$2.lua" "${url[$1]}" >"$out" 2>&1 || true
+    awk '
+        function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
+        /^Requests\/sec:/ { rps = $2 }
+        $1 == "50%" { p50 = ms($2) }
+        /Non-2xx or 3xx responses:/ { bad = $5 }
+        END { printf "%d %.2f %d\n", rps + 0.5, p50, bad + 0 }' "$out"
+}
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
+
+declare -A runs_rps runs_p50 bad
+load_start="$(cut -d' ' -f1 /proc/loadavg)"
+for c in 1 16; do
+    for path in new replay; do
+        for round in $(seq "$rounds"); do
+            for s in "${servers[@]}"; do
+                read -r r p b < <(run_wrk "$s" "$path" "$c" "$round")
+                runs_rps[$s.$path.$c]+=" $r"
+                runs_p50[$s.$path.$c]+=" $p"
+                bad[$s.$path.$c]=$((${bad[$s.$path.$c]:-0} + b))
+                printf '   %-7s %-6s -c%-2s round %d: %6d req/s, p50 %s ms, non-2xx %d\n' "$s" "$path" "$c" \
+                    "$round" "$r" "$p" "$b" >&2
+            done
+        done
+    done
+done
+declare -A rps p50
+for k in "${!runs_rps[@]}"; do
+    rps[$k]="$(median <<<"${runs_rps[$k]}")"
+    p50[$k]="$(median <<<"${runs_p50[$k]}")"
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "n/a" }'; }
+fmt() { awk -v a="$1" 'BEGIN { printf "%d", a + 0.5 }'; }
+
+load_end="$(cut -d' ' -f1 /proc/loadavg)"
+cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+pg="$(psql "$IDEM_TEST_DATABASE_URL" -Atc 'show server_version' 2>/dev/null || echo '?')"
+echo
+echo "## payments-server vs. the article's Express server ($(date -u +%Y-%m-%d))"
+echo
+echo "Machine: $(nproc) cores ($cpu), PostgreSQL $pg on a Unix socket (fsync on, synchronous_commit on),"
+echo "wrk -t1 -d${duration}s, gateway latency 0, both servers and wrk on the same machine and database;"
+echo "each figure is the median of $rounds runs, the servers taking turns. Load average (1 min) at start / end: $load_start / $load_end."
+echo "Express: node $(node --version 2>/dev/null || echo '-'), express 5, pg 8, pool 8."
+echo "payments-server: Release build, defaults (32 HTTP threads, 8 + 8 database connections)."
+echo
+echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target |"
+echo "|---|---|---|---|---|---|"
+verdict=0
+for path in new replay; do
+    for c in 1 16; do
+        target=2; [[ $path == replay ]] && target=4
+        e="${rps[express.$path.$c]:-0}"
+        i="${rps[idem.$path.$c]:-0}"
+        r="$(ratio "$i" "$e")"
+        ok="$(awk -v a="$i" -v b="$e" -v t="$target" 'BEGIN { if (b == 0) print "n/a"; else if (a >= t * b) print "met"; else print "MISSED" }')"
+        [[ $ok == MISSED ]] && verdict=1
+        label="new payment"; [[ $path == replay ]] && label="replay"
+        echo "| $label | $c | $(fmt "$e") (${p50[express.$path.$c]:--} ms) | $(fmt "$i") (${p50[idem.$path.$c]:--} ms) | $r | ${target}x $ok |"
+    done
+done
+echo
+for s in "${servers[@]}"; do
+    for k in "${!bad[@]}"; do
+        if [[ $k == "$s".* && "${bad[$k]}" != 0 ]]; then echo "Note: $s returned ${bad[$k]} non-2xx responses in run $k."; fi
+    done
+done
+echo "Replay byte-identical to the first response: Express ${identical[express]:-n/a}, payments-server ${identical[idem]}."
+exit "$verdict"
