@@ -8,7 +8,9 @@
 //   error
 //   ├── invalid_key            the key or scope is not acceptable; thrown before any I/O
 //   ├── config_error           a bad option (table name, pool size, ...); thrown by constructors
-//   ├── store_unavailable      cannot reach a healthy database; nothing was claimed by this call
+//   ├── store_unavailable      cannot reach a healthy database (or it timed out); fn was not called.
+//   │                          A claim may still have been recorded if every answer was lost: it
+//   │                          stays in progress with a fence nobody holds, for the reconciler.
 //   │   └── pool_timeout       every pooled connection stayed busy past the configured wait
 //   ├── database_error         the database refused a statement (sqlstate() tells why)
 //   ├── corrupt_record         a stored row cannot be decoded (truncated, wrong length, unknown state)

@@ -198,10 +198,13 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
         ResultPtr r = next_result(deadline);
         if (!r) fail("no answer to PREPARE");
         if (PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
-            const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
-            throw database_error("idem: cannot prepare " + defs[i].name + ": " +
-                                     trim(PQresultErrorMessage(r.get())),
-                                 state ? state : "");
+            const std::string state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
+                                          ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
+                                          : "";
+            const std::string msg = "idem: cannot prepare " + defs[i].name + ": " + trim(PQresultErrorMessage(r.get()));
+            // A lock or statement timeout while preparing (the table is locked): unavailable now.
+            if (state == "55P03" || state == "57014") throw store_unavailable(msg, state);
+            throw database_error(msg, state);
         }
         if (next_result(deadline)) fail("unexpected extra result after PREPARE");
     }

@@ -23,6 +23,7 @@ Lease Pool::acquire() {
     const auto deadline = Clock::now() + wait_;
     for (;;) {
         std::unique_ptr<Connection> conn;
+        Clock::time_point suspect_before;
         {
             std::unique_lock lock(mutex_);
             while (idle_.empty() && open_ >= size_) {
@@ -33,6 +34,7 @@ Lease Pool::acquire() {
                                        std::to_string(size_) + ")");
                 }
             }
+            suspect_before = suspect_before_;
             if (!idle_.empty()) {
                 conn = std::move(idle_.back());
                 idle_.pop_back();
@@ -54,11 +56,17 @@ Lease Pool::acquire() {
         }
         // Health check only for connections idle long enough to have been cut by a firewall,
         // a restart or an idle timeout; a failed one is closed and we try again.
-        if (Clock::now() - conn->last_used() < health_check_after_ || ping_(*conn)) {
+        const bool suspect = conn->last_used() < suspect_before;
+        if ((!suspect && Clock::now() - conn->last_used() < health_check_after_) || ping_(*conn)) {
             return Lease(this, std::move(conn));
         }
         give_back(std::move(conn));  // broken: closed and slot freed
     }
+}
+
+void Pool::suspect_idle() noexcept {
+    std::lock_guard lock(mutex_);
+    suspect_before_ = Clock::now();
 }
 
 void Pool::give_back(std::unique_ptr<Connection> conn) noexcept {

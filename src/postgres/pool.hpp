@@ -49,6 +49,10 @@ public:
     /// Throws pool_timeout, or store_unavailable when a new connection cannot be opened.
     Lease acquire();
 
+    /// A connection just broke: the server may have restarted, so every idle connection last used
+    /// before now is pinged before its next use (a retry then lands on a live or fresh connection).
+    void suspect_idle() noexcept;
+
 private:
     friend class Lease;
     void give_back(std::unique_ptr<Connection> conn) noexcept;
@@ -64,6 +68,7 @@ private:
     std::condition_variable returned_;
     std::vector<std::unique_ptr<Connection>> idle_;
     std::size_t open_ = 0;  // idle + leased + being opened
+    Clock::time_point suspect_before_{};  // idle connections last used before this get pinged
 };
 
 }  // namespace idem::pg

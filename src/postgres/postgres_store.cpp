@@ -37,8 +37,11 @@ bool claim_retryable(const std::string& sqlstate) {
     if (r.sqlstate == "42P01") {
         throw database_error(msg + " (run PostgresStore::ensure_schema())", r.sqlstate);
     }
-    // Timeouts and resource exhaustion: the database is there but cannot serve us now.
-    if (r.sqlstate == "57014" || r.sqlstate.starts_with("53")) throw store_unavailable(msg, r.sqlstate);
+    // Timeouts (statement, lock) and resource exhaustion: the database is there but cannot serve
+    // us now. Typed as unavailable, never a generic failure.
+    if (r.sqlstate == "57014" || r.sqlstate == "55P03" || r.sqlstate.starts_with("53")) {
+        throw store_unavailable(msg, r.sqlstate);
+    }
     throw database_error(msg, r.sqlstate);
 }
 
@@ -55,6 +58,8 @@ struct PostgresStore::Impl {
     pg::TableName table;
     std::vector<pg::StatementDef> defs;
     std::unique_ptr<pg::Pool> pool;
+
+    std::atomic<std::size_t> waiting{0};  // callers inside wait_for_save
 
     struct Counters {
         std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
@@ -98,6 +103,7 @@ struct PostgresStore::Impl {
                 return f(*lease, attempt);
             } catch (const pg::connection_broken& e) {
                 failure = e.what(), sqlstate = e.sqlstate(), broken = true;
+                pool->suspect_idle();  // the retry must not pick another dead idle connection
             } catch (const pool_timeout&) {
                 throw;  // already waited its bound
             } catch (const store_unavailable& e) {
@@ -149,6 +155,16 @@ struct PostgresStore::Impl {
     // deadline). Returns false when there is nothing to wait for any more (the caller re-reads
     // either way). Holds one pooled connection while it waits.
     bool wait_for_save(const Key& key, Clock::time_point until) {
+        // Waiters hold a connection while they listen: never more than pool_size - 1 of them, so
+        // the owner's save always finds one.
+        if (waiting.fetch_add(1) + 1 >= options.pool_size) {
+            waiting.fetch_sub(1);
+            return false;
+        }
+        struct Done {
+            std::atomic<std::size_t>& n;
+            ~Done() { n.fetch_sub(1); }
+        } leave{waiting};
         return with_connection("wait", [&](pg::Connection& conn, int) {
             const std::string payload = notify_payload(table, key);
             Params none, mark;
@@ -304,9 +320,9 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         const StepResult& selected = res[1];
         if (inserted.ok() && inserted.rows() == 1) return claimed();
         if (!inserted.ok() && !claim_retryable(inserted.sqlstate)) throw_statement_error(inserted, "claim");
-        if (!selected.ok()) throw_statement_error(selected, "claim (read)");
+        if (!selected.ok() && !claim_retryable(selected.sqlstate)) throw_statement_error(selected, "claim (read)");
 
-        if (selected.rows() == 1) {
+        if (selected.ok() && selected.rows() == 1) {
             Record record = parse_record(selected.result.get(), 0);
             if (record.fence == fence && record.state == RecordState::in_progress) {
                 return claimed();  // ours, from an attempt whose answer was lost with its connection
@@ -333,6 +349,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
                 continue;  // another retry or a reconciler took it
             }
             if (Clock::now() < wait_until && m.wait_for_save(key, wait_until)) continue;
+            // (a waiter that could not get a connection of its own answers in_progress right away)
             claim.retry_after = detail::retry_after_hint(claim.existing->lease_until,
                                                          std::chrono::system_clock::now(),
                                                          m.options.max_retry_after);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cstdint>
 
 #include "idem/errors.hpp"
 
@@ -150,6 +151,14 @@ std::vector<StatementDef> statements(const TableName& t) {
     defs[kCommit] = {"", "COMMIT", {}};
     defs[kRollback] = {"", "ROLLBACK", {}};
     defs[kPing] = {"idem_ping", "SELECT 1", {}};
+    // Names unique per table: two stores of different tables behind one pooler never run each
+    // other's statements. FNV-1a of the qualified name, 8 hex digits.
+    std::uint32_t h = 2166136261u;
+    for (unsigned char c : T) h = (h ^ c) * 16777619u;
+    const std::string suffix = fmt::format("_{:08x}", h);
+    for (auto& def : defs) {
+        if (!def.name.empty()) def.name += suffix;
+    }
     return defs;
 }
 
