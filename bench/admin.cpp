@@ -1,0 +1,105 @@
+#include "admin.hpp"
+
+#include <fmt/format.h>
+#include <idem/postgres_store.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "floor.hpp"
+#include "util.hpp"
+
+namespace bench {
+
+Admin::Admin(std::string conninfo)
+    : conninfo_(std::move(conninfo)), conn_(connect_or_throw(conninfo_, "idem-bench-admin", {})) {}
+
+Admin::~Admin() { PQfinish(conn_); }
+
+std::string Admin::exec(const std::string& sql, const std::vector<std::string>& params) {
+    std::vector<const char*> values;
+    values.reserve(params.size());
+    for (const auto& p : params) values.push_back(p.c_str());
+    PGresult* r = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr,
+                               nullptr, 0);
+    const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+        std::string msg = PQerrorMessage(conn_);
+        PQclear(r);
+        while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+        throw std::runtime_error("admin: " + sql.substr(0, 60) + "…: " + msg);
+    }
+    std::string first;
+    if (status == PGRES_TUPLES_OK && PQntuples(r) > 0 && PQnfields(r) > 0) first = PQgetvalue(r, 0, 0);
+    PQclear(r);
+    return first;
+}
+
+void Admin::create_table(const std::string& name) {
+    drop_table(name);
+    idem::PostgresOptions options;
+    options.table = name;
+    options.pool_size = 1;
+    idem::PostgresStore(conninfo_, options).ensure_schema();
+}
+
+void Admin::drop_table(const std::string& name) {
+    exec("DROP TABLE IF EXISTS " + quote_ident(name));
+    exec("DO $$ BEGIN IF to_regclass('idem_schema_version') IS NOT NULL THEN "
+         "DELETE FROM idem_schema_version WHERE table_name = '" + name + "'; END IF; END $$");
+}
+
+void Admin::preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count,
+                    std::string_view fp, bool md5_keys) {
+    const bool completed = state == Preload::completed;
+    const std::string sql = fmt::format(
+        "INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
+        "lease_until, completed_at, expires_at) "
+        "SELECT 'bench', {}, '{}', $1, 1, i + 1, 1, {}, now(), now() + interval '{}', {}, now() + interval '1 day' "
+        "FROM generate_series($2::bigint, $3::bigint) AS i",
+        quote_ident(table), md5_keys ? "md5(i::text)" : "($4::bigint + i)::text",
+        completed ? "completed" : "in_progress", completed ? "'\\x6f6b'::bytea" : "NULL",
+        completed ? "30 seconds" : "1 day", completed ? "now()" : "NULL");
+    constexpr std::int64_t chunk = 1'000'000;
+    const auto started = Clock::now();
+    for (std::int64_t from = 0; from < count; from += chunk) {
+        const std::int64_t to = std::min(count, from + chunk) - 1;
+        const std::string from_s = std::to_string(from), to_s = std::to_string(to), base_s = std::to_string(base);
+        const char* values[] = {fp.data(), from_s.c_str(), to_s.c_str(), base_s.c_str()};
+        const int lengths[] = {static_cast<int>(fp.size()), 0, 0, 0};
+        const int formats[] = {1, 0, 0, 0};
+        PGresult* r = PQexecParams(conn_, sql.c_str(), md5_keys ? 3 : 4, nullptr, values, lengths, formats, 0);
+        const bool ok = r != nullptr && PQresultStatus(r) == PGRES_COMMAND_OK;
+        PQclear(r);
+        if (!ok) throw std::runtime_error("admin: preload failed: " + std::string(PQerrorMessage(conn_)));
+        if (count > chunk) {
+            std::fprintf(stderr, "  preload %s: %lld / %lld rows (%.0f s)\n", table.c_str(),
+                         static_cast<long long>(to + 1), static_cast<long long>(count),
+                         seconds_between(started, Clock::now()));
+        }
+    }
+}
+
+void Admin::checkpoint() {
+    if (!checkpoint_ok_) return;
+    try {
+        exec("CHECKPOINT");
+    } catch (const std::exception& e) {
+        checkpoint_ok_ = false;
+        std::fprintf(stderr, "warning: CHECKPOINT refused (%s); phases run without it\n", e.what());
+    }
+}
+
+std::string Admin::setting(const std::string& name) { return exec("SELECT current_setting($1)", {name}); }
+
+std::string Admin::server_summary() {
+    std::string out = "server_version=" + setting("server_version");
+    for (const char* name : {"synchronous_commit", "fsync", "wal_sync_method", "full_page_writes", "shared_buffers",
+                             "max_wal_size", "checkpoint_timeout"}) {
+        out += std::string(", ") + name + "=" + setting(name);
+    }
+    return out;
+}
+
+}  // namespace bench

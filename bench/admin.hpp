@@ -1,0 +1,50 @@
+// The benchmark's own housekeeping connection: table creation (through PostgresStore::ensure_schema,
+// so every table is exactly the library's), bulk preloads, CHECKPOINT, clean-up.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bench {
+
+class Admin {
+public:
+    explicit Admin(std::string conninfo);
+    ~Admin();
+    Admin(const Admin&) = delete;
+    Admin& operator=(const Admin&) = delete;
+
+    /// Runs one statement (text params); throws std::runtime_error on failure. Returns the first
+    /// column of the first row, if any.
+    std::string exec(const std::string& sql, const std::vector<std::string>& params = {});
+
+    /// A fresh table `name` made by PostgresStore::ensure_schema() (drops an older one first).
+    void create_table(const std::string& name);
+    void drop_table(const std::string& name);
+
+    enum class Preload { completed, in_progress };
+    /// Bulk-loads `count` rows in `state`, in chunks of 1M rows (progress on stderr when large).
+    /// Keys: decimal (base + i) when `md5_keys` is false, md5(i::text) (random-looking, 32 hex
+    /// digits, like the new keys) when true. Fingerprint `fp` (raw bytes), result "ok".
+    void preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count,
+                 std::string_view fp, bool md5_keys);
+
+    /// CHECKPOINT, so every phase starts with no dirty buffers inherited from the previous one.
+    /// Needs superuser or pg_checkpoint; warns once and becomes a no-op when refused.
+    void checkpoint();
+
+    /// "name=value, ..." of the server settings that matter for these figures.
+    std::string server_summary();
+    std::string setting(const std::string& name);
+
+private:
+    std::string conninfo_;
+    PGconn* conn_;
+    bool checkpoint_ok_ = true;
+};
+
+}  // namespace bench
