@@ -45,6 +45,18 @@ bool claim_retryable(const std::string& sqlstate) {
     throw database_error(msg, r.sqlstate);
 }
 
+// Parameters of the claim INSERT and of the expired re-claim ($1..$7).
+void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
+                      std::chrono::seconds retention) {
+    p.text(key.scope())
+        .text(key.value())
+        .bytes(fp.bytes())
+        .int2(static_cast<std::int16_t>(fp.algorithm()))
+        .int8(fence)
+        .int8(lease.count())
+        .int8(retention.count());
+}
+
 std::string notify_payload(const pg::TableName& t, const Key& key) {
     // \x1f cannot occur in a key (control characters are refused), so the payload is unambiguous.
     return (t.schema.empty() ? t.table : t.schema + "." + t.table) + '\x1f' + key.scope() + '\x1f' + key.value();
@@ -296,15 +308,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
         return Claim{ClaimStatus::claimed, fence, std::move(taken), {}};
     };
-    const auto claim_params = [&](Params& p) {
-        p.text(key.scope())
-            .text(key.value())
-            .bytes(fp.bytes())
-            .int2(static_cast<std::int16_t>(fp.algorithm()))
-            .int8(fence)
-            .int8(lease.count())
-            .int8(retention.count());
-    };
+    const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
 
     for (int failures = 0;;) {
         std::vector<StepResult> res = m.with_connection("claim", [&](pg::Connection& conn, int) {
@@ -714,13 +718,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     try {
         for (int failures = 0;;) {
             Params none, ins, sel;
-            ins.text(key.scope())
-                .text(key.value())
-                .bytes(fp.bytes())
-                .int2(static_cast<std::int16_t>(fp.algorithm()))
-                .int8(fence)
-                .int8(lease.count())
-                .int8(retention.count());
+            add_claim_params(ins, key, fp, fence, lease, retention);
             sel.text(key.scope()).text(key.value());
             // BEGIN; claim; read — one round trip, one open transaction (READ COMMITTED: the SELECT
             // still takes its own snapshot).
