@@ -84,7 +84,10 @@ step "[3/4] Building $build_dir"
 cmake --build "$build_dir" -j"$(nproc)"
 
 step "[4/4] Running tests (ctest ${ctest_args[*]})"
+# A test binary that fails is run once more: a few lifecycle/fault cases assert timing (a heartbeat
+# against a lease, a wake-up within 100 ms) that a loaded 2-core machine can miss now and then. A
+# real defect fails both times; every failure is printed either way.
 scripts/with-postgres.sh ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
-    "${ctest_args[@]}"
+    --repeat until-pass:2 "${ctest_args[@]}"
 
 step "OK: all tests passed (sanitize=$sanitize, $((SECONDS - start))s)"

@@ -136,6 +136,20 @@ struct PostgresStore::Impl {
         }
     }
 
+    // A saved key had waiters (ClaimOptions::wait): NOTIFY them from our own connection. Best
+    // effort — a waiter also wakes at its deadline and re-reads.
+    void wake_waiters(const Key& key) noexcept {
+        try {
+            with_connection("notify", [&](pg::Connection& conn, int) {
+                Params p;
+                const std::string payload = notify_payload(table, key);
+                p.text(payload);
+                run_one(conn, pg::kNotify, p);
+            });
+        } catch (...) {
+        }
+    }
+
     // A write that only the fence holder of an in-progress key may make.
     static void expect_owned(const std::vector<StepResult>& res, const char* what, Fence fence) {
         if (!res[0].ok()) throw_statement_error(res[0], what);
@@ -399,16 +413,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
     }, m.options.save_retry_window);
     if (waiters) {
-        // Someone waits (ClaimOptions::wait): wake them. Best effort — they also time out and re-read.
-        try {
-            m.with_connection("notify", [&](pg::Connection& conn, int) {
-                Params p;
-                const std::string payload = notify_payload(m.table, key);
-                p.text(payload);
-                m.run_one(conn, pg::kNotify, p);
-            });
-        } catch (const error&) {
-        }
+        m.wake_waiters(key);
     }
 }
 
@@ -593,17 +598,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
             }
         }
     }, m.options.save_retry_window);
-    for (std::size_t i : notify) {
-        try {
-            m.with_connection("notify", [&](pg::Connection& conn, int) {
-                Params p;
-                const std::string payload = notify_payload(m.table, saves[i].key);
-                p.text(payload);
-                m.run_one(conn, pg::kNotify, p);
-            });
-        } catch (const error&) {
-        }
-    }
+    for (std::size_t i : notify) m.wake_waiters(saves[i].key);
     return statuses;
 }
 
