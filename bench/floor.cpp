@@ -57,7 +57,7 @@ FloorSql floor_sql(const std::string& T) {
 
 // PostgresStore's defaults: statement_timeout 5 s, lock_timeout 1 s, idle-in-transaction 2 × 5 s.
 std::string idem_session_options() {
-    return "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000";
+    return "-c enable_seqscan=off -c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000";
 }
 
 PGconn* connect_or_throw(const std::string& conninfo, const char* application_name, const std::string& options) {

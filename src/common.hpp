@@ -8,7 +8,8 @@
 
 namespace idem::detail {
 
-/// A fresh fence token: 63 random bits from OpenSSL's CSPRNG, never 0.
+/// A fresh fence token: 63 random bits from OpenSSL's CSPRNG, never 0. Drawn in per-thread batches;
+/// a fork() discards the batch in the child, so parent and child never share a fence.
 Fence new_fence();
 
 /// Retry-after hint for an in-progress key: the lease's remaining time, kept within

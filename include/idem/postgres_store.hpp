@@ -50,9 +50,13 @@ struct PostgresOptions {
     /// A connection idle longer than this is pinged before it is used.
     std::chrono::milliseconds health_check_after{std::chrono::seconds(30)};
     bool prepared_statements = true;
-    /// Send statement_timeout / lock_timeout / idle_in_transaction_session_timeout in the startup
-    /// packet (no round trip). Set false behind PgBouncer, which refuses startup options unless
-    /// `ignore_startup_parameters = options`, and set them on the role (ALTER ROLE … SET) instead.
+    /// Send statement_timeout / lock_timeout / idle_in_transaction_session_timeout and
+    /// enable_seqscan=off in the startup packet (no round trip). enable_seqscan=off keeps every cached
+    /// plan of idem's key lookups on the primary key even after the table was ANALYZEd while empty
+    /// (list_stale turns it back on for itself; in-transaction mode for fn's statements). Set false
+    /// behind PgBouncer, which refuses startup options unless `ignore_startup_parameters = options`,
+    /// and set them on the role (ALTER ROLE … SET) instead (enable_seqscan only matters with
+    /// prepared_statements on: unnamed statements are planned afresh every time).
     bool session_options = true;
     std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
     std::chrono::seconds default_retention{std::chrono::hours(24)};

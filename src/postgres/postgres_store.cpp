@@ -658,10 +658,20 @@ std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, std::string_v
     return m.with_connection("list_stale", [&](pg::Connection& conn, int) {
         Params p;
         p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX))).text(scope_prefix);
-        auto res = m.run_one(conn, pg::kListStale, p);
-        if (!res[0].ok()) throw_statement_error(res[0], "list_stale");
+        // list_stale must scan (no index separates in-progress keys): seqscan back on for it, each
+        // step under its own Sync so that the reset runs even if the scan fails. Sessions without
+        // idem's options (poolers) never turned it off.
+        Params none;
+        const bool toggle = m.options.session_options;
+        const Step with_toggle[] = {{&m.defs[pg::kSeqscanOn], &none},
+                                    {&m.defs[pg::kListStale], &p},
+                                    {&m.defs[pg::kSeqscanDefault], &none}};
+        auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, pg::kListStale, p);
+        const StepResult& listed = res[toggle ? 1 : 0];
+        if (toggle && (!res[0].ok() || !res[2].ok())) conn.mark_broken();  // session state unknown
+        if (!listed.ok()) throw_statement_error(listed, "list_stale");
         std::vector<StaleKey> out;
-        const PGresult* r = res[0].result.get();
+        const PGresult* r = listed.result.get();
         for (int row = 0; row < PQntuples(r); ++row) {
             out.push_back(StaleKey{Key(std::string(pg::get_bytes(r, row, pg::kRecordColumns)),
                                        std::string(pg::get_bytes(r, row, pg::kRecordColumns + 1))),
@@ -717,21 +727,33 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             sel.text(key.scope()).text(key.value());
             // BEGIN; claim; read — one round trip, one open transaction (READ COMMITTED: the SELECT
             // still takes its own snapshot).
+            // (SET LOCAL enable_seqscan = on: fn's own statements are planned as the user expects;
+            // idem's lookups need the session's off only, see connection.cpp.)
             const Step steps[] = {{&m.defs[pg::kBegin], &none, false},
                                   {&m.defs[pg::kClaimInsert], &ins, false},
-                                  {&m.defs[pg::kSelect], &sel, true}};
+                                  {&m.defs[pg::kSelect], &sel, false},
+                                  {&m.defs[pg::kSeqscanLocalOn], &none, true}};
             auto res = m.run(*conn, steps);
             if (!res[0].ok()) throw_statement_error(res[0], "begin");
+            if (!res[3].ok() && !res[3].aborted) {
+                rollback();
+                throw_statement_error(res[3], "claim (set enable_seqscan)");
+            }
             bool won = res[1].ok() && res[1].rows() == 1;
             if (!won && res[1].ok() && res[2].ok() && res[2].rows() == 1) {
                 Record record = parse_record(res[2].result.get(), 0);
                 if (record.expired) {
-                    auto r = m.run_one(*conn, pg::kReclaimExpired, ins);
-                    if (!r[0].ok()) {
-                        rollback();
-                        throw_statement_error(r[0], "claim (expired)");
+                    const Step reclaim[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
+                                            {&m.defs[pg::kReclaimExpired], &ins, false},
+                                            {&m.defs[pg::kSeqscanLocalOn], &none, true}};
+                    auto r = m.run(*conn, reclaim);
+                    for (const StepResult& step : r) {
+                        if (!step.ok()) {
+                            rollback();
+                            throw_statement_error(step, "claim (expired)");
+                        }
                     }
-                    won = r[0].rows() == 1;
+                    won = r[1].rows() == 1;
                 }
                 if (!won) {
                     rollback();
@@ -773,7 +795,9 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
         }
         Params none, save;
         save.text(key.scope()).text(key.value()).int8(fence).bytes(bytes);
-        const Step steps[] = {{&m.defs[pg::kSave], &save, false}, {&m.defs[pg::kCommit], &none, true}};
+        const Step steps[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
+                              {&m.defs[pg::kSave], &save, false},
+                              {&m.defs[pg::kCommit], &none, true}};
         std::vector<StepResult> res;
         try {
             res = m.run(*conn, steps);
@@ -782,10 +806,13 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                                       e.what() + " — retry with the same key to learn the outcome",
                                   e.sqlstate());
         }
-        if (!res[0].ok() || res[0].rows() != 1 || !res[1].ok()) {
+        if (!res[0].ok() || !res[1].ok() || res[1].rows() != 1 || !res[2].ok()) {
             rollback();
-            if (!res[0].ok()) throw_statement_error(res[0], "save (in transaction)");
-            if (!res[1].ok() && !res[1].aborted) throw_statement_error(res[1], "commit");
+            // (an effect that swallowed its own statement's error left the transaction aborted:
+            // the first statement here reports it)
+            if (!res[0].ok() && !res[0].aborted) throw_statement_error(res[0], "save (in transaction)");
+            if (!res[1].ok() && !res[1].aborted) throw_statement_error(res[1], "save (in transaction)");
+            if (!res[2].ok() && !res[2].aborted) throw_statement_error(res[2], "commit");
             throw database_error("idem: in-transaction save matched no row");
         }
         m.counters.saves.fetch_add(1, std::memory_order_relaxed);

@@ -150,6 +150,13 @@ std::vector<StatementDef> statements(const TableName& t) {
     defs[kBegin] = {"", "BEGIN", {}};
     defs[kCommit] = {"", "COMMIT", {}};
     defs[kRollback] = {"", "ROLLBACK", {}};
+    // idem's sessions run with enable_seqscan=off (connection.cpp says why). Statements that are
+    // meant to scan (list_stale) and the user's statements in in-transaction mode turn it back on,
+    // for the session (then back to the connection's default) or for the transaction.
+    defs[kSeqscanOn] = {"", "SET enable_seqscan = on", {}};
+    defs[kSeqscanDefault] = {"", "SET enable_seqscan TO DEFAULT", {}};
+    defs[kSeqscanLocalOn] = {"", "SET LOCAL enable_seqscan = on", {}};
+    defs[kSeqscanLocalDefault] = {"", "SET LOCAL enable_seqscan TO DEFAULT", {}};
     defs[kPing] = {"idem_ping", "SELECT 1", {}};
     // Names unique per table: two stores of different tables behind one pooler never run each
     // other's statements. FNV-1a of the qualified name, 8 hex digits.

@@ -44,6 +44,10 @@ enum Stmt : std::size_t {
     kBegin,
     kCommit,
     kRollback,
+    kSeqscanOn,
+    kSeqscanDefault,
+    kSeqscanLocalOn,
+    kSeqscanLocalDefault,
     kPing,
     kStmtCount
 };

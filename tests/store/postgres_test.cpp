@@ -672,3 +672,103 @@ TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller
     CHECK(runs == 1);
     CHECK_FALSE(store.read(idem::Key(scope, "second")).has_value());
 }
+
+namespace {
+
+/// Sequential scans of `table` counted by the server, once every backend of `app` has exited: a
+/// backend reports its counters when it exits (while it lives, only when idle and at most once a
+/// second, or up to 10 s later — too late to read reliably).
+long long seq_scans_when_closed(PgConn& admin, const std::string& table, const std::string& app) {
+    for (int i = 0; i < 500; ++i) {
+        if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", {app}) == 0) break;
+        std::this_thread::sleep_for(10ms);
+    }
+    std::this_thread::sleep_for(200ms);
+    admin.exec("SELECT pg_stat_clear_snapshot()");
+    return admin.scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = $1::regclass", {table});
+}
+
+/// The plan-cache trap: the table ANALYZEd while empty, a few calls (the connection's prepared
+/// statements cache their generic plans), then 5,000 rows, then 300 more calls. Returns how many
+/// sequential scans the store's connection made in all (≥ 300 when the cached plans scan).
+long long seq_scans_after_empty_analyze(const std::string& url, idem::PostgresOptions options) {
+    Table table(url);
+    options.table = table.name();
+    options.pool_size = 1;  // one connection: every call uses the plans it cached
+    PgConn admin(url);
+    long long baseline = 0;
+    {
+        idem::PostgresStore store(url, options);
+        store.ensure_schema();  // (its index builds scan the table: counted before the store connects)
+        baseline = seq_scans_when_closed(admin, table.name(), options.application_name);
+        // No autovacuum on this table: its ANALYZE after the bulk insert would replan (and hide the trap).
+        admin.exec("ALTER TABLE " + table.name() + " SET (autovacuum_enabled = false)");
+        admin.exec("ANALYZE " + table.name());
+        const std::string scope = idem_test::unique_name("trap");
+        const auto body = [] { return ok("done"); };
+        for (int i = 0; i < 12; ++i) {
+            REQUIRE(idem::execute_once(store, idem::Key(scope, "warm-" + std::to_string(i)), fp_of(1), body)
+                        .outcome() == Outcome::executed);
+        }
+        admin.exec("INSERT INTO " + table.name() +
+                       " (scope, key, state, fingerprint, fingerprint_alg, fence, result, lease_until, expires_at) "
+                       "SELECT $1, 'bulk-' || i, 'completed', '\\x00', 1, i, '\\x00', now(), "
+                       "now() + interval '1 day' FROM generate_series(1, 5000) AS i",
+                   {scope});
+        for (int i = 0; i < 150; ++i) {
+            const idem::Key key(scope, "late-" + std::to_string(i));
+            REQUIRE(idem::execute_once(store, key, fp_of(1), body).outcome() == Outcome::executed);
+            REQUIRE(idem::execute_once(store, key, fp_of(1), body).outcome() == Outcome::replayed);
+        }
+    }
+    return seq_scans_when_closed(admin, table.name(), options.application_name) - baseline;
+}
+
+}  // namespace
+
+TEST_CASE("a table ANALYZEd while empty: claims and saves still use the primary key", "[postgres][plans]") {
+    const auto url = require_db();
+    idem::PostgresOptions options;
+    options.application_name = idem_test::unique_name("idem_plans");
+    // idem's sessions run with enable_seqscan=off: no lookup scans the table, whatever the statistics.
+    CHECK(seq_scans_after_empty_analyze(url, options) == 0);
+
+    SECTION("negative control: without idem's session options the cached plans scan the table") {
+        // (a store behind a pooler that keeps prepared statements, without the startup options:
+        // docs/reliability.md says to set enable_seqscan=off for idem's role there)
+        options.session_options = false;
+        CHECK(seq_scans_after_empty_analyze(url, options) >= 300);
+    }
+}
+
+TEST_CASE("list_stale still scans, and leaves the session's enable_seqscan off", "[postgres][plans]") {
+    const auto url = require_db();
+    Table table(url);
+    auto options = options_for(table, 1);  // one connection: list_stale and the reads share it
+    PgConn admin(url);
+    long long baseline = 0;
+    {
+        idem::PostgresStore store(url, options);
+        store.ensure_schema();
+        baseline = seq_scans_when_closed(admin, table.name(), options.application_name);
+        admin.exec("ALTER TABLE " + table.name() + " SET (autovacuum_enabled = false)");
+        const std::string scope = idem_test::unique_name("stale");
+        idem::ClaimOptions claim;
+        claim.lease = 1ms;
+        for (int i = 0; i < 3; ++i) {
+            REQUIRE(store.claim(idem::Key(scope, "k" + std::to_string(i)), fp_of(1), claim).status ==
+                    idem::ClaimStatus::claimed);
+        }
+        std::this_thread::sleep_for(20ms);
+        admin.exec("ANALYZE " + table.name());  // a one-page table: a scan is the plan of choice
+        for (int round = 0; round < 8; ++round) {  // past the point where its generic plan is cached
+            CHECK(store.list_stale(10, scope).size() == 3);
+        }
+        for (int round = 0; round < 20; ++round) {
+            CHECK(store.read(idem::Key(scope, "k0")).has_value());
+        }
+    }
+    // 8 scans: one per list_stale (seqscan on for it), none for the 3 claims and the 20 reads
+    // after it (the session is back to idem's enable_seqscan=off).
+    CHECK(seq_scans_when_closed(admin, table.name(), options.application_name) - baseline == 8);
+}
