@@ -13,7 +13,8 @@
 # (wrk replay.lua: keys replay-1..100, each sent once first), at 1 and 16 connections (wrk -t1,
 # gateway latency 0). The two servers take turns (Express, ours, Express, ours, ...) so that a change
 # in the machine's load during the run hits both alike. Prints the figures as Markdown for
-# docs/benchmarks.md on stdout (progress on stderr); exits 1 if a target ratio was missed.
+# docs/benchmarks.md on stdout (progress on stderr), with the CPU time per request of each server
+# process and of the PostgreSQL cluster (where the two cores went); exits 1 if a target ratio was missed.
 # Needs wrk, node and npm (the Express side is skipped if npm or node is missing).
 set -euo pipefail
 
@@ -113,6 +114,8 @@ port="$(free_port)"
 "$server" --listen "127.0.0.1:$port" --db "$IDEM_TEST_DATABASE_URL" --gateway-latency-ms 0 \
     >"$work/idem.out" 2>"$work/idem.log" &
 pids+=($!)
+declare -A pid_of
+pid_of[idem]=$!
 wait_http "$port" idem
 url[idem]="http://127.0.0.1:$port"
 
@@ -123,6 +126,7 @@ if ((have_express)); then
     (cd "$peer" && PGHOST="$IDEM_PG_HOST" PGPORT="$IDEM_PG_PORT" PGUSER=postgres PGDATABASE=postgres \
         PORT="$port" exec node server.js) >"$work/express.log" 2>&1 &
     pids+=($!)
+    pid_of[express]=$!
     wait_http "$port" express
     url[express]="http://127.0.0.1:$port"
 fi
@@ -149,39 +153,65 @@ for s in "${servers[@]}"; do
     echo "$s: replay $(sed -n 2p "$work/$s.replay.1")" >&2
 done
 
-# run_wrk SERVER SCRIPT CONNECTIONS ROUND → "req/s p50_ms non2xx"
+# CPU time (clock ticks, user + system) used so far by the given pids and their threads.
+ticks_of() {
+    local t=0 p v
+    for p in "$@"; do
+        v="$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0)"
+        t=$((t + v))
+    done
+    echo "$t"
+}
+postgres_pids() { # the cluster's postmaster and every backend / auxiliary process under it
+    local pm
+    pm="$(head -n1 "$IDEM_PG_DATA/postmaster.pid")"
+    echo "$pm" $(pgrep -P "$pm")
+}
+hz="$(getconf CLK_TCK)"
+
+# run_wrk SERVER SCRIPT CONNECTIONS ROUND → "req/s p50_ms non2xx server_cpu_us_per_req pg_cpu_us_per_req"
+# (CPU per request: the server process's and the PostgreSQL cluster's CPU time during the wrk run,
+# divided by the requests wrk completed — where the two cores went)
 run_wrk() {
-    local out="$work/wrk.$1.$2.$3.$4"
+    local out="$work/wrk.$1.$2.$3.$4" s0 s1 p0 p1 pg
+    pg="$(postgres_pids)"
+    s0="$(ticks_of "${pid_of[$1]}")"; p0="$(ticks_of $pg)"
     wrk -t1 -c"$3" -d"${duration}s" --latency -s "$peer/$2.lua" "${url[$1]}" >"$out" 2>&1 || true
-    awk '
+    s1="$(ticks_of "${pid_of[$1]}")"; p1="$(ticks_of $pg)"
+    awk -v st=$((s1 - s0)) -v pt=$((p1 - p0)) -v hz="$hz" '
         function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
         /^Requests\/sec:/ { rps = $2 }
+        / requests in / { n = $1 }
         $1 == "50%" { p50 = ms($2) }
         /Non-2xx or 3xx responses:/ { bad = $5 }
-        END { printf "%d %.2f %d\n", rps + 0.5, p50, bad + 0 }' "$out"
+        END { n = n > 0 ? n : 1; printf "%d %.2f %d %d %d\n", rps + 0.5, p50, bad + 0, st * 1e6 / hz / n, pt * 1e6 / hz / n }' "$out"
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
 
-declare -A runs_rps runs_p50 bad
+declare -A runs_rps runs_p50 runs_scpu runs_pcpu bad
 load_start="$(cut -d' ' -f1 /proc/loadavg)"
 for c in 1 16; do
     for path in new replay; do
         for round in $(seq "$rounds"); do
             for s in "${servers[@]}"; do
-                read -r r p b < <(run_wrk "$s" "$path" "$c" "$round")
+                read -r r p b sc pc < <(run_wrk "$s" "$path" "$c" "$round")
                 runs_rps[$s.$path.$c]+=" $r"
                 runs_p50[$s.$path.$c]+=" $p"
+                runs_scpu[$s.$path.$c]+=" $sc"
+                runs_pcpu[$s.$path.$c]+=" $pc"
                 bad[$s.$path.$c]=$((${bad[$s.$path.$c]:-0} + b))
-                printf '   %-7s %-6s -c%-2s round %d: %6d req/s, p50 %s ms, non-2xx %d\n' "$s" "$path" "$c" \
-                    "$round" "$r" "$p" "$b" >&2
+                printf '   %-7s %-6s -c%-2s round %d: %6d req/s, p50 %s ms, non-2xx %d, CPU/req: server %d us, postgres %d us\n' \
+                    "$s" "$path" "$c" "$round" "$r" "$p" "$b" "$sc" "$pc" >&2
             done
         done
     done
 done
-declare -A rps p50
+declare -A rps p50 scpu pcpu
 for k in "${!runs_rps[@]}"; do
     rps[$k]="$(median <<<"${runs_rps[$k]}")"
     p50[$k]="$(median <<<"${runs_p50[$k]}")"
+    scpu[$k]="$(median <<<"${runs_scpu[$k]}")"
+    pcpu[$k]="$(median <<<"${runs_pcpu[$k]}")"
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "n/a" }'; }
@@ -199,8 +229,8 @@ echo "each figure is the median of $rounds runs, the servers taking turns. Load 
 echo "Express: node $(node --version 2>/dev/null || echo '-'), express 5, pg 8, pool 8."
 echo "payments-server: Release build, defaults (32 HTTP threads, 8 + 8 database connections)."
 echo
-echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target |"
-echo "|---|---|---|---|---|---|"
+echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target | CPU µs/req Express / PostgreSQL | CPU µs/req payments-server / PostgreSQL |"
+echo "|---|---|---|---|---|---|---|---|"
 verdict=0
 for path in new replay; do
     for c in 1 16; do
@@ -211,7 +241,7 @@ for path in new replay; do
         ok="$(awk -v a="$i" -v b="$e" -v t="$target" 'BEGIN { if (b == 0) print "n/a"; else if (a >= t * b) print "met"; else print "MISSED" }')"
         [[ $ok == MISSED ]] && verdict=1
         label="new payment"; [[ $path == replay ]] && label="replay"
-        echo "| $label | $c | $(fmt "$e") (${p50[express.$path.$c]:--} ms) | $(fmt "$i") (${p50[idem.$path.$c]:--} ms) | $r | ${target}x $ok |"
+        echo "| $label | $c | $(fmt "$e") (${p50[express.$path.$c]:--} ms) | $(fmt "$i") (${p50[idem.$path.$c]:--} ms) | $r | ${target}x $ok | ${scpu[express.$path.$c]:--} / ${pcpu[express.$path.$c]:--} | ${scpu[idem.$path.$c]:--} / ${pcpu[idem.$path.$c]:--} |"
     done
 done
 echo

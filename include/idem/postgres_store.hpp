@@ -22,7 +22,10 @@
 // Errors: config_error (bad options, from the constructor), store_unavailable / pool_timeout,
 // database_error (with sqlstate()), lease_lost, response_too_large, corrupt_record.
 // Thread-safety: all members may be called concurrently. The destructor closes every connection;
-// no call may be in flight then.
+// no call may be in flight then. A store owns one background thread that enforces the deadlines
+// of its connections' waits (no kernel timer per wait: cheaper, see docs/benchmarks.md). After
+// fork(), make new stores in the child: a store (its connections, its thread) belongs to the
+// process that made it.
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,7 @@
 #include "connection.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -188,8 +189,20 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
         throw store_unavailable("idem: cannot enter pipeline mode: " + trim(PQerrorMessage(conn_.get())));
     }
     last_used_ = Clock::now();
-    if (!prepared_ || defs.empty()) return;
+    if (prepared_ && !defs.empty()) prepare(settings, defs);
+    // Watched only once complete: a constructor that throws never leaves a pointer behind.
+    if (settings.watchdog != nullptr) {
+        fd_ = PQsocket(conn_.get());
+        watchdog_ = settings.watchdog;
+        watchdog_->watch(this);
+    }
+}
 
+Connection::~Connection() {
+    if (watchdog_ != nullptr) watchdog_->forget(this);  // before PQfinish closes the socket
+}
+
+void Connection::prepare(const ConnectSettings& settings, std::span<const StatementDef> defs) {
     // All statements prepared in one round trip.
     const auto deadline = Clock::now() + settings.statement_timeout + std::chrono::seconds(1);
     for (const auto& def : defs) {
@@ -221,24 +234,70 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
 }
 
 void Connection::fail(const std::string& what) {
+    if (overdue_.load(std::memory_order_acquire)) fail_overdue();  // the watchdog cut it: say why
     broken_ = true;
     throw connection_broken("idem: PostgreSQL connection failed (" + what +
                             "): " + trim(PQerrorMessage(conn_.get())));
+}
+
+void Connection::fail_overdue() {
+    broken_ = true;
+    throw connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)");
 }
 
 void Connection::wait(short events, Clock::time_point deadline) {
     const int fd = PQsocket(conn_.get());
     if (fd < 0) fail("no socket");
     for (;;) {
+        if (overdue_.load(std::memory_order_acquire)) fail_overdue();
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0) {
-            broken_ = true;
-            throw connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)");
-        }
+        if (left.count() <= 0) fail_overdue();
         pollfd p{fd, events, 0};
-        const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+        // Watched: no timeout (no kernel timer per wait); the watchdog wakes us past the deadline.
+        const bool watched = watchdog_ != nullptr && waiting_until_.load(std::memory_order_relaxed) != 0;
+        const int n = ::poll(&p, 1, watched ? -1 : static_cast<int>(std::min<long long>(left.count(), 1000)));
+        if (overdue_.load(std::memory_order_acquire)) fail_overdue();
         if (n > 0) return;
         if (n < 0 && errno != EINTR) fail(std::string("poll: ") + std::strerror(errno));
+    }
+}
+
+void Connection::expire_if_overdue(Clock::time_point now) noexcept {
+    const Clock::rep until = waiting_until_.load(std::memory_order_acquire);
+    if (until == 0 || now.time_since_epoch().count() <= until || overdue_.load(std::memory_order_relaxed)) return;
+    overdue_.store(true, std::memory_order_release);
+    // The socket stays open (only the owner closes it, after forget()); shutting it down makes the
+    // owner's poll return and every later read fail.
+    ::shutdown(fd_, SHUT_RDWR);
+}
+
+// ---- Watchdog ---------------------------------------------------------------------------------------
+
+Watchdog::Watchdog(std::chrono::milliseconds tick)
+    : tick_(tick), thread_([this](std::stop_token stop) { run(stop); }) {}
+
+Watchdog::~Watchdog() {
+    thread_.request_stop();
+    wake_.notify_all();
+}  // thread_ joins here, before the members it uses go
+
+void Watchdog::watch(Connection* conn) {
+    std::lock_guard lock(mutex_);
+    watched_.push_back(conn);
+}
+
+void Watchdog::forget(Connection* conn) noexcept {
+    std::lock_guard lock(mutex_);
+    std::erase(watched_, conn);
+}
+
+void Watchdog::run(std::stop_token stop) {
+    std::unique_lock lock(mutex_);
+    while (!stop.stop_requested()) {
+        wake_.wait_for(lock, stop, tick_, [] { return false; });
+        const auto now = Clock::now();
+        // Under the mutex: forget() cannot return, so no connection is destroyed, while we look.
+        for (Connection* conn : watched_) conn->expire_if_overdue(now);
     }
 }
 
@@ -298,6 +357,12 @@ std::vector<StepResult> Connection::run(std::span<const Step> steps, Clock::time
     if (broken_) throw connection_broken("idem: connection already broken");
     if (steps.empty()) return {};
     if (!steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");
+    // Publish the deadline for the watchdog for the whole exchange; withdrawn however it ends.
+    struct Watched {
+        std::atomic<Clock::rep>& until;
+        ~Watched() { until.store(0, std::memory_order_release); }
+    } watched{waiting_until_};
+    waiting_until_.store(deadline.time_since_epoch().count(), std::memory_order_release);
     for (const Step& step : steps) send(step);
     flush(deadline);
 

@@ -69,6 +69,8 @@ struct PostgresStore::Impl {
     pg::ConnectSettings settings;
     pg::TableName table;
     std::vector<pg::StatementDef> defs;
+    // Before the pool: connections forget() it as they close, so it must outlive them.
+    std::unique_ptr<pg::Watchdog> watchdog;
     std::unique_ptr<pg::Pool> pool;
 
     std::atomic<std::size_t> waiting{0};  // callers inside wait_for_save
@@ -237,6 +239,9 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
                                      options.lock_timeout,    options.prepared_statements,
                                      options.session_options};
     m.options = std::move(options);
+    // Deadlines are kept to within one tick (they are statement_timeout + lock_timeout + 1 s away).
+    m.watchdog = std::make_unique<pg::Watchdog>(std::chrono::milliseconds(50));
+    m.settings.watchdog = m.watchdog.get();
     m.pool = std::make_unique<pg::Pool>(
         m.options.pool_size, m.options.pool_wait, m.options.health_check_after,
         [&m] { return std::make_unique<pg::Connection>(m.settings, m.defs); },
