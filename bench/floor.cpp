@@ -108,11 +108,15 @@ PGresult* FloorClient::next() {
     return r;
 }
 
-void FloorClient::expect_end_and_sync() {
+void FloorClient::expect_end() {
     if (PGresult* extra = PQgetResult(conn_)) {
         PQclear(extra);
         fail("unexpected extra result");
     }
+}
+
+void FloorClient::expect_end_and_sync() {
+    expect_end();
     PGresult* sync = next();
     const bool ok = PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
     PQclear(sync);
@@ -136,8 +140,8 @@ FloorClient::Answer FloorClient::claim(std::string_view scope, std::string_view 
     const char* sel_values[] = {scope.data(), key.data()};
     const int sel_lengths[] = {static_cast<int>(scope.size()), static_cast<int>(key.size())};
 
+    // The library's claim shape: [INSERT, SELECT | Sync], one transaction, one round trip.
     if (PQsendQueryPrepared(conn_, sql_.claim_name.c_str(), 7, ins_values, ins_lengths, formats, 1) != 1) fail("send claim");
-    if (PQpipelineSync(conn_) != 1) fail("sync");
     if (PQsendQueryPrepared(conn_, sql_.select_name.c_str(), 2, sel_values, sel_lengths, formats, 1) != 1) fail("send select");
     if (PQpipelineSync(conn_) != 1) fail("sync");  // flushes: the whole claim leaves in one go
     ++round_trips_;
@@ -150,7 +154,7 @@ FloorClient::Answer FloorClient::claim(std::string_view scope, std::string_view 
     }
     const bool inserted = PQntuples(ins) == 1;
     PQclear(ins);
-    expect_end_and_sync();
+    expect_end();  // the SELECT follows in the same segment
 
     PGresult* sel = next();
     Answer answer = Answer::other;

@@ -57,6 +57,7 @@ public:
 
 private:
     PGresult* next();  // PQgetResult, never NULL here (throws)
+    void expect_end();
     void expect_end_and_sync();
     [[noreturn]] void fail(const std::string& what);
 

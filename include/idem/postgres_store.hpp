@@ -4,8 +4,9 @@
 //   store.ensure_schema();
 //
 // * Claim: one round trip — a pipeline of `INSERT … ON CONFLICT DO NOTHING RETURNING` and a separate
-//   `SELECT`, each under its own Sync (so each commits on its own and the SELECT takes a fresh
-//   snapshot that sees a conflicting session's commit). Save: one round trip (UPDATE … WHERE fence).
+//   `SELECT` under one Sync (the claim commits at the Sync, before claim() returns; the SELECT, a
+//   statement of its own, takes a fresh snapshot that sees a conflicting session's commit). Save: one
+//   round trip (UPDATE … WHERE fence).
 //   A new request costs 2 round trips, a replay / in-progress / mismatch answer 1.
 // * Pool: at most pool_size connections, opened lazily; a caller waits up to pool_wait for one
 //   (then pool_timeout). A connection idle longer than health_check_after is checked before use; one

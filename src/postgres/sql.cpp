@@ -65,8 +65,8 @@ std::vector<StatementDef> statements(const TableName& t) {
                                       "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
                                       T),
                           {text, text, bytea, int2, int8, int8, int8}};
-    // Read by primary key; also sent right after the claim under its own Sync, so it takes a new
-    // snapshot and sees the row that made the claim conflict.
+    // Read by primary key; also sent right after the claim (same Sync) as a statement of its own,
+    // so it takes a new snapshot and sees the row that made the claim conflict.
     defs[kSelect] = {"idem_select", fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2", record, T),
                      {text, text}};
     // Batches: one statement for many keys (arrays in, rows out), so a batch costs two statements
