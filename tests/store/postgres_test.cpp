@@ -772,3 +772,65 @@ TEST_CASE("list_stale still scans, and leaves the session's enable_seqscan off",
     // after it (the session is back to idem's enable_seqscan=off).
     CHECK(seq_scans_when_closed(admin, table.name(), options.application_name) - baseline == 8);
 }
+
+// The claim's INSERT and SELECT share one transaction (one Sync). Under READ COMMITTED the SELECT,
+// a statement of its own, sees a conflicting claim that committed while the INSERT waited; under a
+// database default of REPEATABLE READ or SERIALIZABLE that case is a 40001 from the INSERT, which
+// the claim retries. Either way: one effect per key, every other caller replayed or in_progress.
+TEST_CASE("16 threads race on the same keys under each default isolation level", "[postgres][isolation]") {
+    const auto url = require_db();
+    if (url.rfind("postgres", 0) == 0) {
+        WARN("IDEM_TEST_DATABASE_URL is a URI: cannot append options; skipping");
+        return;
+    }
+    // (conninfo: "\\ " is an escaped backslash, so the server's options parser gets "\ ", a space
+    // inside one value)
+    for (const std::string level : {"read\\\\ committed", "repeatable\\\\ read", "serializable"}) {
+        CAPTURE(level);
+        Table table(url);
+        auto options = options_for(table, 8);
+        idem::PostgresStore store(url + " options='-c default_transaction_isolation=" + level + "'", options);
+        store.ensure_schema();
+        const auto scope = idem_test::unique_name("iso");
+        constexpr int kThreads = 16;
+        constexpr int kKeys = 30;
+        std::array<std::atomic<int>, kKeys> runs{};
+        std::atomic<int> executed{0}, bad{0};
+        std::latch start(kThreads);
+        std::vector<std::exception_ptr> errors(kThreads);
+        std::vector<std::thread> threads;
+        for (int t = 0; t < kThreads; ++t) {
+            threads.emplace_back([&, t] {
+                try {
+                    start.arrive_and_wait();
+                    for (int k = 0; k < kKeys; ++k) {
+                        const auto r = idem::execute_once(store, idem::Key(scope, "k" + std::to_string(k)), fp_of(1),
+                                                          [&] {
+                                                              ++runs[static_cast<std::size_t>(k)];
+                                                              return ok(std::to_string(k));
+                                                          });
+                        if (r.outcome() == Outcome::executed) ++executed;
+                        if (r.outcome() == Outcome::mismatch) ++bad;
+                        if (r.has_response() && r.response() != ok(std::to_string(k))) ++bad;
+                    }
+                } catch (...) {
+                    errors[static_cast<std::size_t>(t)] = std::current_exception();
+                }
+            });
+        }
+        for (auto& th : threads) th.join();
+        for (auto& e : errors) {
+            if (e) std::rethrow_exception(e);
+        }
+        CHECK(bad == 0);
+        CHECK(executed == kKeys);
+        for (int k = 0; k < kKeys; ++k) {
+            CAPTURE(k);
+            CHECK(runs[static_cast<std::size_t>(k)] == 1);
+            const auto again = idem::execute_once(store, idem::Key(scope, "k" + std::to_string(k)), fp_of(1),
+                                                  [] { return ok("never"); });
+            CHECK(again.outcome() == Outcome::replayed);
+            CHECK(again.response() == ok(std::to_string(k)));
+        }
+    }
+}
