@@ -49,13 +49,6 @@ std::int64_t be(const std::string& s) {
     return static_cast<std::int64_t>(v);
 }
 
-std::string to_be(std::int64_t v, int width) {
-    std::string s(static_cast<std::size_t>(width), '\0');
-    auto u = static_cast<std::uint64_t>(v);
-    for (int i = width - 1; i >= 0; --i, u >>= 8) s[static_cast<std::size_t>(i)] = static_cast<char>(u & 0xFF);
-    return s;
-}
-
 struct Cell {
     std::optional<std::string> value;  // nullopt: SQL NULL
 };

@@ -117,6 +117,10 @@ record_seeds = [
     # past the range of system_clock (year 3000, 'infinity'): saturated, never a signed overflow
     row(expires=struct.pack(">q", (32503680000 - 946684800) * 10**6), result=r1),
     row(state=b"in_progress", lease=struct.pack(">q", 2**63 - 1), created=struct.pack(">q", -(2**62))),
+    # before 1970 the representable range reaches 30 years further than after it (epochs differ):
+    # year ~1685 is exact, not saturated (a bug the fuzzer found); just past each end saturates
+    row(state=b"in_progress", lease=struct.pack(">q", -9_000_000_000_000_000),
+        created=struct.pack(">q", -10_170_057_636_854_776), expires=struct.pack(">q", 8_276_687_236_854_775)),
     row(expired=b"\x00\x00", result=r1), row(result=r1, header=2), row(result=r1, header=3),
     row(result=r1, header=0x08), row(result=r1, header=0x0C, extra=(b"scope", b"key")), row(result=r1, header=0x12),
     row(result=r1)[:40],  # truncated: the columns past the end are NULL

@@ -68,10 +68,12 @@ struct PostgresOptions {
     std::chrono::milliseconds max_retry_after{std::chrono::seconds(1)};
     /// Largest encoded result save() accepts (bytea can hold up to 1 GB; keep rows small).
     std::size_t max_result_bytes = 16u << 20;
-    /// Attempts for a claim that hits 40001 / 40P01 / 55P03 or a broken connection.
+    /// Attempts for a claim that hits 40001 / 40P01 / 55P03 or a broken connection; also for any
+    /// other single-statement write (release, lease, phase, take-over) that hits 40001 / 40P01.
     int claim_attempts = 3;
-    /// How long a save keeps retrying while the database is unreachable (restart, failover): the
-    /// effect already happened, and a fenced save is safe to repeat. Past it: response_not_saved.
+    /// How long a save keeps retrying while the database is unreachable (restart, failover) or
+    /// answers 40001 / 40P01: the effect already happened, and a fenced save is safe to repeat.
+    /// Past it: response_not_saved.
     std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
     std::string application_name = "idem";
 };

@@ -118,9 +118,12 @@ std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row
     using tp = system_clock::time_point;
     constexpr std::int64_t pg_epoch_unix_us = 946684800LL * 1000000LL;
     const std::int64_t us = get_int8(r, row, col);
-    const auto limit = duration_cast<microseconds>(tp::duration::max()).count() - pg_epoch_unix_us - 1;
-    if (us >= limit) return tp::max();
-    if (us <= -limit) return tp::min();
+    // Both bounds in PostgreSQL's epoch; the range is not symmetric around it (the epochs differ
+    // by 30 years), so each side gets its own limit.
+    constexpr std::int64_t max_us = duration_cast<microseconds>(tp::duration::max()).count() - pg_epoch_unix_us;
+    constexpr std::int64_t min_us = duration_cast<microseconds>(tp::duration::min()).count() - pg_epoch_unix_us;
+    if (us > max_us) return tp::max();
+    if (us < min_us) return tp::min();
     return tp(duration_cast<tp::duration>(microseconds(us + pg_epoch_unix_us)));
 }
 

@@ -104,11 +104,20 @@ struct PostgresStore::Impl {
     }
 
     // Runs `f` on a pooled connection; on a broken connection retries on a fresh one, up to
-    // claim_attempts times in all. f(conn, attempt) gets the 1-based attempt number.
+    // claim_attempts times in all. f(conn, attempt) gets the 1-based attempt number; attempt > 1
+    // means an earlier attempt may have committed.
+    //
+    // Also retried: a serialization failure or deadlock (40001, 40P01) that f reports as a
+    // database_error. Every caller's f is one single-statement write or read (save, release,
+    // lease, phase, take-over, purge, read): PostgreSQL rolled that statement back whole, so it
+    // is safe to send again. Under a REPEATABLE READ or SERIALIZABLE database default even a
+    // one-row UPDATE can be chosen as the victim, and a save must not fail for it — its effect
+    // has already run. (claim handles its own conflicts; run_in_transaction does not come here.)
     template <class F>
     auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
         const auto retry_until = Clock::now() + keep_trying;
         auto backoff = std::chrono::milliseconds(25);
+        int conflicts = 0;
         for (int attempt = 1;; ++attempt) {
             std::string failure, sqlstate;
             bool broken = false;
@@ -122,6 +131,15 @@ struct PostgresStore::Impl {
                 throw;  // already waited its bound
             } catch (const store_unavailable& e) {
                 failure = e.what(), sqlstate = e.sqlstate();  // could not connect (restart, failover)
+            } catch (const database_error& e) {
+                if (e.sqlstate() != "40001" && e.sqlstate() != "40P01") throw;
+                if (++conflicts >= options.claim_attempts && Clock::now() >= retry_until) throw;
+                counters.retries.fetch_add(1, std::memory_order_relaxed);
+                // Jittered: the transaction that won the conflict is usually still running.
+                thread_local std::minstd_rand jitter{std::random_device{}()};
+                const auto cap = 5u * static_cast<unsigned>(std::min(conflicts, 20));
+                std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % cap));
+                continue;
             }
             // Broken connections: claim_attempts in all. Failed connects: only within keep_trying
             // (a request path should hear "unavailable" at once, a save should try hard).

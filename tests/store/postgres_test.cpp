@@ -834,3 +834,55 @@ TEST_CASE("16 threads race on the same keys under each default isolation level",
         }
     }
 }
+
+// Under a REPEATABLE READ default, a save whose row another transaction updated (and committed)
+// while the save waited for its lock fails with 40001 "could not serialize access due to concurrent
+// update". The save was rolled back whole, so idem sends it again: the effect's result is saved,
+// not lost to a serialization failure. Deterministic: the test holds the row lock itself.
+TEST_CASE("a save chosen as a serialization victim is sent again and lands", "[postgres][isolation]") {
+    const auto url = require_db();
+    if (url.rfind("postgres", 0) == 0) {
+        WARN("IDEM_TEST_DATABASE_URL is a URI: cannot append options; skipping");
+        return;
+    }
+    Table table(url);
+    auto options = options_for(table, 2);
+    idem::PostgresStore store(url + " options='-c default_transaction_isolation=repeatable\\\\ read'", options);
+    store.ensure_schema();
+    PgConn locker(url), admin(url);
+    const idem::Key key(idem_test::unique_name("victim"), "k");
+    const auto claim = store.claim(key, fp_of(1));
+    REQUIRE(claim.status == idem::ClaimStatus::claimed);
+    const std::string bytes = idem::codec<Response>::encode(ok("saved after a 40001"));
+
+    // The heartbeat-like UPDATE keeps the fence: the save must still own the key afterwards.
+    locker.exec("BEGIN");
+    locker.exec("UPDATE " + table.name() + " SET lease_until = lease_until + interval '1 second' "
+                "WHERE scope = $1 AND key = $2", {key.scope(), key.value()});
+    const auto retries_before = store.stats().retries;
+    std::exception_ptr failed;
+    std::thread saver([&] {
+        try {
+            store.save(key, claim.fence, bytes);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    });
+    bool waiting = false;
+    for (int i = 0; i < 500 && !waiting; ++i) {
+        waiting = admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                               "AND wait_event_type = 'Lock'",
+                               {options.application_name}) == 1;
+        if (!waiting) std::this_thread::sleep_for(10ms);
+    }
+    locker.exec("COMMIT");
+    saver.join();
+    REQUIRE(waiting);
+    if (failed) std::rethrow_exception(failed);  // without the retry: database_error, sqlstate 40001
+    CHECK(store.stats().retries - retries_before >= 1);
+    const auto record = store.read(key);
+    REQUIRE(record.has_value());
+    CHECK(record->state == idem::RecordState::completed);
+    CHECK(record->result == bytes);
+    CHECK(record->fence == claim.fence);
+}
