@@ -47,6 +47,12 @@ void validate_key_part(std::string_view part, std::string_view what) {
         fail(std::to_string(part.size()) + " bytes, at most " + std::to_string(Key::max_bytes));
     }
     for (std::size_t i = 0; i < part.size();) {
+        // Printable ASCII, the common case (UUIDs, hex ids), without decoding.
+        const auto b = static_cast<std::uint8_t>(part[i]);
+        if (b >= 0x20 && b < 0x7F) {
+            ++i;
+            continue;
+        }
         char32_t cp = 0;
         const std::size_t n = decode_utf8(part, i, cp);
         if (n == 0) fail("not valid UTF-8 at byte " + std::to_string(i));

@@ -105,9 +105,11 @@ template <class F>
     static_assert(std::is_same_v<decltype(codec<R>::encode(std::declval<const R&>())), std::string>,
                   "idem::execute_once: specialise idem::codec<R> for the effect's result type");
 
-    const auto started = std::chrono::steady_clock::now();
+    // Timed only when someone listens (a clock read is not free on every call).
+    const bool observed = store.observer() != nullptr;
+    const auto started = observed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const auto report = [&](Event event) {
-        store.emit(event, &key, std::chrono::steady_clock::now() - started);
+        if (observed) store.emit(event, &key, std::chrono::steady_clock::now() - started);
     };
 
     Claim claim = store.claim(key, fp, options);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <cstring>
 #include <string_view>
 #include <type_traits>
 
@@ -42,7 +43,10 @@ public:
     }
     [[nodiscard]] std::string hex() const;
 
-    friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+    // (memcmp: the defaulted member-wise == compared the 32 bytes one by one, on every replay)
+    friend bool operator==(const Fingerprint& a, const Fingerprint& b) noexcept {
+        return a.algorithm_ == b.algorithm_ && std::memcmp(a.digest_.data(), b.digest_.data(), size) == 0;
+    }
 
 private:
     FingerprintAlgorithm algorithm_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <bit>
 #include <cstring>
 #include <stdexcept>
 
@@ -12,19 +13,7 @@ namespace idem::pg {
 
 // ---- Params ---------------------------------------------------------------------------------------
 
-Params& Params::push(const char* value, int length, int format) {
-    if (size_ == kCapacity) throw std::logic_error("idem: too many statement parameters");
-    const auto i = static_cast<std::size_t>(size_++);
-    values_[i] = value;
-    lengths_[i] = length;
-    formats_[i] = format;
-    return *this;
-}
-
-Params& Params::raw(std::string_view s) {
-    // libpq never reads a zero-length binary value, but wants a non-null pointer for "not NULL".
-    return push(s.data() != nullptr ? s.data() : "", static_cast<int>(s.size()), 1);
-}
+void Params::too_many() { throw std::logic_error("idem: too many statement parameters"); }
 
 Params& Params::text_format(std::optional<std::string_view> s) {
     if (!s) return push(nullptr, 0, 0);
@@ -73,9 +62,12 @@ Params& Params::int8_array(const std::vector<std::int64_t>& items) {
 }
 
 Params& Params::number(std::uint64_t v, int width) {
-    if (size_ == kCapacity) throw std::logic_error("idem: too many statement parameters");
+    if (size_ == kCapacity) too_many();
     auto& buf = numbers_[static_cast<std::size_t>(size_)];
-    for (int i = width - 1; i >= 0; --i, v >>= 8) buf[static_cast<std::size_t>(i)] = static_cast<char>(v & 0xFF);
+    // Big-endian: the low `width` bytes of v, most significant first (one bswap, no byte loop).
+    std::uint64_t be = v << (8 * (8 - width));
+    if constexpr (std::endian::native == std::endian::little) be = __builtin_bswap64(be);
+    std::memcpy(buf.data(), &be, sizeof be);
     return push(buf.data(), width, 1);
 }
 
@@ -111,13 +103,16 @@ bool is_null(const PGresult* r, int row, int col) { return PQgetisnull(r, row, c
 bool get_bool(const PGresult* r, int row, int col) { return get_be(r, row, col, 1) != 0; }
 
 std::chrono::system_clock::time_point get_timestamptz(const PGresult* r, int row, int col) {
+    return timestamptz_from_pg(get_int8(r, row, col));
+}
+
+std::chrono::system_clock::time_point timestamptz_from_pg(std::int64_t us) noexcept {
     // Binary timestamptz: microseconds since 2000-01-01 00:00:00 UTC (integer datetimes);
     // INT64_MAX / INT64_MIN are 'infinity' / '-infinity'. system_clock counts nanoseconds here, so
     // values beyond its range (±292 years around 1970) are clamped instead of overflowing.
     using namespace std::chrono;
     using tp = system_clock::time_point;
     constexpr std::int64_t pg_epoch_unix_us = 946684800LL * 1000000LL;
-    const std::int64_t us = get_int8(r, row, col);
     // Both bounds in PostgreSQL's epoch; the range is not symmetric around it (the epochs differ
     // by 30 years), so each side gets its own limit.
     constexpr std::int64_t max_us = duration_cast<microseconds>(tp::duration::max()).count() - pg_epoch_unix_us;
@@ -316,6 +311,20 @@ void Connection::flush(Clock::time_point deadline) {
 }
 
 ResultPtr Connection::next_result(Clock::time_point deadline) {
+    if (watchdog_ != nullptr && waiting_until_.load(std::memory_order_relaxed) != 0) {
+        // Watched: let PQgetResult wait (poll without a timeout, inside libpq) — the watchdog's
+        // shutdown() ends that wait past the deadline. One call per result instead of
+        // PQisBusy + poll + PQconsumeInput + PQgetResult, each of which re-parses the input.
+        ResultPtr r(PQgetResult(conn_.get()));
+        if (overdue_.load(std::memory_order_acquire)) fail_overdue();
+        if (PQstatus(conn_.get()) == CONNECTION_BAD) {
+            // The server's own reason (57P01 admin shutdown...) is reported by run(); a lost
+            // socket has none.
+            if (!r || PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) == nullptr) fail("connection lost");
+            broken_ = true;
+        }
+        return r;
+    }
     while (PQisBusy(conn_.get())) {
         wait(POLLIN, deadline);
         if (PQconsumeInput(conn_.get()) != 1) fail("PQconsumeInput");
@@ -356,7 +365,19 @@ bool Connection::wait_notification(std::string_view channel, std::string_view pa
     }
 }
 
-std::vector<StepResult> Connection::run(std::span<const Step> steps, Clock::time_point deadline) {
+std::string_view StepResult::sqlstate() const noexcept {
+    if (!failed) return {};
+    const char* state = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
+    return state ? std::string_view(state) : std::string_view("XX000");
+}
+
+std::string StepResult::message() const {
+    if (aborted) return "skipped: an earlier statement of the pipeline failed";
+    if (!failed || !result) return {};
+    return trim(PQresultErrorMessage(result.get()));
+}
+
+StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadline) {
     if (broken_) throw connection_broken("idem: connection already broken");
     if (steps.empty()) return {};
     if (!steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");
@@ -370,7 +391,7 @@ std::vector<StepResult> Connection::run(std::span<const Step> steps, Clock::time
     flush(deadline);
 
     // Per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC.
-    std::vector<StepResult> out(steps.size());
+    StepResults out(steps.size());
     std::size_t i = 0;
     while (i < steps.size()) {
         ResultPtr r = next_result(deadline);
@@ -382,16 +403,14 @@ std::vector<StepResult> Connection::run(std::span<const Step> steps, Clock::time
                 break;
             case PGRES_PIPELINE_ABORTED:
                 out[i].aborted = true;
-                out[i].message = "skipped: an earlier statement of the pipeline failed";
                 break;
             case PGRES_FATAL_ERROR: {
-                const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
-                out[i].sqlstate = state ? state : "XX000";
-                out[i].message = trim(PQresultErrorMessage(r.get()));
-                if (is_connection_sqlstate(out[i].sqlstate)) {
+                out[i].result = std::move(r);
+                out[i].failed = true;
+                if (is_connection_sqlstate(out[i].sqlstate())) {
                     broken_ = true;
-                    throw connection_broken("idem: PostgreSQL closed the connection: " + out[i].message,
-                                            out[i].sqlstate);
+                    throw connection_broken("idem: PostgreSQL closed the connection: " + out[i].message(),
+                                            std::string(out[i].sqlstate()));
                 }
                 break;
             }

@@ -1,5 +1,6 @@
 #include "pool.hpp"
 
+#include <optional>
 #include <string>
 
 namespace idem::pg {
@@ -20,14 +21,15 @@ Pool::Pool(std::size_t size, std::chrono::milliseconds wait, std::chrono::millis
 Pool::~Pool() = default;
 
 Lease Pool::acquire() {
-    const auto deadline = Clock::now() + wait_;
+    std::optional<Clock::time_point> deadline;  // read the clock only if we have to wait
     for (;;) {
         std::unique_ptr<Connection> conn;
         Clock::time_point suspect_before;
         {
             std::unique_lock lock(mutex_);
+            if (idle_.empty() && open_ >= size_ && !deadline) deadline = Clock::now() + wait_;
             while (idle_.empty() && open_ >= size_) {
-                if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
+                if (returned_.wait_until(lock, *deadline) == std::cv_status::timeout && idle_.empty() &&
                     open_ >= size_) {
                     throw pool_timeout("idem: no PostgreSQL connection free within " +
                                        std::to_string(wait_.count()) + " ms (pool_size " +
@@ -36,7 +38,17 @@ Lease Pool::acquire() {
             }
             suspect_before = suspect_before_;
             if (!idle_.empty()) {
-                conn = std::move(idle_.back());
+                // Ours if idle (a scan of at most pool_size entries), else the most recent one.
+                const auto self = std::this_thread::get_id();
+                std::size_t pick = idle_.size() - 1;
+                for (std::size_t i = idle_.size(); i-- > 0;) {
+                    if (idle_[i].last_thread == self) {
+                        pick = i;
+                        break;
+                    }
+                }
+                conn = std::move(idle_[pick].conn);
+                if (pick != idle_.size() - 1) idle_[pick] = std::move(idle_.back());
                 idle_.pop_back();
             } else {
                 ++open_;  // reserve the slot, open outside the lock
@@ -77,7 +89,7 @@ void Pool::give_back(std::unique_ptr<Connection> conn) noexcept {
         if (broken) {
             --open_;
         } else {
-            idle_.push_back(std::move(conn));
+            idle_.push_back(Idle{std::this_thread::get_id(), std::move(conn)});
         }
     }
     returned_.notify_one();

@@ -26,23 +26,24 @@ using pg::parse_record;
 
 namespace {
 
-bool claim_retryable(const std::string& sqlstate) {
+bool claim_retryable(std::string_view sqlstate) {
     // serialization_failure, deadlock_detected, lock_not_available (lock_timeout while waiting on a
     // concurrent, uncommitted claim of the same key)
     return sqlstate == "40001" || sqlstate == "40P01" || sqlstate == "55P03";
 }
 
 [[noreturn]] void throw_statement_error(const StepResult& r, const char* what) {
-    const std::string msg = std::string("idem: ") + what + " failed: " + r.message;
-    if (r.sqlstate == "42P01") {
-        throw database_error(msg + " (run PostgresStore::ensure_schema())", r.sqlstate);
+    const std::string msg = std::string("idem: ") + what + " failed: " + r.message();
+    const std::string sqlstate(r.sqlstate());
+    if (sqlstate == "42P01") {
+        throw database_error(msg + " (run PostgresStore::ensure_schema())", sqlstate);
     }
     // Timeouts (statement, lock) and resource exhaustion: the database is there but cannot serve
     // us now. Typed as unavailable, never a generic failure.
-    if (r.sqlstate == "57014" || r.sqlstate == "55P03" || r.sqlstate.starts_with("53")) {
-        throw store_unavailable(msg, r.sqlstate);
+    if (sqlstate == "57014" || sqlstate == "55P03" || sqlstate.starts_with("53")) {
+        throw store_unavailable(msg, sqlstate);
     }
-    throw database_error(msg, r.sqlstate);
+    throw database_error(msg, sqlstate);
 }
 
 // Parameters of the claim INSERT and of the expired re-claim ($1..$7).
@@ -84,12 +85,12 @@ struct PostgresStore::Impl {
         return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
     }
 
-    std::vector<StepResult> run(pg::Connection& conn, std::span<const Step> steps) {
+    pg::StepResults run(pg::Connection& conn, std::span<const Step> steps) {
         counters.round_trips.fetch_add(1, std::memory_order_relaxed);
         return conn.run(steps, deadline());
     }
 
-    std::vector<StepResult> run_one(pg::Connection& conn, pg::Stmt stmt, Params& params) {
+    pg::StepResults run_one(pg::Connection& conn, pg::Stmt stmt, Params& params) {
         const Step step{&defs[stmt], &params};
         return run(conn, std::span(&step, 1));
     }
@@ -115,7 +116,7 @@ struct PostgresStore::Impl {
     // has already run. (claim handles its own conflicts; run_in_transaction does not come here.)
     template <class F>
     auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
-        const auto retry_until = Clock::now() + keep_trying;
+        const auto retry_until = keep_trying > Clock::duration::zero() ? Clock::now() + keep_trying : Clock::time_point{};
         auto backoff = std::chrono::milliseconds(25);
         int conflicts = 0;
         for (int attempt = 1;; ++attempt) {
@@ -171,7 +172,7 @@ struct PostgresStore::Impl {
     }
 
     // A write that only the fence holder of an in-progress key may make.
-    static void expect_owned(const std::vector<StepResult>& res, const char* what, Fence fence) {
+    static void expect_owned(const pg::StepResults& res, const char* what, Fence fence) {
         if (!res[0].ok()) throw_statement_error(res[0], what);
         if (res[0].rows() != 1) {
             throw lease_lost(std::string("idem: ") + what + " refused: fence " + std::to_string(fence) +
@@ -338,7 +339,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
     m.counters.claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
-    const auto wait_until = Clock::now() + options.wait;
+    const auto wait_until = options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{};
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
     const Fence fence = detail::new_fence();
     const auto claimed = [&](std::optional<Record> taken = std::nullopt) {
@@ -348,7 +349,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
     const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
 
     for (int failures = 0;;) {
-        std::vector<StepResult> res = m.with_connection("claim", [&](pg::Connection& conn, int) {
+        pg::StepResults res = m.with_connection("claim", [&](pg::Connection& conn, int) {
             Params ins;
             claim_params(ins);
             Params sel;
@@ -365,9 +366,9 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         const StepResult& inserted = res[0];
         const StepResult& selected = res[1];
         if (inserted.ok() && inserted.rows() == 1) return claimed();
-        if (!inserted.ok() && !claim_retryable(inserted.sqlstate)) throw_statement_error(inserted, "claim");
+        if (!inserted.ok() && !claim_retryable(inserted.sqlstate())) throw_statement_error(inserted, "claim");
         // (a failed INSERT skipped the SELECT: nothing to read, retried below)
-        if (!selected.ok() && !selected.aborted && !claim_retryable(selected.sqlstate)) {
+        if (!selected.ok() && !selected.aborted && !claim_retryable(selected.sqlstate())) {
             throw_statement_error(selected, "claim (read)");
         }
 
@@ -496,7 +497,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
             for (int failures = 0;; ++failures) {
                 // [INSERT … SELECT FROM unnest | Sync | SELECT … JOIN unnest | Sync]: every claim of the
                 // chunk commits together, one round trip, two statements.
-                std::vector<StepResult> res = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
+                pg::StepResults res = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
                     Params ins, sel;
                     ins.text_array(scopes)
                         .text_array(values)
@@ -510,7 +511,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     return m.run(conn, steps);
                 });
                 if (!res[0].ok()) {
-                    if (!claim_retryable(res[0].sqlstate)) throw_statement_error(res[0], "claim_batch");
+                    if (!claim_retryable(res[0].sqlstate())) throw_statement_error(res[0], "claim_batch");
                     m.counters.retries.fetch_add(1, std::memory_order_relaxed);
                     if (failures + 1 < m.options.claim_attempts) {
                         thread_local std::minstd_rand jitter{std::random_device{}()};
@@ -801,7 +802,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             }
             if (won) break;
             rollback();
-            if (!res[1].ok() && !claim_retryable(res[1].sqlstate)) throw_statement_error(res[1], "claim");
+            if (!res[1].ok() && !claim_retryable(res[1].sqlstate())) throw_statement_error(res[1], "claim");
             // Lock timeout on a concurrent open transaction, or the row vanished: bounded retry.
             if (++failures >= m.options.claim_attempts) {
                 return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
@@ -829,7 +830,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
         const Step steps[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
                               {&m.defs[pg::kSave], &save, false},
                               {&m.defs[pg::kCommit], &none, true}};
-        std::vector<StepResult> res;
+        pg::StepResults res;
         try {
             res = m.run(*conn, steps);
         } catch (const pg::connection_broken& e) {
@@ -860,7 +861,7 @@ Transaction::Rows Transaction::exec(std::string_view sql, const std::vector<std:
     for (const auto& v : params) p.text_format(v ? std::optional<std::string_view>(*v) : std::nullopt);
     const Step step{&def, &p, true, 0};
     auto res = conn.run(std::span(&step, 1), Clock::now() + timeout_);
-    if (!res[0].ok()) throw database_error("idem: transaction statement failed: " + res[0].message, res[0].sqlstate);
+    if (!res[0].ok()) throw database_error("idem: transaction statement failed: " + res[0].message(), std::string(res[0].sqlstate()));
     Rows out;
     const PGresult* r = res[0].result.get();
     const char* tuples = PQcmdTuples(const_cast<PGresult*>(r));

@@ -3,6 +3,7 @@
 #include "idem/idem.hpp"
 #include "pg.hpp"
 
+#include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <latch>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -885,4 +887,53 @@ TEST_CASE("a save chosen as a serialization victim is sent again and lands", "[p
     CHECK(record->state == idem::RecordState::completed);
     CHECK(record->result == bytes);
     CHECK(record->fence == claim.fence);
+}
+
+// Thread affinity of the pool: a thread gets back the connection it gave back last when that one is
+// idle (a connection moving between threads costs cache misses on every call). With two threads
+// and a pool of two, once both connections exist each thread keeps its own: after a short warm-up
+// every call of a thread runs on one backend. A plain LIFO pool hands each thread the other's
+// connection whenever they interleave, and fails this.
+TEST_CASE("a thread keeps its own pooled connection", "[postgres][pool]") {
+    const auto url = require_db();
+    Table table(url);
+    idem::PostgresStore store(url, options_for(table, 2));
+    store.ensure_schema();
+    const auto scope = idem_test::unique_name("affinity");
+    constexpr int kCalls = 80, kWarmUp = 10;
+    std::array<std::vector<std::string>, 2> pids;
+    std::latch start(2);
+    std::array<std::exception_ptr, 2> errors;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+        threads.emplace_back([&, t] {
+            try {
+                start.arrive_and_wait();
+                for (int i = 0; i < kCalls; ++i) {
+                    const idem::Key key(scope, std::to_string(t) + "-" + std::to_string(i));
+                    const auto r = idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
+                        return *tx.exec("SELECT pg_backend_pid()::text").rows.at(0).at(0);
+                    });
+                    pids[static_cast<std::size_t>(t)].push_back(r.response());
+                    // Let the other thread's calls interleave with ours.
+                    std::this_thread::sleep_for(std::chrono::microseconds(200));
+                }
+            } catch (...) {
+                errors[static_cast<std::size_t>(t)] = std::current_exception();
+            }
+        });
+    }
+    for (auto& th : threads) th.join();
+    for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+    }
+    for (int t = 0; t < 2; ++t) {
+        CAPTURE(t);
+        const auto& seen = pids[static_cast<std::size_t>(t)];
+        REQUIRE(seen.size() == static_cast<std::size_t>(kCalls));
+        const std::set<std::string> steady(seen.begin() + kWarmUp, seen.end());
+        CHECK(steady.size() == 1);
+    }
+    CHECK(pids[0].back() != pids[1].back());
+    CHECK(store.stats().connections_opened == 2);
 }
