@@ -3,6 +3,7 @@
 #include "idem/transaction.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -25,6 +26,13 @@ using pg::StepResult;
 using pg::parse_record;
 
 namespace {
+
+// A small per-thread number (0, 1, 2, … in order of first use), for sharding.
+std::size_t thread_slot() noexcept {
+    static std::atomic<std::size_t> next{0};
+    thread_local const std::size_t slot = next.fetch_add(1, std::memory_order_relaxed);
+    return slot;
+}
 
 bool claim_retryable(std::string_view sqlstate) {
     // serialization_failure, deadlock_detected, lock_not_available (lock_timeout while waiting on a
@@ -76,17 +84,22 @@ struct PostgresStore::Impl {
 
     std::atomic<std::size_t> waiting{0};  // callers inside wait_for_save
 
-    struct Counters {
+    // Statistics, sharded by thread: every call bumps a counter or two, and a single shared cache
+    // line would bounce between the cores on each of them. stats() adds the shards up (unsigned
+    // arithmetic: a shard's fetch_sub of another shard's add still sums exactly).
+    struct alignas(64) Counters {
         std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
             retries{0}, opened{0}, discarded{0};
-    } counters;
+    };
+    std::array<Counters, 8> counter_shards;
+    Counters& counters() noexcept { return counter_shards[thread_slot() % counter_shards.size()]; }
 
     Clock::time_point deadline() const {
         return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
     }
 
     pg::StepResults run(pg::Connection& conn, std::span<const Step> steps) {
-        counters.round_trips.fetch_add(1, std::memory_order_relaxed);
+        counters().round_trips.fetch_add(1, std::memory_order_relaxed);
         return conn.run(steps, deadline());
     }
 
@@ -135,7 +148,7 @@ struct PostgresStore::Impl {
             } catch (const database_error& e) {
                 if (e.sqlstate() != "40001" && e.sqlstate() != "40P01") throw;
                 if (++conflicts >= options.claim_attempts && Clock::now() >= retry_until) throw;
-                counters.retries.fetch_add(1, std::memory_order_relaxed);
+                counters().retries.fetch_add(1, std::memory_order_relaxed);
                 // Jittered: the transaction that won the conflict is usually still running.
                 thread_local std::minstd_rand jitter{std::random_device{}()};
                 const auto cap = 5u * static_cast<unsigned>(std::min(conflicts, 20));
@@ -147,7 +160,7 @@ struct PostgresStore::Impl {
             if ((broken ? attempt >= options.claim_attempts : true) && Clock::now() >= retry_until) {
                 throw store_unavailable(std::string("idem: ") + what + ": " + failure, sqlstate);
             }
-            counters.retries.fetch_add(1, std::memory_order_relaxed);
+            counters().retries.fetch_add(1, std::memory_order_relaxed);
             // A broken pooled connection says little about the next one: retry at once. A failed
             // connect means the server is away: back off.
             if (!broken || attempt > 1) {
@@ -272,7 +285,7 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
                 return false;
             }
         },
-        [&m](bool opened) { (opened ? m.counters.opened : m.counters.discarded).fetch_add(1); });
+        [&m](bool opened) { (opened ? m.counters().opened : m.counters().discarded).fetch_add(1); });
 }
 
 PostgresStore::~PostgresStore() = default;
@@ -336,14 +349,14 @@ void PostgresStore::ensure_schema() {
 
 Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
     Impl& m = *impl_;
-    m.counters.claims.fetch_add(1, std::memory_order_relaxed);
+    m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
     const auto wait_until = options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{};
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
     const Fence fence = detail::new_fence();
     const auto claimed = [&](std::optional<Record> taken = std::nullopt) {
-        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
         return Claim{ClaimStatus::claimed, fence, std::move(taken), {}};
     };
     const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
@@ -411,7 +424,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         if (++failures >= m.options.claim_attempts) {
             return Claim{ClaimStatus::in_progress, 0, std::nullopt, m.options.max_retry_after};
         }
-        m.counters.retries.fetch_add(1, std::memory_order_relaxed);
+        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
         if (!inserted.ok()) {
             thread_local std::minstd_rand jitter{std::random_device{}()};
             std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % (10u * static_cast<unsigned>(failures))));
@@ -426,7 +439,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                      " bytes exceeds max_result_bytes " + std::to_string(m.options.max_result_bytes),
                                  std::string(result));
     }
-    m.counters.saves.fetch_add(1, std::memory_order_relaxed);
+    m.counters().saves.fetch_add(1, std::memory_order_relaxed);
     const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int attempt) {
         Params p;
         p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
@@ -492,7 +505,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                 digests[j] = fps[i].bytes();
                 algs[j] = static_cast<std::int16_t>(fps[i].algorithm());
             }
-            m.counters.claims.fetch_add(n, std::memory_order_relaxed);
+            m.counters().claims.fetch_add(n, std::memory_order_relaxed);
 
             for (int failures = 0;; ++failures) {
                 // [INSERT … SELECT FROM unnest | Sync | SELECT … JOIN unnest | Sync]: every claim of the
@@ -512,14 +525,14 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                 });
                 if (!res[0].ok()) {
                     if (!claim_retryable(res[0].sqlstate())) throw_statement_error(res[0], "claim_batch");
-                    m.counters.retries.fetch_add(1, std::memory_order_relaxed);
+                    m.counters().retries.fetch_add(1, std::memory_order_relaxed);
                     if (failures + 1 < m.options.claim_attempts) {
                         thread_local std::minstd_rand jitter{std::random_device{}()};
                         std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % 20));
                         continue;
                     }
                     // Contended: settle each key on its own (each with its own bounded retries).
-                    m.counters.claims.fetch_sub(n, std::memory_order_relaxed);  // claim() counts again
+                    m.counters().claims.fetch_sub(n, std::memory_order_relaxed);  // claim() counts again
                     for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
                     break;
                 }
@@ -541,7 +554,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                 for (std::size_t j = 0; j < n; ++j) {
                     const std::size_t i = order[j];
                     if (inserted[j]) {
-                        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+                        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
                         out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
                         continue;
                     }
@@ -551,7 +564,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     }
                     if (record && record->fence == fences[j] && record->state == RecordState::in_progress) {
                         // ours: an attempt whose answer was lost with its connection committed it
-                        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+                        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
                         out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
                         continue;
                     }
@@ -560,7 +573,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     // the single-key path, which knows them all.
                     if (!record || record->expired ||
                         (status == ClaimStatus::in_progress && (options.resume_stale || options.wait.count() > 0))) {
-                        m.counters.claims.fetch_sub(1, std::memory_order_relaxed);
+                        m.counters().claims.fetch_sub(1, std::memory_order_relaxed);
                         out[i] = claim(keys[i], fps[i], options);
                         continue;
                     }
@@ -603,7 +616,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
         index.emplace(saves[i].fence, i);
     }
     if (fences.empty()) return statuses;
-    m.counters.saves.fetch_add(fences.size(), std::memory_order_relaxed);
+    m.counters().saves.fetch_add(fences.size(), std::memory_order_relaxed);
     std::vector<std::size_t> notify;
     m.with_connection("save_batch", [&](pg::Connection& conn, int attempt) {
         notify.clear();
@@ -636,7 +649,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
 
 void PostgresStore::release(const Key& key, Fence fence) {
     Impl& m = *impl_;
-    m.counters.releases.fetch_add(1, std::memory_order_relaxed);
+    m.counters().releases.fetch_add(1, std::memory_order_relaxed);
     m.with_connection("release", [&](pg::Connection& conn, int attempt) {
         Params p;
         p.text(key.scope()).text(key.value()).int8(fence);
@@ -680,13 +693,13 @@ std::optional<Fence> PostgresStore::take_over(const Key& key, Fence stale_fence,
 
 std::optional<Record> PostgresStore::read(const Key& key) {
     Impl& m = *impl_;
-    m.counters.reads.fetch_add(1, std::memory_order_relaxed);
+    m.counters().reads.fetch_add(1, std::memory_order_relaxed);
     return m.with_connection("read", [&](pg::Connection& conn, int) { return m.select(conn, key); });
 }
 
 std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, std::string_view scope_prefix) {
     Impl& m = *impl_;
-    m.counters.reads.fetch_add(1, std::memory_order_relaxed);
+    m.counters().reads.fetch_add(1, std::memory_order_relaxed);
     return m.with_connection("list_stale", [&](pg::Connection& conn, int) {
         Params p;
         p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX))).text(scope_prefix);
@@ -737,7 +750,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     const Key& key, const Fingerprint& fp, const ClaimOptions& options,
     const std::function<std::string(Transaction&)>& effect) {
     Impl& m = *impl_;
-    m.counters.claims.fetch_add(1, std::memory_order_relaxed);
+    m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
     const Fence fence = detail::new_fence();
@@ -807,9 +820,9 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             if (++failures >= m.options.claim_attempts) {
                 return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
             }
-            m.counters.retries.fetch_add(1, std::memory_order_relaxed);
+            m.counters().retries.fetch_add(1, std::memory_order_relaxed);
         }
-        m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
 
         Transaction tx(&*conn, key, m.options.statement_timeout + m.options.lock_timeout + std::chrono::seconds(1));
         std::string bytes;
@@ -847,7 +860,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             if (!res[2].ok() && !res[2].aborted) throw_statement_error(res[2], "commit");
             throw database_error("idem: in-transaction save matched no row");
         }
-        m.counters.saves.fetch_add(1, std::memory_order_relaxed);
+        m.counters().saves.fetch_add(1, std::memory_order_relaxed);
         return TransactionOutcome{ClaimStatus::claimed, {}, {}};
     } catch (const pg::connection_broken& e) {
         throw store_unavailable(std::string("idem: in-transaction mode: ") + e.what(), e.sqlstate());
@@ -885,17 +898,18 @@ pg_conn* Transaction::native_handle() const noexcept {
 }
 
 StoreStats PostgresStore::stats() const {
-    const auto& c = impl_->counters;
     StoreStats s;
-    s.round_trips = c.round_trips.load();
-    s.claims = c.claims.load();
-    s.claims_won = c.claims_won.load();
-    s.saves = c.saves.load();
-    s.releases = c.releases.load();
-    s.reads = c.reads.load();
-    s.retries = c.retries.load();
-    s.connections_opened = c.opened.load();
-    s.connections_discarded = c.discarded.load();
+    for (const auto& c : impl_->counter_shards) {
+        s.round_trips += c.round_trips.load();
+        s.claims += c.claims.load();
+        s.claims_won += c.claims_won.load();
+        s.saves += c.saves.load();
+        s.releases += c.releases.load();
+        s.reads += c.reads.load();
+        s.retries += c.retries.load();
+        s.connections_opened += c.opened.load();
+        s.connections_discarded += c.discarded.load();
+    }
     return s;
 }
 
