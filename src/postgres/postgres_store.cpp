@@ -91,7 +91,7 @@ struct PostgresStore::Impl {
         std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
             retries{0}, opened{0}, discarded{0};
     };
-    std::array<Counters, 8> counter_shards;
+    std::array<Counters, 16> counter_shards;
     Counters& counters() noexcept { return counter_shards[thread_slot() % counter_shards.size()]; }
 
     Clock::time_point deadline() const {
