@@ -570,12 +570,22 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
 
     std::fprintf(stderr, "preloading %lld completed + %lld in-progress keys per table...\n",
                  static_cast<long long>(o.preload), static_cast<long long>(o.preload));
+    // No autovacuum on the benchmark's tables: a background VACUUM or ANALYZE of one side's table
+    // (the `new` rounds add tens of thousands of rows, past autovacuum's thresholds) lands in
+    // whichever rounds happen to run then, on one side only. Instead both tables are vacuumed and
+    // analyzed, untimed, before every case (vacuum_both below).
     for (const std::string& t : {lib_table, floor_table, pgb_table}) {
         if (t.empty()) continue;
+        admin.exec("ALTER TABLE " + quote_ident(t) + " SET (autovacuum_enabled = false)");
         admin.preload(t, Admin::Preload::completed, kReplayBase, o.preload, fp_bytes, false);
         admin.preload(t, Admin::Preload::in_progress, kConflictBase, o.preload, fp_bytes, false);
         admin.exec("VACUUM (ANALYZE) " + quote_ident(t));
     }
+    const auto vacuum_both = [&] {
+        for (const std::string& t : {lib_table, floor_table, pgb_table}) {
+            if (!t.empty()) admin.exec("VACUUM (ANALYZE) " + quote_ident(t));
+        }
+    };
 
     std::vector<Run> runs;
     print_header();
@@ -617,6 +627,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             run.kind = kind;
             LibraryOp lib_op{store_ptrs, fp, kind, o.preload};
             FloorOp floor_op{clients, fp_bytes, kind, o.preload};
+            vacuum_both();
             const double per_round = o.seconds / o.rounds;
             for (int round = 0; round < o.rounds; ++round) {
                 // ABBA: floor, idem | idem, floor | floor, idem ... cancels a linear drift.
