@@ -26,9 +26,9 @@ const bool fork_handler_installed = [] {
 
 // Fences are drawn from OpenSSL's CSPRNG 256 at a time (2 KiB per thread): one RAND_bytes call per
 // claim took OpenSSL 3's global locks on every claim (measured: 6 % of a replay's client CPU at one
-// thread, lock contention beyond), and each call costs ~100k instructions of provider lookups
-// whatever its size (callgrind), so 64 at a time still cost ~500 instructions per claim. The buffer
-// is per thread, so no lock at all between draws.
+// thread, lock contention beyond). Past that, a draw costs a fixed overhead plus ~5 instructions
+// per byte (callgrind); the first draw of each thread also sets up OpenSSL's per-thread DRBG
+// (~3 M instructions, once). The buffer is per thread, so no lock at all between draws.
 struct FenceBuffer {
     static constexpr std::size_t kSize = 256;
     std::array<std::uint64_t, kSize> values{};
