@@ -355,9 +355,15 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
     const auto wait_until = options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{};
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
     const Fence fence = detail::new_fence();
+    // Every path fills and returns this one object (so it is built in the caller's Claim: a
+    // replay decodes its row straight into it, with no Record moved or copied on the way out).
+    Claim out;
     const auto claimed = [&](std::optional<Record> taken = std::nullopt) {
         m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-        return Claim{ClaimStatus::claimed, fence, std::move(taken), {}};
+        out.status = ClaimStatus::claimed;
+        out.fence = fence;
+        out.existing = std::move(taken);
+        out.retry_after = {};
     };
     const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
 
@@ -378,7 +384,10 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         });
         const StepResult& inserted = res[0];
         const StepResult& selected = res[1];
-        if (inserted.ok() && inserted.rows() == 1) return claimed();
+        if (inserted.ok() && inserted.rows() == 1) {
+            claimed();
+            return out;
+        }
         if (!inserted.ok() && !claim_retryable(inserted.sqlstate())) throw_statement_error(inserted, "claim");
         // (a failed INSERT skipped the SELECT: nothing to read, retried below)
         if (!selected.ok() && !selected.aborted && !claim_retryable(selected.sqlstate())) {
@@ -386,9 +395,11 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         }
 
         if (selected.ok() && selected.rows() == 1) {
-            Record record = parse_record(selected.result.get(), 0);
+            Record& record = out.existing.emplace();
+            parse_record(selected.result.get(), 0, record);
             if (record.fence == fence && record.state == RecordState::in_progress) {
-                return claimed();  // ours, from an attempt whose answer was lost with its connection
+                claimed();  // ours, from an attempt whose answer was lost with its connection
+                return out;
             }
             if (record.expired) {
                 // Past retention: claim it again with a conditional UPDATE (one winner).
@@ -399,30 +410,43 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
                     if (!r[0].ok()) throw_statement_error(r[0], "claim (expired)");
                     return r[0].rows() == 1;
                 });
-                if (won) return claimed();
+                if (won) {
+                    claimed();
+                    return out;
+                }
+                out.existing.reset();
                 continue;  // someone else re-claimed it first: read again
             }
-            Claim claim{classify(record, fp), 0, std::move(record), {}};
-            if (claim.status != ClaimStatus::in_progress) return claim;
-            if (options.resume_stale && claim.existing->lease_expired) {
-                if (auto taken = m.take_over(key, claim.existing->fence, fence, lease, true)) {
+            out.status = classify(record, fp);
+            out.fence = 0;
+            if (out.status != ClaimStatus::in_progress) return out;
+            if (options.resume_stale && record.lease_expired) {
+                if (auto taken = m.take_over(key, record.fence, fence, lease, true)) {
                     emit(Event::taken_over, &key);
-                    return claimed(std::move(taken));
+                    claimed(std::move(taken));
+                    return out;
                 }
+                out.existing.reset();
                 continue;  // another retry or a reconciler took it
             }
-            if (Clock::now() < wait_until && m.wait_for_save(key, wait_until)) continue;
+            if (Clock::now() < wait_until && m.wait_for_save(key, wait_until)) {
+                out.existing.reset();
+                continue;
+            }
             // (a waiter that could not get a connection of its own answers in_progress right away)
-            claim.retry_after = detail::retry_after_hint(claim.existing->lease_until,
-                                                         std::chrono::system_clock::now(),
-                                                         m.options.max_retry_after);
-            return claim;
+            out.retry_after = detail::retry_after_hint(record.lease_until, std::chrono::system_clock::now(),
+                                                       m.options.max_retry_after);
+            return out;
         }
         // Nothing to read: the conflicting claim was released or rolled back in between, or we timed
         // out waiting for a concurrent uncommitted claim. Try again; past the bound, tell the caller
         // the key is busy — never a generic failure.
         if (++failures >= m.options.claim_attempts) {
-            return Claim{ClaimStatus::in_progress, 0, std::nullopt, m.options.max_retry_after};
+            out.status = ClaimStatus::in_progress;
+            out.fence = 0;
+            out.existing.reset();
+            out.retry_after = m.options.max_retry_after;
+            return out;
         }
         m.counters().retries.fetch_add(1, std::memory_order_relaxed);
         if (!inserted.ok()) {

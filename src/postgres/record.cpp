@@ -53,11 +53,16 @@ private:
 }  // namespace
 
 Record parse_record(const PGresult* r, int row) {
+    Record rec;
+    parse_record(r, row, rec);
+    return rec;
+}
+
+void parse_record(const PGresult* r, int row, Record& rec) {
     if (PQnfields(r) < kRecordColumns || row < 0 || row >= PQntuples(r)) {
         throw corrupt_record("idem: a stored row with missing columns");
     }
     const Row cols(r, row);
-    Record rec;
     const std::string_view state = cols.bytes(0);
     if (state == "in_progress") {
         rec.state = RecordState::in_progress;
@@ -80,7 +85,6 @@ Record parse_record(const PGresult* r, int row) {
     rec.phase_data = cols.nullable(10);
     rec.lease_expired = cols.be(11, 1) != 0;
     rec.expired = cols.be(12, 1) != 0;
-    return rec;
 }
 
 }  // namespace idem::pg

@@ -11,5 +11,8 @@ namespace idem::pg {
 /// unknown state, a wrong fingerprint length or algorithm, a NULL or mis-sized fixed-width column,
 /// or a completed record without a result.
 Record parse_record(const PGresult* r, int row);
+/// The same, into `out` (every field is assigned): the claim decodes straight into the Claim it
+/// returns. On corrupt_record, `out` is left partly assigned.
+void parse_record(const PGresult* r, int row, Record& out);
 
 }  // namespace idem::pg
