@@ -73,19 +73,19 @@ Params& Params::number(std::uint64_t v, int width) {
 
 // ---- binary result columns --------------------------------------------------------------------------
 
-namespace {
-
 std::uint64_t get_be(const PGresult* r, int row, int col, int width) {
-    if (PQgetisnull(r, row, col) || PQgetlength(r, row, col) != width) {
+    // A NULL reads as length 0, which no width here allows: two libpq calls, not three.
+    if (PQgetlength(r, row, col) != width) {
         throw corrupt_record("idem: unexpected NULL or width in column " + std::to_string(col));
     }
-    const auto* p = reinterpret_cast<const unsigned char*>(PQgetvalue(r, row, col));
+    // Big-endian, `width` ≤ 8 bytes: load into one end of a word, one byte swap.
+    const auto n = static_cast<std::size_t>(width);
     std::uint64_t v = 0;
-    for (int i = 0; i < width; ++i) v = (v << 8) | p[i];
+    std::memcpy(reinterpret_cast<char*>(&v) + (std::endian::native == std::endian::little ? 0 : 8 - n),
+                PQgetvalue(r, row, col), n);
+    if constexpr (std::endian::native == std::endian::little) v = __builtin_bswap64(v) >> (8 * (8 - n));
     return v;
 }
-
-}  // namespace
 
 std::int64_t get_int8(const PGresult* r, int row, int col) {
     return static_cast<std::int64_t>(get_be(r, row, col, 8));

@@ -1,8 +1,6 @@
 #include "record.hpp"
 
-#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,35 +13,19 @@ namespace idem::pg {
 
 namespace {
 
-// One stored row, read column by column with two libpq calls per column (value, length): the
-// bounds were checked once, and a NULL in a fixed-width column shows as length 0, which the width
-// check refuses. PQgetisnull is asked only where NULL is allowed. (The replay path decodes a row
-// per call: the generic get_int8()/get_bytes() cost three calls per column.)
+// One stored row, read column by column with two libpq calls per column (value, length); a NULL in
+// a fixed-width column shows as length 0, which get_be() refuses. PQgetisnull is asked only where
+// NULL is allowed. (The replay path decodes a row per call.)
 class Row {
 public:
     Row(const PGresult* r, int row) noexcept : r_(r), row_(row) {}
 
-    [[nodiscard]] std::string_view bytes(int col) const noexcept {
-        return {PQgetvalue(r_, row_, col), static_cast<std::size_t>(PQgetlength(r_, row_, col))};
-    }
+    [[nodiscard]] std::string_view bytes(int col) const { return get_bytes(r_, row_, col); }
     [[nodiscard]] std::optional<std::string> nullable(int col) const {
-        if (PQgetisnull(r_, row_, col)) return std::nullopt;
+        if (is_null(r_, row_, col)) return std::nullopt;
         return std::string(bytes(col));
     }
-    [[nodiscard]] std::uint64_t be(int col, std::size_t width) const {
-        const std::string_view v = bytes(col);
-        if (v.size() != width) {
-            throw corrupt_record("idem: unexpected NULL or width in column " + std::to_string(col));
-        }
-        // Big-endian, `width` ≤ 8 bytes: load into the top of a word, one byte swap.
-        std::uint64_t out = 0;
-        std::memcpy(reinterpret_cast<char*>(&out) + (std::endian::native == std::endian::little ? 0 : 8 - width),
-                    v.data(), width);
-        if constexpr (std::endian::native == std::endian::little) {
-            out = __builtin_bswap64(out) >> (8 * (8 - width));
-        }
-        return out;
-    }
+    [[nodiscard]] std::uint64_t be(int col, int width) const { return get_be(r_, row_, col, width); }
 
 private:
     const PGresult* r_;

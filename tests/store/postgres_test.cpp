@@ -2,6 +2,7 @@
 // the pool. Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "threads.hpp"
 
 #include <array>
 #include <atomic>
@@ -549,45 +550,29 @@ TEST_CASE("a pool of 2 serves 16 threads", "[postgres][pool]") {
     std::array<std::atomic<int>, kShared> shared_runs{};
     std::atomic<int> own_runs{0};
     std::atomic<int> bad{0};
-    std::latch start(kThreads);
-    std::vector<std::exception_ptr> errors(kThreads);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-            try {
-                start.arrive_and_wait();
-                for (int i = 0; i < kShared; ++i) {
-                    const int k = (i + t) % kShared;
-                    const auto r = idem::execute_once(
-                        store, idem::Key(scope, "shared-" + std::to_string(k)), fp_of(1), [&] {
-                            ++shared_runs[static_cast<std::size_t>(k)];
-                            return ok(std::to_string(k));
-                        });
-                    if (r.has_response() && r.response() != ok(std::to_string(k)))
-                        ++bad;
-                    if (r.outcome() == Outcome::mismatch)
-                        ++bad;
-                }
-                for (int i = 0; i < kOwn; ++i) {
-                    const auto key = "own-" + std::to_string(t) + "-" + std::to_string(i);
-                    const auto r = idem::execute_once(store, idem::Key(scope, key), fp_of(1), [&] {
-                        ++own_runs;
-                        return ok(key);
-                    });
-                    if (r.outcome() != Outcome::executed)
-                        ++bad;
-                }
-            } catch (...) {
-                errors[static_cast<std::size_t>(t)] = std::current_exception();
-            }
-        });
-    }
-    for (auto& t : threads)
-        t.join();
-    for (auto& e : errors) {
-        if (e)
-            std::rethrow_exception(e);
-    }
+    idem_test::run_threads(kThreads, [&](int t) {
+        for (int i = 0; i < kShared; ++i) {
+            const int k = (i + t) % kShared;
+            const auto r = idem::execute_once(
+                store, idem::Key(scope, "shared-" + std::to_string(k)), fp_of(1), [&] {
+                    ++shared_runs[static_cast<std::size_t>(k)];
+                    return ok(std::to_string(k));
+                });
+            if (r.has_response() && r.response() != ok(std::to_string(k)))
+                ++bad;
+            if (r.outcome() == Outcome::mismatch)
+                ++bad;
+        }
+        for (int i = 0; i < kOwn; ++i) {
+            const auto key = "own-" + std::to_string(t) + "-" + std::to_string(i);
+            const auto r = idem::execute_once(store, idem::Key(scope, key), fp_of(1), [&] {
+                ++own_runs;
+                return ok(key);
+            });
+            if (r.outcome() != Outcome::executed)
+                ++bad;
+        }
+    });
     CHECK(bad == 0);
     CHECK(own_runs == kThreads * kOwn);
     for (int k = 0; k < kShared; ++k) {
@@ -798,32 +783,17 @@ TEST_CASE("16 threads race on the same keys under each default isolation level",
         constexpr int kKeys = 30;
         std::array<std::atomic<int>, kKeys> runs{};
         std::atomic<int> executed{0}, bad{0};
-        std::latch start(kThreads);
-        std::vector<std::exception_ptr> errors(kThreads);
-        std::vector<std::thread> threads;
-        for (int t = 0; t < kThreads; ++t) {
-            threads.emplace_back([&, t] {
-                try {
-                    start.arrive_and_wait();
-                    for (int k = 0; k < kKeys; ++k) {
-                        const auto r = idem::execute_once(store, idem::Key(scope, "k" + std::to_string(k)), fp_of(1),
-                                                          [&] {
-                                                              ++runs[static_cast<std::size_t>(k)];
-                                                              return ok(std::to_string(k));
-                                                          });
-                        if (r.outcome() == Outcome::executed) ++executed;
-                        if (r.outcome() == Outcome::mismatch) ++bad;
-                        if (r.has_response() && r.response() != ok(std::to_string(k))) ++bad;
-                    }
-                } catch (...) {
-                    errors[static_cast<std::size_t>(t)] = std::current_exception();
-                }
-            });
-        }
-        for (auto& th : threads) th.join();
-        for (auto& e : errors) {
-            if (e) std::rethrow_exception(e);
-        }
+        idem_test::run_threads(kThreads, [&](int) {
+            for (int k = 0; k < kKeys; ++k) {
+                const auto r = idem::execute_once(store, idem::Key(scope, "k" + std::to_string(k)), fp_of(1), [&] {
+                    ++runs[static_cast<std::size_t>(k)];
+                    return ok(std::to_string(k));
+                });
+                if (r.outcome() == Outcome::executed) ++executed;
+                if (r.outcome() == Outcome::mismatch) ++bad;
+                if (r.has_response() && r.response() != ok(std::to_string(k))) ++bad;
+            }
+        });
         CHECK(bad == 0);
         CHECK(executed == kKeys);
         for (int k = 0; k < kKeys; ++k) {
@@ -902,31 +872,17 @@ TEST_CASE("a thread keeps its own pooled connection", "[postgres][pool]") {
     const auto scope = idem_test::unique_name("affinity");
     constexpr int kCalls = 80, kWarmUp = 10;
     std::array<std::vector<std::string>, 2> pids;
-    std::latch start(2);
-    std::array<std::exception_ptr, 2> errors;
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 2; ++t) {
-        threads.emplace_back([&, t] {
-            try {
-                start.arrive_and_wait();
-                for (int i = 0; i < kCalls; ++i) {
-                    const idem::Key key(scope, std::to_string(t) + "-" + std::to_string(i));
-                    const auto r = idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
-                        return *tx.exec("SELECT pg_backend_pid()::text").rows.at(0).at(0);
-                    });
-                    pids[static_cast<std::size_t>(t)].push_back(r.response());
-                    // Let the other thread's calls interleave with ours.
-                    std::this_thread::sleep_for(std::chrono::microseconds(200));
-                }
-            } catch (...) {
-                errors[static_cast<std::size_t>(t)] = std::current_exception();
-            }
-        });
-    }
-    for (auto& th : threads) th.join();
-    for (auto& e : errors) {
-        if (e) std::rethrow_exception(e);
-    }
+    idem_test::run_threads(2, [&](int t) {
+        for (int i = 0; i < kCalls; ++i) {
+            const idem::Key key(scope, std::to_string(t) + "-" + std::to_string(i));
+            const auto r = idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
+                return *tx.exec("SELECT pg_backend_pid()::text").rows.at(0).at(0);
+            });
+            pids[static_cast<std::size_t>(t)].push_back(r.response());
+            // Let the other thread's calls interleave with ours.
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+    });
     for (int t = 0; t < 2; ++t) {
         CAPTURE(t);
         const auto& seen = pids[static_cast<std::size_t>(t)];
