@@ -2,15 +2,25 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 
 #include "idem/store.hpp"
 
 namespace idem::detail {
 
-/// A fresh fence token: 63 random bits from OpenSSL's CSPRNG, never 0. Drawn in per-thread batches;
-/// a fork() discards the batch in the child, so parent and child never share a fence.
+/// A fresh fence token: 63 bits, never 0, positive as a PostgreSQL bigint. Never repeats within a
+/// process (a counter through a bijection keyed by a CSPRNG draw); a fork()ed child draws its own
+/// key, so parent and child do not share a sequence. Thread-safe; no lock after a thread's first call.
 Fence new_fence();
+
+/// A small per-thread number (0, 1, 2, … in order of first use), for sharding by thread.
+inline std::size_t thread_index() noexcept {
+    static std::atomic<std::size_t> next{0};
+    thread_local const std::size_t index = next.fetch_add(1, std::memory_order_relaxed);
+    return index;
+}
 
 /// Retry-after hint for an in-progress key: the lease's remaining time, kept within
 /// [100 ms, max]. A stale lease (awaiting reconciliation) gives the maximum.

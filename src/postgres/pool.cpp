@@ -3,6 +3,8 @@
 #include <optional>
 #include <string>
 
+#include "../common.hpp"
+
 namespace idem::pg {
 
 Lease::~Lease() {
@@ -16,50 +18,75 @@ Pool::Pool(std::size_t size, std::chrono::milliseconds wait, std::chrono::millis
       health_check_after_(health_check_after),
       factory_(std::move(factory)),
       ping_(std::move(ping)),
-      event_(std::move(event)) {}
+      event_(std::move(event)),
+      parked_(std::make_unique<Slot[]>(size == 0 ? 1 : size)) {}
 
-Pool::~Pool() = default;
+Pool::~Pool() {
+    for (std::size_t i = 0; i < (size_ == 0 ? 1 : size_); ++i) delete parked_[i].conn.exchange(nullptr);
+}
+
+Pool::Slot& Pool::own_slot() noexcept { return parked_[size_ == 0 ? 0 : detail::thread_index() % size_]; }
+
+std::unique_ptr<Connection> Pool::take_parked() noexcept {
+    for (std::size_t i = 0; i < (size_ == 0 ? 1 : size_); ++i) {
+        std::atomic<Connection*>& slot = parked_[i].conn;
+        if (slot.load(std::memory_order_relaxed) == nullptr) continue;  // look before writing the line
+        if (Connection* c = slot.exchange(nullptr, std::memory_order_seq_cst)) return std::unique_ptr<Connection>(c);
+    }
+    return nullptr;
+}
 
 Lease Pool::acquire() {
     std::optional<Clock::time_point> deadline;  // read the clock only if we have to wait
     for (;;) {
-        std::unique_ptr<Connection> conn;
-        Clock::time_point suspect_before;
-        {
+        // The common path: this thread's own parked connection, one atomic exchange, no lock.
+        std::unique_ptr<Connection> conn(own_slot().conn.exchange(nullptr, std::memory_order_acquire));
+        if (!conn) {
             std::unique_lock lock(mutex_);
-            if (idle_.empty() && open_ >= size_ && !deadline) deadline = Clock::now() + wait_;
-            while (idle_.empty() && open_ >= size_) {
-                if (returned_.wait_until(lock, *deadline) == std::cv_status::timeout && idle_.empty() &&
-                    open_ >= size_) {
-                    throw pool_timeout("idem: no PostgreSQL connection free within " +
-                                       std::to_string(wait_.count()) + " ms (pool_size " +
-                                       std::to_string(size_) + ")");
-                }
-            }
-            suspect_before = suspect_before_;
-            if (!idle_.empty()) {
-                // Ours if idle (a scan of at most pool_size entries), else the most recent one.
-                const auto self = std::this_thread::get_id();
-                std::size_t pick = idle_.size() - 1;
-                for (std::size_t i = idle_.size(); i-- > 0;) {
-                    if (idle_[i].last_thread == self) {
-                        pick = i;
-                        break;
+            for (;;) {
+                if (!idle_.empty()) {
+                    // Ours if idle (a scan of at most pool_size entries), else the most recent one.
+                    const auto self = std::this_thread::get_id();
+                    std::size_t pick = idle_.size() - 1;
+                    for (std::size_t i = idle_.size(); i-- > 0;) {
+                        if (idle_[i].last_thread == self) {
+                            pick = i;
+                            break;
+                        }
                     }
+                    conn = std::move(idle_[pick].conn);
+                    if (pick != idle_.size() - 1) idle_[pick] = std::move(idle_.back());
+                    idle_.pop_back();
+                    break;
                 }
-                conn = std::move(idle_[pick].conn);
-                if (pick != idle_.size() - 1) idle_[pick] = std::move(idle_.back());
-                idle_.pop_back();
-            } else {
-                ++open_;  // reserve the slot, open outside the lock
+                // Announce ourselves before looking at the slots: a give_back that parks after our
+                // look then sees us and wakes us (both sides seq_cst; see give_back).
+                waiters_.fetch_add(1, std::memory_order_seq_cst);
+                conn = take_parked();
+                if (conn || open_ < size_) {
+                    waiters_.fetch_sub(1, std::memory_order_relaxed);
+                    if (!conn) ++open_;  // reserve the slot, open outside the lock
+                    break;
+                }
+                if (!deadline) deadline = Clock::now() + wait_;
+                const bool timed_out = returned_.wait_until(lock, *deadline) == std::cv_status::timeout;
+                waiters_.fetch_sub(1, std::memory_order_relaxed);
+                if (timed_out && idle_.empty() && open_ >= size_) {
+                    conn = take_parked();
+                    if (conn) break;
+                    throw pool_timeout("idem: no PostgreSQL connection free within " + std::to_string(wait_.count()) +
+                                       " ms (pool_size " + std::to_string(size_) + ")");
+                }
             }
         }
         if (!conn) {
             try {
                 conn = factory_();
             } catch (...) {
-                std::lock_guard lock(mutex_);
-                --open_;
+                {
+                    std::lock_guard lock(mutex_);
+                    --open_;
+                }
                 returned_.notify_one();
                 throw;
             }
@@ -68,6 +95,7 @@ Lease Pool::acquire() {
         }
         // Health check only for connections idle long enough to have been cut by a firewall,
         // a restart or an idle timeout; a failed one is closed and we try again.
+        const Clock::time_point suspect_before{Clock::duration(suspect_before_.load(std::memory_order_acquire))};
         const bool suspect = conn->last_used() < suspect_before;
         if ((!suspect && Clock::now() - conn->last_used() < health_check_after_) || ping_(*conn)) {
             return Lease(this, std::move(conn));
@@ -77,12 +105,26 @@ Lease Pool::acquire() {
 }
 
 void Pool::suspect_idle() noexcept {
-    std::lock_guard lock(mutex_);
-    suspect_before_ = Clock::now();
+    suspect_before_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
 }
 
 void Pool::give_back(std::unique_ptr<Connection> conn) noexcept {
     const bool broken = conn->broken();
+    if (!broken) {
+        // Park it in this thread's slot if the slot is free: no lock.
+        Connection* expected = nullptr;
+        if (own_slot().conn.compare_exchange_strong(expected, conn.get(), std::memory_order_seq_cst)) {
+            (void)conn.release();
+            // A caller that found nothing may be about to wait (it counted itself in waiters_
+            // before looking at the slots): wake it. Taking the mutex first means it either has
+            // not looked yet (and will find this connection) or already waits (and is woken).
+            if (waiters_.load(std::memory_order_seq_cst) > 0) {
+                { std::lock_guard lock(mutex_); }
+                returned_.notify_one();
+            }
+            return;
+        }
+    }
     if (broken) conn.reset();  // PQfinish outside the lock
     {
         std::lock_guard lock(mutex_);

@@ -1,14 +1,25 @@
 // A bounded, thread-safe pool of Connections (internal).
 //
-// At most `size` connections exist; they are opened lazily. acquire() hands out an idle one — the
-// one this thread gave back last if it is idle, else the most recently used — opens a new one while
-// under the bound, or waits up to `wait` for one to come back (then pool_timeout). Thread affinity:
-// a connection that moves between threads brings its libpq buffers and socket state to another
-// core's cache each time; measured at 4 threads on 2 cores, a shared LIFO pool cost ~3 µs of client
-// CPU per replay against one connection per thread (docs/benchmarks.md). A connection idle longer than `health_check_after` is pinged first.
-// A Lease returns its connection on destruction, unless it broke: broken ones are closed.
+// At most `size` connections exist; they are opened lazily. acquire() hands out an idle one —
+// preferably the one this thread gave back last — opens a new one while under the bound, or waits
+// up to `wait` for one to come back (then pool_timeout). A connection idle longer than
+// `health_check_after` is pinged first. A Lease returns its connection on destruction, unless it
+// broke: broken ones are closed.
+//
+// Thread affinity, without a lock on the common path: each thread has a parking slot (its
+// thread_index() modulo `size`). give_back() parks the connection there with one atomic exchange,
+// and this thread's next acquire() takes it back the same way. A connection that moves between
+// threads brings its libpq buffers and socket state to another core's cache each time (measured at
+// 4 threads on 2 cores: a shared LIFO pool cost ~3 µs of client CPU per replay against one
+// connection per thread), and the mutex's cache line bounced between the cores twice per call
+// (~0.4 µs per replay, perf; docs/benchmarks.md). When the slot is taken (threads > size share
+// slots) the connection goes to the shared idle list under the mutex, as before. Parked connections
+// are idle connections, never reserved: a caller whose slot is empty takes one from the idle list,
+// else another thread's parked one, and opens a new one (or waits) only when none is idle — so the
+// pool grows with concurrency, not with the number of threads that ever used it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -60,6 +71,11 @@ public:
 private:
     friend class Lease;
     void give_back(std::unique_ptr<Connection> conn) noexcept;
+    struct alignas(64) Slot {  // one cache line each: no false sharing between threads' slots
+        std::atomic<Connection*> conn{nullptr};
+    };
+    Slot& own_slot() noexcept;
+    std::unique_ptr<Connection> take_parked() noexcept;  // any thread's parked connection
 
     const std::size_t size_;
     const std::chrono::milliseconds wait_;
@@ -75,8 +91,13 @@ private:
         std::unique_ptr<Connection> conn;
     };
     std::vector<Idle> idle_;
-    std::size_t open_ = 0;  // idle + leased + being opened
-    Clock::time_point suspect_before_{};  // idle connections last used before this get pinged
+    std::size_t open_ = 0;  // parked + idle + leased + being opened
+    // Parking slots (owning; `size` of them), and how many callers wait on `returned_`: give_back
+    // parks without the mutex, so it must see a waiter and wake it (see give_back).
+    std::unique_ptr<Slot[]> parked_;
+    std::atomic<std::size_t> waiters_{0};
+    // Idle connections last used before this get pinged (Clock::rep: read without the mutex).
+    std::atomic<Clock::rep> suspect_before_{Clock::time_point::min().time_since_epoch().count()};
 };
 
 }  // namespace idem::pg

@@ -27,13 +27,6 @@ using pg::parse_record;
 
 namespace {
 
-// A small per-thread number (0, 1, 2, … in order of first use), for sharding.
-std::size_t thread_slot() noexcept {
-    static std::atomic<std::size_t> next{0};
-    thread_local const std::size_t slot = next.fetch_add(1, std::memory_order_relaxed);
-    return slot;
-}
-
 bool claim_retryable(std::string_view sqlstate) {
     // serialization_failure, deadlock_detected, lock_not_available (lock_timeout while waiting on a
     // concurrent, uncommitted claim of the same key)
@@ -92,7 +85,7 @@ struct PostgresStore::Impl {
             retries{0}, opened{0}, discarded{0};
     };
     std::array<Counters, 16> counter_shards;
-    Counters& counters() noexcept { return counter_shards[thread_slot() % counter_shards.size()]; }
+    Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
     Clock::time_point deadline() const {
         return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);

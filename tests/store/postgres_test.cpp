@@ -893,3 +893,28 @@ TEST_CASE("a thread keeps its own pooled connection", "[postgres][pool]") {
     CHECK(pids[0].back() != pids[1].back());
     CHECK(store.stats().connections_opened == 2);
 }
+
+// A connection parked in one thread's slot is an idle connection like any other: threads that come
+// later (other slots) take it instead of opening their own, so the pool grows with concurrency,
+// not with the number of threads that ever called. One thread at a time, pool of four: one
+// connection in all. (A pool that opened a connection per empty slot would open four.)
+TEST_CASE("later threads reuse a parked connection instead of opening new ones", "[postgres][pool]") {
+    const auto url = require_db();
+    Table table(url);
+    idem::PostgresStore store(url, options_for(table, 4));
+    store.ensure_schema();
+    const auto opened_before = store.stats().connections_opened;
+    const auto scope = idem_test::unique_name("parked");
+    int executed = 0;  // written by one thread at a time (each is joined before the next starts)
+    for (int t = 0; t < 8; ++t) {
+        std::thread([&] {
+            for (int i = 0; i < 3; ++i) {
+                const idem::Key key(scope, std::to_string(t) + "-" + std::to_string(i));
+                const auto r = idem::execute_once(store, key, fp_of(1), [] { return std::string("ok"); });
+                if (r.outcome() == idem::Outcome::executed) ++executed;
+            }
+        }).join();
+    }
+    CHECK(executed == 24);
+    CHECK(store.stats().connections_opened - opened_before == 1);  // the first thread's, then reused
+}

@@ -1,5 +1,5 @@
-// Fence tokens: random, distinct, and never shared between a process and its fork() children
-// (fences are drawn from OpenSSL in per-thread batches; a fork must not duplicate a batch).
+// Fence tokens: positive, distinct, and never shared between a process and its fork() children
+// (a per-process key from OpenSSL and a counter: a forked child must draw its own key).
 #include "idem/idem.hpp"
 
 #include <catch2/catch.hpp>
@@ -24,11 +24,11 @@ idem::Fence claim_fence(idem::MemoryStore& store, const std::string& key) {
 
 TEST_CASE("fences are positive and distinct, across threads", "[fence]") {
     idem::MemoryStore store;
-    std::vector<std::vector<idem::Fence>> drawn(4);
+    std::vector<std::vector<idem::Fence>> drawn(8);
     std::vector<std::thread> threads;
     for (std::size_t t = 0; t < drawn.size(); ++t) {
         threads.emplace_back([&, t] {
-            for (int i = 0; i < 500; ++i) {
+            for (int i = 0; i < 2000; ++i) {
                 drawn[t].push_back(store.claim(idem::Key("fences", std::to_string(t) + "-" + std::to_string(i)),
                                                idem::fingerprint("x"s))
                                        .fence);
@@ -43,7 +43,7 @@ TEST_CASE("fences are positive and distinct, across threads", "[fence]") {
             all.insert(f);
         }
     }
-    CHECK(all.size() == 2000);
+    CHECK(all.size() == 16000);
 }
 
 TEST_CASE("a forked child never draws the fences its parent draws next", "[fence]") {
