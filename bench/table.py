@@ -3,7 +3,9 @@
 
 Usage: bench/table.py FILE.json [FILE2.json ...]
 With several files (repeated runs of the same command) it prints one table per file and then
-one line per (threads, case) with every run's ratio, so the run-to-run spread is visible.
+one line per (threads, case) with every run's ratio, so the run-to-run spread is visible, the
+pooled ratio (all runs' idem calls / all runs' floor calls: both sides ran equally long) and the
+mean client CPU per call of each side.
 """
 import json
 import sys
@@ -34,11 +36,15 @@ def main():
         table(d["runs"])
         print()
     if len(docs) > 1:
-        print("| threads | case | ratio per run |")
-        print("|---|---|---|")
+        print("| threads | case | ratio per run | pooled | CPU µs, idem / floor |")
+        print("|---|---|---|---|---|")
         for i, r in enumerate(docs[0]["runs"]):
-            ratios = " / ".join(f"{d['runs'][i]['ratio']:.2f}" for d in docs)
-            print(f"| {r['threads']} | {r['case']} | {ratios} |")
+            same = [d["runs"][i] for d in docs]
+            ratios = " / ".join(f"{x['ratio']:.2f}" for x in same)
+            pooled = sum(x["calls"] for x in same) / sum(x["floor_calls"] for x in same)
+            cpu = sum(x["client_cpu_us_per_call"] for x in same) / len(same)
+            floor_cpu = sum(x["floor_client_cpu_us_per_call"] for x in same) / len(same)
+            print(f"| {r['threads']} | {r['case']} | {ratios} | **{pooled:.2f}** | {cpu:.1f} / {floor_cpu:.1f} |")
 
 
 if __name__ == "__main__":
