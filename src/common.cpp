@@ -38,7 +38,12 @@ const bool fork_handler_installed = [] {
 }();
 
 constexpr std::uint64_t kMask63 = 0x7FFFFFFFFFFFFFFFull;
-constexpr unsigned kBlockBits = 32;  // a thread takes 2^32 consecutive counter values at a time
+// A thread takes 2^16 consecutive counter values at a time (one spin-locked step per 65 536
+// claims). Small blocks, because a thread that exits wastes the rest of its block: with 2^16 the
+// 2^47 blocks of a key last millennia even at thousands of short-lived threads a second (2^32-value
+// blocks would wrap after 2^31 threads, ~25 days at 1 000 threads/s, repeating the first fences).
+constexpr unsigned kBlockBits = 16;
+constexpr std::uint64_t kBlocksPerKey = std::uint64_t{1} << (63 - kBlockBits);
 
 std::uint64_t random_u64() {
     std::uint64_t v = 0;
@@ -68,14 +73,16 @@ struct ThreadFences {
         struct Unlock {
             ~Unlock() { process_fences.locked.store(false, std::memory_order_release); }
         } unlock;
-        if (process_fences.generation != g) {  // first use in this process (or this forked child)
+        // First use in this process (or this forked child), or every block of the key handed out
+        // (2^63 fences): a new key, so the counter never wraps onto values issued under the same key.
+        if (process_fences.generation != g || process_fences.next_block == kBlocksPerKey) {
             process_fences.key = random_u64();
             process_fences.next_block = 0;
             process_fences.generation = g;
         }
         generation = g;
         key = process_fences.key;
-        counter = (process_fences.next_block++ << kBlockBits) & kMask63;
+        counter = process_fences.next_block++ << kBlockBits;  // < 2^63
         left = std::uint64_t{1} << kBlockBits;
     }
 };

@@ -30,7 +30,9 @@ Pool::Slot& Pool::own_slot() noexcept { return parked_[size_ == 0 ? 0 : detail::
 std::unique_ptr<Connection> Pool::take_parked() noexcept {
     for (std::size_t i = 0; i < (size_ == 0 ? 1 : size_); ++i) {
         std::atomic<Connection*>& slot = parked_[i].conn;
-        if (slot.load(std::memory_order_relaxed) == nullptr) continue;  // look before writing the line
+        // Look before writing the line. seq_cst, like the waiters_ increment before it: a parker
+        // whose CAS this load misses is then certain to see the increment and wake us.
+        if (slot.load(std::memory_order_seq_cst) == nullptr) continue;
         if (Connection* c = slot.exchange(nullptr, std::memory_order_seq_cst)) return std::unique_ptr<Connection>(c);
     }
     return nullptr;
@@ -97,10 +99,17 @@ Lease Pool::acquire() {
         // a restart or an idle timeout; a failed one is closed and we try again.
         const Clock::time_point suspect_before{Clock::duration(suspect_before_.load(std::memory_order_acquire))};
         const bool suspect = conn->last_used() < suspect_before;
-        if ((!suspect && Clock::now() - conn->last_used() < health_check_after_) || ping_(*conn)) {
-            return Lease(this, std::move(conn));
+        if (!suspect && Clock::now() - conn->last_used() < health_check_after_) return Lease(this, std::move(conn));
+        bool healthy = false;
+        try {
+            healthy = ping_(*conn);
+        } catch (...) {  // (out of memory...) not known to be healthy: same as a failed ping
         }
-        give_back(std::move(conn));  // broken: closed and slot freed
+        if (healthy) return Lease(this, std::move(conn));
+        // A failed ping, whatever its cause, discards the connection (a statement error on a
+        // live one would otherwise send it back to its slot and out again unchecked).
+        conn->mark_broken();
+        give_back(std::move(conn));  // closed and its place freed
     }
 }
 
