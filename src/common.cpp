@@ -3,10 +3,8 @@
 #include <openssl/rand.h>
 #include <pthread.h>
 
-#include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <thread>
 
 #include "idem/errors.hpp"

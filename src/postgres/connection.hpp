@@ -254,10 +254,10 @@ private:
     std::atomic<bool> overdue_{false};           // the watchdog shut the socket down
 };
 
-/// Reads a binary-format column of row `row`.
 /// A binary fixed-width column (1 ≤ width ≤ 8 bytes, big-endian) as an unsigned number; throws
 /// corrupt_record when it is NULL or has another width.
 std::uint64_t get_be(const PGresult* r, int row, int col, int width);
+/// Reads a binary-format column of row `row`.
 std::int64_t get_int8(const PGresult* r, int row, int col);
 std::int32_t get_int4(const PGresult* r, int row, int col);
 std::int16_t get_int2(const PGresult* r, int row, int col);

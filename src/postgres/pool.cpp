@@ -19,16 +19,16 @@ Pool::Pool(std::size_t size, std::chrono::milliseconds wait, std::chrono::millis
       factory_(std::move(factory)),
       ping_(std::move(ping)),
       event_(std::move(event)),
-      parked_(std::make_unique<Slot[]>(size == 0 ? 1 : size)) {}
+      parked_(std::make_unique<Slot[]>(size)) {}
 
 Pool::~Pool() {
-    for (std::size_t i = 0; i < (size_ == 0 ? 1 : size_); ++i) delete parked_[i].conn.exchange(nullptr);
+    for (std::size_t i = 0; i < size_; ++i) delete parked_[i].conn.exchange(nullptr);
 }
 
-Pool::Slot& Pool::own_slot() noexcept { return parked_[size_ == 0 ? 0 : detail::thread_index() % size_]; }
+Pool::Slot& Pool::own_slot() noexcept { return parked_[detail::thread_index() % size_]; }
 
 std::unique_ptr<Connection> Pool::take_parked() noexcept {
-    for (std::size_t i = 0; i < (size_ == 0 ? 1 : size_); ++i) {
+    for (std::size_t i = 0; i < size_; ++i) {
         std::atomic<Connection*>& slot = parked_[i].conn;
         // Look before writing the line. seq_cst, like the waiters_ increment before it: a parker
         // whose CAS this load misses is then certain to see the increment and wake us.
