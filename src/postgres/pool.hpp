@@ -2,10 +2,9 @@
 //
 // At most `size` connections exist (≥ 1: PostgresStore refuses pool_size 0); they are opened
 // lazily. acquire() hands out an idle one — preferably the one this thread gave back last — opens
-// a new one while under the bound, or waits
-// up to `wait` for one to come back (then pool_timeout). A connection idle longer than
-// `health_check_after` is pinged first. A Lease returns its connection on destruction, unless it
-// broke: broken ones are closed.
+// a new one while under the bound, or waits up to `wait` for one to come back (then pool_timeout).
+// A connection idle longer than `health_check_after` is pinged first. A Lease returns its
+// connection on destruction, unless it broke: broken ones are closed.
 //
 // Thread affinity, without a lock on the common path: each thread has a parking slot (its
 // thread_index() modulo `size`). give_back() parks the connection there with one atomic exchange,
