@@ -14,7 +14,7 @@ namespace idem::detail {
 namespace {
 
 // Fork generation: bumped in the child of every fork(), so that the child draws a key of its own.
-std::atomic<std::uint64_t> fork_generation{0};
+std::atomic<std::uint64_t> fork_generation_counter{0};
 
 // The process's fence key and block counter, behind a spin lock (a forked child resets it: the
 // fork may have happened while another thread, gone in the child, held it).
@@ -28,7 +28,7 @@ ProcessFences process_fences;
 
 void on_fork_child() noexcept {
     process_fences.locked.store(false, std::memory_order_relaxed);
-    fork_generation.fetch_add(1, std::memory_order_relaxed);
+    fork_generation_counter.fetch_add(1, std::memory_order_relaxed);
 }
 
 const bool fork_handler_installed = [] {
@@ -87,6 +87,8 @@ struct ThreadFences {
 
 }  // namespace
 
+std::uint64_t fork_generation() noexcept { return fork_generation_counter.load(std::memory_order_relaxed); }
+
 // Fences were drawn from RAND_bytes, 256 per thread at a time; in the replay benchmark the 2 KiB
 // buffer cost a cold cache line every 8 claims plus the draws (~0.2 µs per claim at 16 threads,
 // perf). Now one key per process from OpenSSL's CSPRNG, and per claim a counter value through a
@@ -101,7 +103,7 @@ Fence new_fence() {
         }
     }
     thread_local ThreadFences t;
-    const std::uint64_t g = fork_generation.load(std::memory_order_relaxed);
+    const std::uint64_t g = fork_generation_counter.load(std::memory_order_relaxed);
     for (;;) {
         if (t.generation != g || t.left == 0) t.take_block(g);
         --t.left;

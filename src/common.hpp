@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 #include "idem/store.hpp"
 
@@ -14,6 +15,10 @@ namespace idem::detail {
 /// process (a counter through a bijection keyed by a CSPRNG draw); a fork()ed child draws its own
 /// key, so parent and child do not share a sequence. Thread-safe; no lock after a thread's first call.
 Fence new_fence();
+
+/// Bumped in the child of every fork(): a store compares it with the value at its construction to
+/// know it is used (or destroyed) in a process that does not own its connections and thread.
+std::uint64_t fork_generation() noexcept;
 
 /// A small per-thread number (0, 1, 2, … in order of first use), for sharding by thread.
 inline std::size_t thread_index() noexcept {

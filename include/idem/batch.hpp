@@ -171,7 +171,7 @@ template <class F>
             BatchEntry<R>& entry = out[first[saved_slot[j]]];
             entry.outcome = BatchOutcome::failed;
             entry.error = std::make_exception_ptr(response_not_saved(
-                std::string("idem: the effect ran but the batch save failed: ") + e.what(),
+                std::string("idem: the effect ran but the batch save failed: ") + std::string(detail::without_prefix(e.what())),
                 std::string(saves[j].result), e.sqlstate()));
             store.emit(Event::unknown, &saves[j].key);
         }

@@ -7,7 +7,10 @@
 //
 //   error
 //   ├── invalid_key            the key or scope is not acceptable; thrown before any I/O
-//   ├── config_error           a bad option (table name, pool size, ...); thrown by constructors
+//   ├── config_error           a permanent misconfiguration, never healed by retrying: a bad option
+//   │                          (table name, pool size...), or the database's word: no such database,
+//   │                          role or table (call ensure_schema()), authentication failed,
+//   │                          permission denied; also a store used in a fork()ed child
 //   ├── store_unavailable      cannot reach a healthy database (or it timed out); fn was not called.
 //   │                          A claim may still have been recorded if every answer was lost: it
 //   │                          stays in progress with a fence nobody holds, for the reconciler.
@@ -47,7 +50,10 @@ public:
     using error::error;
 };
 
-/// An option or argument given to a constructor is invalid (table name, pool size, ...).
+/// A permanent misconfiguration: an invalid option or argument (table name, pool size, ...), or the
+/// database refusing idem for good — no such database, role, table or column, failed
+/// authentication, missing privilege (sqlstate() says which) — or a store used from a process it
+/// does not belong to (a fork()ed child). Retrying does not help: map it to a 500, not a 503.
 class config_error : public error {
 public:
     using error::error;
@@ -111,6 +117,15 @@ class response_too_large : public response_not_saved {
 public:
     using response_not_saved::response_not_saved;
 };
+
+namespace detail {
+/// `what` without its leading "idem: ": for a message that wraps another idem error's message, so
+/// that every message carries the prefix once ("idem: save: cannot connect …").
+[[nodiscard]] inline std::string_view without_prefix(std::string_view what) noexcept {
+    constexpr std::string_view prefix = "idem: ";
+    return what.substr(0, prefix.size()) == prefix ? what.substr(prefix.size()) : what;
+}
+}  // namespace detail
 
 /// Thrown by the effect (`fn`) to say it certainly did NOT perform its side effect (validation failed,
 /// rate limited, the provider refused the connection). execute_once then releases the claim, so the

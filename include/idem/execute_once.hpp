@@ -160,7 +160,7 @@ template <class F>
     } catch (const error& e) {
         report(Event::unknown);
         throw response_not_saved(std::string("idem: the effect ran but its result was not saved: ") +
-                                     e.what(),
+                                     std::string(detail::without_prefix(e.what())),
                                  std::move(bytes), e.sqlstate());
     }
     report(Event::executed);

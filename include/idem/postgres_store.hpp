@@ -20,13 +20,25 @@
 // * synchronous_commit is left as the server has it (on by default): a claim the caller acts on must
 //   survive a crash. Do not turn it off for idem's table.
 //
-// Errors: config_error (bad options, from the constructor), store_unavailable / pool_timeout,
+// * A claim is answered `claimed` only when the transaction that inserted its row committed: a
+//   failure of the read that follows the INSERT, or of the COMMIT, rolls the INSERT back and is
+//   reported (or retried), never taken for a win.
+//
+// Errors: config_error — bad options (constructor), or a permanent misconfiguration reported by
+// the database: no such database / role / table (the message says to call ensure_schema()),
+// authentication failed, permission denied (sqlstate() says which); store_unavailable /
+// pool_timeout — what a retry can heal (no connection, timeouts, cancels, shortages);
 // database_error (with sqlstate()), lease_lost, response_too_large, corrupt_record.
+// Every entry point is reconnect-safe: a pooled connection found dead is replaced and the call
+// goes on (in-transaction mode included, as long as nothing has committed).
 // Thread-safety: all members may be called concurrently. The destructor closes every connection;
 // no call may be in flight then. A store owns one background thread that enforces the deadlines
-// of its connections' waits (no kernel timer per wait: cheaper, see docs/benchmarks.md). After
-// fork(), make new stores in the child: a store (its connections, its thread) belongs to the
-// process that made it.
+// of its connections' waits (no kernel timer per wait: cheaper, see docs/benchmarks.md).
+// fork(): a store (its connections, its thread) belongs to the process that made it. In a child,
+// every call throws config_error — make new stores there; destroying the inherited one is safe (it
+// neither blocks nor ends the parent's sessions: the child's socket copies are closed, the rest is
+// deliberately leaked). Calling a store from inside its own in-transaction effect needs a second
+// connection: with pool_size 1 it throws config_error at once.
 #pragma once
 
 #include <chrono>

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -167,6 +168,61 @@ std::string session_options(const ConnectSettings& settings) {
 
 }  // namespace
 
+bool is_configuration_sqlstate(std::string_view s) noexcept {
+    // 28: invalid authorization; 3D000 no such database; 3F000 no such schema; 42501 permission
+    // denied; 42P01 / 42703 / 42704 no such table / column / object. None heals by retrying.
+    return s.starts_with("28") || s == "3D000" || s == "3F000" || s == "42501" || s == "42P01" || s == "42703" ||
+           s == "42704";
+}
+
+void throw_database_error(std::string message, const std::string& sqlstate) {
+    if (sqlstate == "42P01") message += " (create idem's table: call PostgresStore::ensure_schema())";
+    if (is_configuration_sqlstate(sqlstate)) throw config_error(message, sqlstate);
+    // Timeouts (statement, lock), cancels, resource exhaustion, a server going away: the database
+    // is there (or will be) but cannot serve us now.
+    if (sqlstate == "57014" || sqlstate == "55P03" || sqlstate.starts_with("53") || is_connection_sqlstate(sqlstate)) {
+        throw store_unavailable(message, sqlstate);
+    }
+    throw database_error(message, sqlstate);
+}
+
+std::string connect_failure_sqlstate(std::string_view message) noexcept {
+    // libpq gives no SQLSTATE for a failed connection attempt, only the server's message. These are
+    // PostgreSQL's (English) texts for the failures that no retry heals; anything else — refused,
+    // timed out, starting up, too many clients, or a server speaking another language — stays an
+    // outage (store_unavailable).
+    struct Pattern {
+        std::string_view text, sqlstate;
+    };
+    static constexpr Pattern patterns[] = {
+        {"password authentication failed", "28P01"},
+        {"no password supplied", "28P01"},
+        {"no pg_hba.conf entry", "28000"},
+        {"authentication failed for user", "28000"},
+        {"is not permitted to log in", "28000"},
+        {"permission denied for database", "42501"},
+    };
+    if (message.find("FATAL:  database \"") != std::string_view::npos &&
+        message.find("\" does not exist") != std::string_view::npos) {
+        return "3D000";
+    }
+    if (message.find("FATAL:  role \"") != std::string_view::npos &&
+        message.find("\" does not exist") != std::string_view::npos) {
+        return "28000";
+    }
+    for (const Pattern& p : patterns) {
+        if (message.find(p.text) != std::string_view::npos) return std::string(p.sqlstate);
+    }
+    return {};
+}
+
+void throw_connect_error(const std::string& libpq_message) {
+    std::string message = "idem: cannot connect to PostgreSQL: " + trim(libpq_message);
+    const std::string sqlstate = connect_failure_sqlstate(libpq_message);
+    if (!sqlstate.empty()) throw config_error(message + " (a configuration error: check the conninfo)", sqlstate);
+    throw store_unavailable(message);
+}
+
 Connection::Connection(const ConnectSettings& settings, std::span<const StatementDef> defs)
     : prepared_(settings.prepared_statements) {
     const std::string timeout = std::to_string(
@@ -179,9 +235,7 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
                             options.c_str(), nullptr};
     conn_.reset(PQconnectdbParams(keys, values, 1));
     if (!conn_) throw store_unavailable("idem: out of memory creating a PostgreSQL connection");
-    if (PQstatus(conn_.get()) != CONNECTION_OK) {
-        throw store_unavailable("idem: cannot connect to PostgreSQL: " + trim(PQerrorMessage(conn_.get())));
-    }
+    if (PQstatus(conn_.get()) != CONNECTION_OK) throw_connect_error(PQerrorMessage(conn_.get()));
     quiet_notices(conn_.get());
     if (PQsetnonblocking(conn_.get(), 1) != 0 || PQenterPipelineMode(conn_.get()) != 1) {
         throw store_unavailable("idem: cannot enter pipeline mode: " + trim(PQerrorMessage(conn_.get())));
@@ -198,6 +252,14 @@ Connection::Connection(const ConnectSettings& settings, std::span<const Statemen
 
 Connection::~Connection() {
     if (watchdog_ != nullptr) watchdog_->forget(this);  // before PQfinish closes the socket
+}
+
+void Connection::abandon_in_child() noexcept {
+    if (!conn_) return;
+    if (const int fd = PQsocket(conn_.get()); fd >= 0) ::close(fd);
+    (void)conn_.release();
+    watchdog_ = nullptr;
+    broken_ = true;
 }
 
 void Connection::prepare(const ConnectSettings& settings, std::span<const StatementDef> defs) {
@@ -220,10 +282,10 @@ void Connection::prepare(const ConnectSettings& settings, std::span<const Statem
             const std::string state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
                                           ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
                                           : "";
-            const std::string msg = "idem: cannot prepare " + defs[i].name + ": " + trim(PQresultErrorMessage(r.get()));
-            // A lock or statement timeout while preparing (the table is locked): unavailable now.
-            if (state == "55P03" || state == "57014") throw store_unavailable(msg, state);
-            throw database_error(msg, state);
+            // (a missing table is a config_error that says to run ensure_schema(); a lock or
+            // statement timeout while preparing, the table being locked, is unavailable now)
+            throw_database_error("idem: cannot prepare " + defs[i].name + ": " + trim(PQresultErrorMessage(r.get())),
+                                 state);
         }
         if (next_result(deadline)) fail("unexpected extra result after PREPARE");
     }
@@ -373,6 +435,7 @@ std::string_view StepResult::sqlstate() const noexcept {
 
 std::string StepResult::message() const {
     if (aborted) return "skipped: an earlier statement of the pipeline failed";
+    if (rolled_back) return "rolled back: a later statement of its transaction failed";
     if (!failed || !result) return {};
     return trim(PQresultErrorMessage(result.get()));
 }
@@ -390,10 +453,20 @@ StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadl
     for (const Step& step : steps) send(step);
     flush(deadline);
 
-    // Per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC.
+    // Per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC —
+    // preceded by an error result and a NULL when the implicit transaction's COMMIT failed.
     StepResults out(steps.size());
-    std::size_t i = 0;
-    while (i < steps.size()) {
+    const auto take_error = [&](StepResult& step, ResultPtr r) {
+        step.result = std::move(r);
+        step.failed = true;
+        if (is_connection_sqlstate(step.sqlstate())) {
+            broken_ = true;
+            throw connection_broken("idem: PostgreSQL closed the connection: " + step.message(),
+                                    std::string(step.sqlstate()));
+        }
+    };
+    std::size_t segment = 0;  // first step of the current segment
+    for (std::size_t i = 0; i < steps.size(); ++i) {
         ResultPtr r = next_result(deadline);
         if (!r) fail("missing result");
         switch (PQresultStatus(r.get())) {
@@ -404,25 +477,35 @@ StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadl
             case PGRES_PIPELINE_ABORTED:
                 out[i].aborted = true;
                 break;
-            case PGRES_FATAL_ERROR: {
-                out[i].result = std::move(r);
-                out[i].failed = true;
-                if (is_connection_sqlstate(out[i].sqlstate())) {
-                    broken_ = true;
-                    throw connection_broken("idem: PostgreSQL closed the connection: " + out[i].message(),
-                                            std::string(out[i].sqlstate()));
-                }
+            case PGRES_FATAL_ERROR:
+                take_error(out[i], std::move(r));
                 break;
-            }
             default:
                 fail(std::string("unexpected result status ") + PQresStatus(PQresultStatus(r.get())));
         }
         if (ResultPtr end = next_result(deadline)) fail("unexpected extra result");  // the NULL
-        if (steps[i].sync_after) {
-            ResultPtr sync = next_result(deadline);
-            if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) fail("pipeline out of sync");
+        if (!steps[i].sync_after) continue;
+        ResultPtr sync = next_result(deadline);
+        if (sync && PQresultStatus(sync.get()) == PGRES_FATAL_ERROR) {
+            // The COMMIT at the Sync failed (a deferred constraint, a serialization failure): every
+            // statement of the segment is undone. Reported as the last statement's failure.
+            take_error(out[i], std::move(sync));
+            if (ResultPtr end = next_result(deadline)) fail("unexpected extra result after a failed commit");
+            sync = next_result(deadline);
         }
-        ++i;
+        if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) fail("pipeline out of sync");
+        // A failure anywhere in the segment rolled back the statements before it.
+        for (std::size_t f = segment; f <= i; ++f) {
+            if (!out[f].failed) continue;
+            for (std::size_t j = segment; j < f; ++j) {
+                if (out[j].ok()) {
+                    out[j].result.reset();
+                    out[j].rolled_back = true;
+                }
+            }
+            break;
+        }
+        segment = i + 1;
     }
     last_used_ = Clock::now();
     return out;

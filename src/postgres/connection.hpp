@@ -124,14 +124,19 @@ struct Step {
 };
 
 /// The answer to one Step: a result (TUPLES_OK/COMMAND_OK), or the error result with its SQLSTATE,
-/// or "aborted". Small on purpose (16 bytes): it is moved around on every call; the error's
-/// SQLSTATE and message are read from the PGresult only when someone asks.
+/// or "aborted", or "rolled back". Small on purpose (16 bytes): it is moved around on every call;
+/// the error's SQLSTATE and message are read from the PGresult only when someone asks.
+///
+/// ok() means the statement ran AND nothing later in its segment (up to its Sync, the implicit
+/// transaction's commit) failed: a statement whose transaction rolled back is never ok(), so a
+/// caller cannot act on an INSERT's row that a failed read or COMMIT after it undid.
 struct StepResult {
-    ResultPtr result;      ///< the statement's result (on failure: the error result); null if aborted
-    bool failed = false;   ///< the statement failed: sqlstate() and message() say why
+    ResultPtr result;      ///< the statement's result (on failure: the error result); else null
+    bool failed = false;   ///< the statement (or its segment's COMMIT) failed: sqlstate(), message()
     bool aborted = false;  ///< skipped because an earlier statement of its segment failed
+    bool rolled_back = false;  ///< ran, but a later statement or the COMMIT of its segment failed
 
-    [[nodiscard]] bool ok() const noexcept { return !failed && !aborted; }
+    [[nodiscard]] bool ok() const noexcept { return !failed && !aborted && !rolled_back; }
     [[nodiscard]] int rows() const noexcept { return result && !failed ? PQntuples(result.get()) : 0; }
     /// Empty when the statement succeeded or was skipped; "XX000" for an error without one.
     [[nodiscard]] std::string_view sqlstate() const noexcept;
@@ -149,6 +154,13 @@ public:
         : heap_(n > kInline ? std::make_unique<StepResult[]>(n) : nullptr), size_(n) {}
 
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    /// The first statement that failed (its error is the segment's), or null when none did.
+    [[nodiscard]] const StepResult* first_failure() const noexcept {
+        for (const StepResult& r : *this) {
+            if (r.failed) return &r;
+        }
+        return nullptr;
+    }
     [[nodiscard]] StepResult& operator[](std::size_t i) noexcept { return data()[i]; }
     [[nodiscard]] const StepResult& operator[](std::size_t i) const noexcept { return data()[i]; }
     [[nodiscard]] StepResult* begin() noexcept { return data(); }
@@ -217,12 +229,20 @@ public:
 
     /// Sends every step, flushes once, and reads every answer before `deadline`.
     /// Throws connection_broken (connection unusable afterwards) — never for a statement's own error,
-    /// which comes back in its StepResult.
+    /// which comes back in its StepResult. When a statement or the COMMIT at a segment's Sync fails,
+    /// the statements before it in that segment come back rolled_back (their effects are undone),
+    /// and a failed COMMIT is reported as the failure of the segment's last statement.
     StepResults run(std::span<const Step> steps, Clock::time_point deadline);
 
     /// Waits until a notification on `channel` whose payload is `payload` arrives, or `deadline`.
     /// Returns whether it arrived. Other notifications are dropped.
     bool wait_notification(std::string_view channel, std::string_view payload, Clock::time_point deadline);
+
+    /// In a fork()ed child: lets go of the parent's session without a word to the server. Closes
+    /// this process's copy of the socket (the parent's session goes on) and leaks the libpq handle
+    /// (PQfinish would send the server a Terminate on the parent's behalf); the watchdog is not told
+    /// (its thread does not exist in the child). The connection is unusable afterwards.
+    void abandon_in_child() noexcept;
 
     /// Marks the connection unusable (its state is unknown after an interrupted exchange).
     void mark_broken() noexcept { broken_ = true; }
@@ -274,5 +294,22 @@ void quiet_notices(PGconn* conn) noexcept;
 
 /// SQLSTATEs after which the connection cannot be trusted (shutdown, connection exceptions).
 bool is_connection_sqlstate(std::string_view sqlstate) noexcept;
+
+/// SQLSTATEs of permanent misconfiguration: authentication, no such database / schema / table /
+/// column, permission denied. Retrying never helps; reported as config_error.
+bool is_configuration_sqlstate(std::string_view sqlstate) noexcept;
+
+/// Throws the idem exception for a database error: config_error (is_configuration_sqlstate; a
+/// missing table's message says to call ensure_schema()), store_unavailable (timeouts, cancels,
+/// resource exhaustion, connection failures), else database_error. `message` starts with "idem: ".
+[[noreturn]] void throw_database_error(std::string message, const std::string& sqlstate);
+
+/// The SQLSTATE of a failed connection attempt, recognised from libpq's message (libpq keeps no
+/// SQLSTATE for it): 3D000, 28000, 28P01, 42501 — or empty (an outage, or a message not recognised).
+std::string connect_failure_sqlstate(std::string_view libpq_message) noexcept;
+
+/// Throws config_error for a permanent connect failure (connect_failure_sqlstate), else
+/// store_unavailable.
+[[noreturn]] void throw_connect_error(const std::string& libpq_message);
 
 }  // namespace idem::pg

@@ -113,6 +113,19 @@ Lease Pool::acquire() {
     }
 }
 
+void Pool::abandon_in_child() noexcept {
+    for (std::size_t i = 0; i < size_; ++i) {
+        if (Connection* c = parked_[i].conn.exchange(nullptr)) {
+            c->abandon_in_child();
+            delete c;
+        }
+    }
+    for (Idle& idle : idle_) {
+        if (idle.conn) idle.conn->abandon_in_child();
+    }
+    idle_.clear();
+}
+
 void Pool::suspect_idle() noexcept {
     suspect_before_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
 }

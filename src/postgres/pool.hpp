@@ -64,6 +64,12 @@ public:
     /// Throws pool_timeout, or store_unavailable when a new connection cannot be opened.
     Lease acquire();
 
+    /// In a fork()ed child, before the pool is leaked: abandons (Connection::abandon_in_child) every
+    /// idle and parked connection, without taking the mutex (the thread that held it at the fork
+    /// does not exist here). Connections leased by the parent's threads are out of reach: their
+    /// sockets stay open in the child until it exits, and nothing is sent on them.
+    void abandon_in_child() noexcept;
+
     /// A connection just broke: the server may have restarted, so every idle connection last used
     /// before now is pinged before its next use (a retry then lands on a live or fresh connection).
     void suspect_idle() noexcept;

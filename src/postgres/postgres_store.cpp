@@ -34,18 +34,12 @@ bool claim_retryable(std::string_view sqlstate) {
 }
 
 [[noreturn]] void throw_statement_error(const StepResult& r, const char* what) {
-    const std::string msg = std::string("idem: ") + what + " failed: " + r.message();
-    const std::string sqlstate(r.sqlstate());
-    if (sqlstate == "42P01") {
-        throw database_error(msg + " (run PostgresStore::ensure_schema())", sqlstate);
-    }
-    // Timeouts (statement, lock) and resource exhaustion: the database is there but cannot serve
-    // us now. Typed as unavailable, never a generic failure.
-    if (sqlstate == "57014" || sqlstate == "55P03" || sqlstate.starts_with("53")) {
-        throw store_unavailable(msg, sqlstate);
-    }
-    throw database_error(msg, sqlstate);
+    pg::throw_database_error(std::string("idem: ") + what + " failed: " + r.message(), std::string(r.sqlstate()));
 }
+
+// The store whose in-transaction effect runs on this thread (if any): a call to that store from
+// inside the effect needs a second connection while the effect's transaction holds one.
+thread_local const void* in_effect_of = nullptr;
 
 // Parameters of the claim INSERT and of the expired re-claim ($1..$7).
 void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
@@ -76,6 +70,49 @@ struct PostgresStore::Impl {
     std::unique_ptr<pg::Pool> pool;
 
     std::atomic<std::size_t> waiting{0};  // callers inside wait_for_save
+    // The process generation this store belongs to (see detail::fork_generation).
+    const std::uint64_t generation = detail::fork_generation();
+
+    ~Impl() {
+        if (detail::fork_generation() == generation) return;  // the owner: the members close everything
+        // A fork()ed child. The pooled connections are the parent's sessions, and the watchdog's
+        // thread does not exist here (joining it, or destroying a condition variable it waited on,
+        // never returns). Close this process's copies of the sockets and leak the rest, so that
+        // nothing is said to the server on the parent's behalf.
+        if (pool) pool->abandon_in_child();
+        (void)pool.release();
+        (void)watchdog.release();
+    }
+
+    /// Throws config_error when called in a fork()ed child of the process that made the store.
+    void check_process() const {
+        if (detail::fork_generation() != generation) {
+            throw config_error(
+                "idem: this PostgresStore belongs to the process that created it and cannot be used in a fork()ed "
+                "child (its connections are the parent's sessions): create a new store in the child");
+        }
+    }
+
+    /// A pooled connection for this store's own statements.
+    pg::Lease acquire() {
+        check_process();
+        if (in_effect_of == this) {
+            // Called from inside our own in-transaction effect, which holds a connection itself.
+            if (options.pool_size == 1) {
+                throw config_error(
+                    "idem: PostgresStore called from inside its own in-transaction effect, whose open transaction "
+                    "holds the pool's only connection (pool_size 1): run the effect's statements through its "
+                    "Transaction, or give the store pool_size >= 2");
+            }
+            try {
+                return pool->acquire();
+            } catch (const pool_timeout& e) {
+                throw pool_timeout(std::string(e.what()) +
+                                   "; called from inside an in-transaction effect, which holds one connection itself");
+            }
+        }
+        return pool->acquire();
+    }
 
     // Statistics, sharded by thread: every call bumps a counter or two, and a single shared cache
     // line would bounce between the cores on each of them. stats() adds the shards up (unsigned
@@ -129,15 +166,15 @@ struct PostgresStore::Impl {
             std::string failure, sqlstate;
             bool broken = false;
             try {
-                pg::Lease lease = pool->acquire();
+                pg::Lease lease = acquire();
                 return f(*lease, attempt);
             } catch (const pg::connection_broken& e) {
-                failure = e.what(), sqlstate = e.sqlstate(), broken = true;
+                failure = detail::without_prefix(e.what()), sqlstate = e.sqlstate(), broken = true;
                 pool->suspect_idle();  // the retry must not pick another dead idle connection
             } catch (const pool_timeout&) {
                 throw;  // already waited its bound
             } catch (const store_unavailable& e) {
-                failure = e.what(), sqlstate = e.sqlstate();  // could not connect (restart, failover)
+                failure = detail::without_prefix(e.what()), sqlstate = e.sqlstate();  // could not connect (restart, failover)
             } catch (const database_error& e) {
                 if (e.sqlstate() != "40001" && e.sqlstate() != "40P01") throw;
                 if (++conflicts >= options.claim_attempts && Clock::now() >= retry_until) throw;
@@ -295,16 +332,15 @@ std::size_t PostgresStore::max_result_bytes() const noexcept { return impl_->opt
 
 void PostgresStore::ensure_schema() {
     Impl& m = *impl_;
+    m.check_process();
     // A plain (non-pipelined) connection of its own: DDL runs as one simple-protocol transaction.
     pg::ConnectSettings settings = m.settings;
     const std::string timeout = std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));
     const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
     const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(), nullptr};
     pg::ConnPtr conn(PQconnectdbParams(keys, values, 1));
-    if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
-        throw store_unavailable(std::string("idem: ensure_schema cannot connect: ") +
-                                (conn ? PQerrorMessage(conn.get()) : "out of memory"));
-    }
+    if (!conn) throw store_unavailable("idem: ensure_schema: out of memory creating a PostgreSQL connection");
+    if (PQstatus(conn.get()) != CONNECTION_OK) pg::throw_connect_error(PQerrorMessage(conn.get()));
     pg::quiet_notices(conn.get());
     const auto exec = [&](const std::string& sql, std::vector<std::string> params = {}) {
         std::vector<const char*> args;
@@ -316,9 +352,10 @@ void PostgresStore::ensure_schema() {
         if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
             const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
             const std::string sqlstate = state ? state : "";
-            const std::string msg = "idem: ensure_schema failed: " + std::string(PQerrorMessage(conn.get()));
-            if (sqlstate.empty() || pg::is_connection_sqlstate(sqlstate)) throw store_unavailable(msg, sqlstate);
-            throw database_error(msg, sqlstate);
+            std::string msg = "idem: ensure_schema failed: " + std::string(PQerrorMessage(conn.get()));
+            while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+            if (sqlstate.empty()) throw store_unavailable(msg);  // the connection failed
+            pg::throw_database_error(std::move(msg), sqlstate);
         }
         return r;
     };
@@ -377,17 +414,20 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         });
         const StepResult& inserted = res[0];
         const StepResult& selected = res[1];
+        // ok() holds only when the whole segment committed: an INSERT whose read (or COMMIT) failed
+        // afterwards was rolled back with it and is never taken for a claim.
         if (inserted.ok() && inserted.rows() == 1) {
             claimed();
             return out;
         }
-        if (!inserted.ok() && !claim_retryable(inserted.sqlstate())) throw_statement_error(inserted, "claim");
-        // (a failed INSERT skipped the SELECT: nothing to read, retried below)
-        if (!selected.ok() && !selected.aborted && !claim_retryable(selected.sqlstate())) {
-            throw_statement_error(selected, "claim (read)");
+        const StepResult* failure = res.first_failure();
+        if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
+            // Nothing of this attempt committed. A cancel, a timeout or a shortage is
+            // store_unavailable, a missing privilege config_error: fn is not called either way.
+            throw_statement_error(*failure, failure == &inserted ? "claim" : "claim (read)");
         }
 
-        if (selected.ok() && selected.rows() == 1) {
+        if (failure == nullptr && selected.rows() == 1) {
             Record& record = out.existing.emplace();
             parse_record(selected.result.get(), 0, record);
             if (record.fence == fence && record.state == RecordState::in_progress) {
@@ -442,7 +482,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
             return out;
         }
         m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-        if (!inserted.ok()) {
+        if (failure != nullptr) {
             thread_local std::minstd_rand jitter{std::random_device{}()};
             std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % (10u * static_cast<unsigned>(failures))));
         }
@@ -553,13 +593,30 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
                     break;
                 }
-                if (!res[1].ok()) throw_statement_error(res[1], "claim_batch (read)");
+                // The INSERT committed under its own Sync: its claims are won whatever happens to the
+                // read. Recorded first, so that release_won() frees them if the batch throws later.
                 std::unordered_map<Fence, std::size_t> won;  // fence → position in `order`
                 for (std::size_t j = 0; j < n; ++j) won.emplace(fences[j], j);
                 std::vector<bool> inserted(n, false);
                 const PGresult* r = res[0].result.get();
                 for (int row = 0; row < PQntuples(r); ++row) {
                     if (auto it = won.find(pg::get_int8(r, row, 0)); it != won.end()) inserted[it->second] = true;
+                }
+                for (std::size_t j = 0; j < n; ++j) {
+                    if (!inserted[j]) continue;
+                    m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
+                    out[order[j]] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                }
+                if (!res[1].ok()) {
+                    // The read failed (a transaction of its own): only the keys the INSERT did not
+                    // win need it. Each takes the single-key path, which retries or reports the
+                    // failure; if one throws, release_won() frees the claims won above.
+                    for (std::size_t j = 0; j < n; ++j) {
+                        if (inserted[j]) continue;
+                        m.counters().claims.fetch_sub(1, std::memory_order_relaxed);  // claim() counts again
+                        out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
+                    }
+                    break;
                 }
                 std::map<std::pair<std::string_view, std::string_view>, int> found;  // (scope, key) → row
                 const PGresult* rows = res[1].result.get();
@@ -570,11 +627,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                 }
                 for (std::size_t j = 0; j < n; ++j) {
                     const std::size_t i = order[j];
-                    if (inserted[j]) {
-                        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-                        out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
-                        continue;
-                    }
+                    if (inserted[j]) continue;  // recorded above
                     std::optional<Record> record;
                     if (auto it = found.find(std::pair(scopes[j], values[j])); it != found.end()) {
                         record = parse_record(rows, it->second);
@@ -772,54 +825,52 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     const auto retention = options.retention.value_or(m.options.default_retention);
     const Fence fence = detail::new_fence();
 
-    pg::Lease conn = m.pool->acquire();
+    std::optional<pg::Lease> conn;
     const auto rollback = [&] {
         try {
             Params none;
-            auto r = m.run_one(*conn, pg::kRollback, none);
-            if (!r[0].ok()) conn->mark_broken();
+            auto r = m.run_one(**conn, pg::kRollback, none);
+            if (!r[0].ok()) (*conn)->mark_broken();
         } catch (const error&) {
-            conn->mark_broken();
+            (*conn)->mark_broken();
         }
     };
-    try {
-        for (int failures = 0;;) {
+    // The claim: BEGIN; claim; read. Nothing commits before the effect has run, so a pooled
+    // connection found dead (a restart or failover since its last use) is simply replaced, as the
+    // other entry points do (claim_attempts in all).
+    for (int failures = 0, broken = 0;;) {
+        if (!conn) conn.emplace(m.acquire());
+        try {
             Params none, ins, sel;
             add_claim_params(ins, key, fp, fence, lease, retention);
             sel.text(key.scope()).text(key.value());
-            // BEGIN; claim; read — one round trip, one open transaction (READ COMMITTED: the SELECT
-            // still takes its own snapshot).
-            // (SET LOCAL enable_seqscan = on: fn's own statements are planned as the user expects;
-            // idem's lookups need the session's off only, see connection.cpp.)
+            // One round trip, one open transaction (READ COMMITTED: the SELECT still takes its own
+            // snapshot). SET LOCAL enable_seqscan = on: fn's own statements are planned as the user
+            // expects; idem's lookups need the session's off only (see connection.cpp).
             const Step steps[] = {{&m.defs[pg::kBegin], &none, false},
                                   {&m.defs[pg::kClaimInsert], &ins, false},
                                   {&m.defs[pg::kSelect], &sel, false},
                                   {&m.defs[pg::kSeqscanLocalOn], &none, true}};
-            auto res = m.run(*conn, steps);
-            if (!res[0].ok()) throw_statement_error(res[0], "begin");
-            if (!res[3].ok() && !res[3].aborted) {
-                rollback();
-                throw_statement_error(res[3], "claim (set enable_seqscan)");
-            }
-            bool won = res[1].ok() && res[1].rows() == 1;
-            if (!won && res[1].ok() && res[2].ok() && res[2].rows() == 1) {
+            auto res = m.run(**conn, steps);
+            // Any failure aborted the transaction: the INSERT's row is not ours, whatever it said.
+            const StepResult* failure = res.first_failure();
+            bool won = failure == nullptr && res[1].rows() == 1;
+            if (failure == nullptr && !won && res[2].rows() == 1) {
                 Record record = parse_record(res[2].result.get(), 0);
                 if (record.expired) {
                     const Step reclaim[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
                                             {&m.defs[pg::kReclaimExpired], &ins, false},
                                             {&m.defs[pg::kSeqscanLocalOn], &none, true}};
-                    auto r = m.run(*conn, reclaim);
-                    for (const StepResult& step : r) {
-                        if (!step.ok()) {
-                            rollback();
-                            throw_statement_error(step, "claim (expired)");
-                        }
+                    auto r = m.run(**conn, reclaim);
+                    if (const StepResult* f = r.first_failure()) {
+                        rollback();
+                        throw_statement_error(*f, "claim (expired)");
                     }
                     won = r[1].rows() == 1;
                 }
                 if (!won) {
                     rollback();
-                    if (record.expired) continue;
+                    if (record.expired) continue;  // someone else re-claimed it first: read again
                     const ClaimStatus status = classify(record, fp);
                     TransactionOutcome out{status, {}, {}};
                     if (status == ClaimStatus::completed) out.result = std::move(*record.result);
@@ -832,18 +883,38 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             }
             if (won) break;
             rollback();
-            if (!res[1].ok() && !claim_retryable(res[1].sqlstate())) throw_statement_error(res[1], "claim");
+            if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
+                throw_statement_error(*failure, failure == &res[0] ? "begin" : "claim");
+            }
             // Lock timeout on a concurrent open transaction, or the row vanished: bounded retry.
             if (++failures >= m.options.claim_attempts) {
                 return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
             }
             m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+        } catch (const pg::connection_broken& e) {
+            conn.reset();  // broken: closed as its lease ends
+            m.pool->suspect_idle();
+            if (++broken >= m.options.claim_attempts) {
+                throw store_unavailable(std::string("idem: in-transaction claim: ") +
+                                            std::string(detail::without_prefix(e.what())),
+                                        e.sqlstate());
+            }
+            m.counters().retries.fetch_add(1, std::memory_order_relaxed);
         }
-        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
+    }
+    m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
 
-        Transaction tx(&*conn, key, m.options.statement_timeout + m.options.lock_timeout + std::chrono::seconds(1));
+    try {
+        Transaction tx(&**conn, key, m.options.statement_timeout + m.options.lock_timeout + std::chrono::seconds(1));
         std::string bytes;
         try {
+            // Marked as inside this store's effect: a call to the store from fn needs a second
+            // connection (Impl::acquire says so clearly instead of waiting for the pool).
+            struct InEffect {
+                const void* previous = in_effect_of;
+                explicit InEffect(const void* store) noexcept { in_effect_of = store; }
+                ~InEffect() { in_effect_of = previous; }
+            } inside(&m);
             bytes = effect(tx);
         } catch (...) {
             rollback();  // claim and effect go together
@@ -862,25 +933,32 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                               {&m.defs[pg::kCommit], &none, true}};
         pg::StepResults res;
         try {
-            res = m.run(*conn, steps);
+            res = m.run(**conn, steps);
         } catch (const pg::connection_broken& e) {
             throw outcome_unknown(std::string("idem: the transaction's COMMIT was sent but its answer was lost: ") +
-                                      e.what() + " — retry with the same key to learn the outcome",
+                                      std::string(detail::without_prefix(e.what())) +
+                                      " — retry with the same key to learn the outcome",
                                   e.sqlstate());
         }
-        if (!res[0].ok() || !res[1].ok() || res[1].rows() != 1 || !res[2].ok()) {
+        if (const StepResult* failure = res.first_failure()) {
             rollback();
             // (an effect that swallowed its own statement's error left the transaction aborted:
             // the first statement here reports it)
-            if (!res[0].ok() && !res[0].aborted) throw_statement_error(res[0], "save (in transaction)");
-            if (!res[1].ok() && !res[1].aborted) throw_statement_error(res[1], "save (in transaction)");
-            if (!res[2].ok() && !res[2].aborted) throw_statement_error(res[2], "commit");
-            throw database_error("idem: in-transaction save matched no row");
+            throw_statement_error(*failure, failure == &res[2] ? "commit" : "save (in transaction)");
+        }
+        if (res[1].rows() != 1) {
+            rollback();
+            // Only fn itself can have changed idem's row in its own transaction; the COMMIT was
+            // already sent with the save, so the effect committed without its result.
+            throw database_error("idem: in-transaction save matched no row (did the effect change idem's own row?): "
+                                 "the transaction committed without a stored result");
         }
         m.counters().saves.fetch_add(1, std::memory_order_relaxed);
         return TransactionOutcome{ClaimStatus::claimed, {}, {}};
     } catch (const pg::connection_broken& e) {
-        throw store_unavailable(std::string("idem: in-transaction mode: ") + e.what(), e.sqlstate());
+        // The connection broke while fn ran: its transaction, claim included, rolled back.
+        throw store_unavailable(std::string("idem: in-transaction mode: ") + std::string(detail::without_prefix(e.what())),
+                                e.sqlstate());
     }
 }
 

@@ -4,10 +4,12 @@
 // (RUN_SERIAL).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "threads.hpp"
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <latch>
 #include <optional>
 #include <string>
 #include <thread>
@@ -143,4 +145,56 @@ TEST_CASE("server stopped: store_unavailable without running fn; restarted: the 
     CHECK(during.outcome() == Outcome::executed);
     CHECK(runs == 3);
     store.reset();
+}
+
+TEST_CASE("in-transaction mode after a restart: no call fails for the pool's dead connections",
+          "[disruptive][transaction]") {
+    const std::string url = idem_test::database_url();
+    if (url.empty())
+        FAIL(idem_test::kNoDatabaseMessage);
+    if (env("IDEM_PG_DATA").empty()) {
+        WARN("IDEM_PG_DATA is not set: cannot restart the server; skipping");
+        return;
+    }
+    constexpr int kPool = 8;
+    const std::string table = idem_test::unique_name("idem_t");
+    idem::PostgresOptions options;
+    options.table = table;
+    options.pool_size = kPool;
+    options.application_name = idem_test::unique_name("idem_restart");
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    idem_test::DropTable drop(url, table);
+    const auto scope = idem_test::unique_name("txrestart");
+
+    // Every pooled connection opened and idle: kPool effects inside at once.
+    std::latch inside(kPool);
+    idem_test::run_threads(kPool, [&](int t) {
+        auto r = idem::execute_once_in_transaction(store, idem::Key(scope, "warm" + std::to_string(t)),
+                                                   idem::fingerprint(t), [&](idem::Transaction&) {
+                                                       inside.arrive_and_wait();
+                                                       return Response{200, "warm", {}};
+                                                   });
+        REQUIRE(r.outcome() == Outcome::executed);
+    });
+    REQUIRE(store.stats().connections_opened == kPool);
+
+    EnsureRunning guard;
+    guard.stopped = true;
+    REQUIRE(pg_ctl("-m fast -w -t 60 stop") == 0);
+    start_server();
+    guard.stopped = false;
+
+    int effects = 0;
+    for (int i = 0; i < kPool + 1; ++i) {
+        CAPTURE(i);
+        auto r = idem::execute_once_in_transaction(store, idem::Key(scope, "after" + std::to_string(i)),
+                                                   idem::fingerprint(i), [&](idem::Transaction& tx) {
+                                                       ++effects;
+                                                       tx.exec("SELECT 1");
+                                                       return Response{201, "ok", {}};
+                                                   });
+        CHECK(r.outcome() == Outcome::executed);
+    }
+    CHECK(effects == kPool + 1);
 }
