@@ -173,17 +173,19 @@ TEST_CASE("a role's statement_timeout cancelling the claim's read: store_unavail
           "[postgres][atomicity]") {
     Fixture fx(require_db());
     fx.grant_all();
-    fx.gate_reads("PERFORM pg_sleep(3);");
+    fx.gate_reads("PERFORM pg_sleep(60);");
     const bool role_setting = GENERATE(true, false);
     CAPTURE(role_setting);
     auto options = fx.options();
     if (role_setting) {
         // The role's own setting, which idem's session options would otherwise override.
-        fx.admin().exec("ALTER ROLE " + fx.role() + " SET statement_timeout = '300ms'");
+        // (1 s, not less: an INSERT slowed past it on a busy machine would be the same answer,
+        // but the batch case below needs its INSERT to finish)
+        fx.admin().exec("ALTER ROLE " + fx.role() + " SET statement_timeout = '1s'");
         options.session_options = false;
     } else {
-        options.statement_timeout = 300ms;
-        options.lock_timeout = 200ms;
+        options.statement_timeout = 1s;
+        options.lock_timeout = 500ms;
     }
     idem::PostgresStore store(fx.role_url(), options);
     std::atomic<int> effects{0};
@@ -333,10 +335,10 @@ TEST_CASE("claim_batch: won claims are kept when only the read fails, released w
     }
 
     SECTION("every key fresh, the read times out: the committed claims are answered claimed") {
-        fx.gate_reads("PERFORM pg_sleep(3);");
+        fx.gate_reads("PERFORM pg_sleep(60);");
         auto options = fx.options();
-        options.statement_timeout = 300ms;
-        options.lock_timeout = 200ms;
+        options.statement_timeout = 2s;  // generous: the INSERT before the read must finish in time
+        options.lock_timeout = 1s;
         idem::PostgresStore store(fx.role_url(), options);
         const auto claims = store.claim_batch(keys, fps);
         REQUIRE(claims.size() == keys.size());
