@@ -13,6 +13,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -508,4 +510,310 @@ TEST_CASE("fork(): a child cannot use the parent's store, and destroying it ther
     CHECK(store->stats().connections_discarded == 0);
     CHECK(backend_pids() == before);
     CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() + " WHERE key = 'child'") == 0);
+}
+
+// ---- Adversarial review of the atomicity fix (branch wt-review) ------------------------------------
+// Each case states what it expects from the library; the report says which ones fail and why.
+
+namespace {
+
+/// A deferred constraint trigger on idem's table that raises `sqlstate` at COMMIT for the rows whose
+/// key is `key` (every row when `key` is empty), only while the sequence `<table>_gate_seq` has
+/// drawn fewer than `times` values (times < 0: always).
+void fail_commit(Fixture& fx, const std::string& sqlstate, const std::string& key, int times = -1) {
+    fx.admin().exec("CREATE SEQUENCE " + fx.table() + "_gate_seq OWNED BY " + fx.table() + ".fence");
+    fx.admin().exec("GRANT USAGE ON SEQUENCE " + fx.table() + "_gate_seq TO " + fx.role());
+    const std::string when = key.empty() ? "true" : "NEW.key = '" + key + "'";
+    const std::string budget = times < 0 ? "true" : "nextval('" + fx.table() + "_gate_seq') <= " + std::to_string(times);
+    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF " + when + " AND " + budget + " THEN RAISE EXCEPTION 'refused at commit' USING ERRCODE = '" +
+                    sqlstate + "'; END IF; RETURN NULL; END $$");
+    fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT OR UPDATE ON " + fx.table() +
+                    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fx.table() + "_gate()");
+}
+
+}  // namespace
+
+TEST_CASE("review: claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
+          "nothing claimed, the connection stays in step",
+          "[postgres][atomicity][batch][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    fail_commit(fx, "23514", "k5");
+    // One connection: a pipeline that lost its place after the failed COMMIT would show in the next call.
+    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    const auto scope = idem_test::unique_name("bcommit");
+    std::vector<idem::Key> keys;
+    std::vector<idem::Fingerprint> fps;
+    for (int i = 0; i < 8; ++i) {
+        keys.emplace_back(scope, "k" + std::to_string(i));
+        fps.push_back(fp_of(i));
+    }
+    try {
+        (void)store.claim_batch(keys, fps);
+        FAIL("claim_batch succeeded although its INSERT cannot commit");
+    } catch (const idem::database_error& e) {
+        CHECK(e.sqlstate() == "23514");
+        check_one_prefix(e.what());
+    } catch (const idem::error& e) {
+        FAIL("expected database_error 23514, got " << e.what() << " (" << e.sqlstate() << ")");
+    }
+    CHECK(fx.rows() == 0);
+    CHECK(store.stats().claims_won == 0);
+    CHECK(store.stats().connections_discarded == 0);
+    // The same connection answers the next batch (without the refused key) correctly.
+    keys.erase(keys.begin() + 5);
+    fps.erase(fps.begin() + 5);
+    const auto claims = store.claim_batch(keys, fps);
+    REQUIRE(claims.size() == keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        CHECK(claims[i].status == idem::ClaimStatus::claimed);
+        CHECK(fx.rows_with(keys[i].value(), claims[i].fence) == 1);
+    }
+    CHECK(store.stats().connections_opened == 1);
+}
+
+TEST_CASE("review: a claim whose COMMIT fails once with a serialization failure is retried and claimed once",
+          "[postgres][atomicity][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    fail_commit(fx, "40001", "", 1);
+    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    std::atomic<int> effects{0};
+    const auto key = idem::Key(idem_test::unique_name("ser"), "k1");
+    CHECK(run(store, key, effects) == Outcome::executed);
+    CHECK(run(store, key, effects) == Outcome::replayed);
+    CHECK(effects == 1);
+    CHECK(fx.rows() == 1);
+    CHECK(store.stats().claims_won == 1);
+    CHECK(store.stats().connections_discarded == 0);
+}
+
+TEST_CASE("review: claim_batch whose INSERT's COMMIT fails once with a serialization failure is retried",
+          "[postgres][atomicity][batch][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    fail_commit(fx, "40001", "", 1);
+    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    const auto scope = idem_test::unique_name("bser");
+    std::vector<idem::Key> keys{idem::Key(scope, "a"), idem::Key(scope, "b"), idem::Key(scope, "c")};
+    std::vector<idem::Fingerprint> fps{fp_of(1), fp_of(2), fp_of(3)};
+    const auto claims = store.claim_batch(keys, fps);
+    REQUIRE(claims.size() == 3);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        CHECK(claims[i].status == idem::ClaimStatus::claimed);
+        CHECK(fx.rows_with(keys[i].value(), claims[i].fence) == 1);
+    }
+    CHECK(fx.rows() == 3);
+    CHECK(store.stats().connections_discarded == 0);
+}
+
+TEST_CASE("review: in-transaction mode whose COMMIT fails: effect and claim rolled back, the database's error",
+          "[postgres][atomicity][transaction][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    const std::string side = fx.table() + "_side";
+    fx.admin().exec("CREATE TABLE " + side + " (id int)");
+    fx.admin().exec("GRANT INSERT, SELECT ON " + side + " TO " + fx.role());
+    // Refused at COMMIT, once the save made the row completed (the claim's INSERT passes).
+    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF NEW.state = 'completed' THEN RAISE EXCEPTION 'refused at commit' USING ERRCODE = "
+                    "'check_violation'; END IF; RETURN NULL; END $$");
+    fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT OR UPDATE ON " + fx.table() +
+                    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fx.table() + "_gate()");
+    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    int effects = 0;
+    const auto key = idem::Key(idem_test::unique_name("txc"), "k1");
+    try {
+        (void)idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
+            ++effects;
+            tx.exec("INSERT INTO " + side + " VALUES (1)");
+            return Response{201, "ok"};
+        });
+        FAIL("no error although the COMMIT failed");
+    } catch (const idem::database_error& e) {
+        CHECK(e.sqlstate() == "23514");
+        check_one_prefix(e.what());
+    }
+    CHECK(effects == 1);
+    CHECK(fx.rows() == 0);
+    CHECK(fx.admin().scalar("SELECT count(*) FROM " + side) == 0);
+    fx.admin().exec("DROP TABLE " + side);
+}
+
+TEST_CASE("review: fork() inside an in-transaction effect: the child going on never speaks on the parent's "
+          "session",
+          "[postgres][fork][transaction][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    const std::string side = fx.table() + "_side";
+    fx.admin().exec("CREATE TABLE " + side + " (who text)");
+    fx.admin().exec("GRANT INSERT, SELECT ON " + side + " TO " + fx.role());
+    idem::PostgresStore store(fx.role_url(), fx.options(2));
+    const auto key = idem::Key(idem_test::unique_name("txfork"), "k1");
+    const pid_t parent = getpid();
+    int child_status = -1;
+    bool child_hung = false;
+    std::string parent_error;
+    Outcome outcome = Outcome::in_progress;
+    try {
+        outcome = idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
+                      tx.exec("INSERT INTO " + side + " VALUES ('parent')");
+                      const pid_t child = fork();
+                      if (child == 0) return Response{201, "child"};  // a careless effect: the child goes on
+                      for (int i = 0; i < 3000; ++i) {                // 30 s
+                          if (waitpid(child, &child_status, WNOHANG) == child) return Response{201, "parent"};
+                          std::this_thread::sleep_for(10ms);
+                      }
+                      kill(child, SIGKILL);
+                      waitpid(child, &child_status, 0);
+                      child_hung = true;
+                      return Response{201, "parent"};
+                  }).outcome();
+    } catch (const idem::config_error&) {
+        if (getpid() != parent) _exit(0);  // the child was refused: what we expect
+        parent_error = "config_error";
+    } catch (const std::exception& e) {
+        if (getpid() != parent) _exit(3);
+        parent_error = e.what();
+    }
+    if (getpid() != parent) _exit(2);  // the child finished the parent's transaction
+    INFO("the parent's error: " << parent_error);
+    CHECK_FALSE(child_hung);
+    REQUIRE(WIFEXITED(child_status));
+    CHECK(WEXITSTATUS(child_status) == 0);  // 2: the child committed the parent's transaction
+    CHECK(parent_error.empty());
+    CHECK(outcome == Outcome::executed);
+    CHECK(fx.admin().scalar("SELECT count(*) FROM " + side) == 1);
+    CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() + " WHERE state = 'completed'") == 1);
+    // The stored response is the parent's (the child's would mean the child committed it).
+    CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() +
+                            " WHERE position('parent'::bytea in result) > 0") == 1);
+    fx.admin().exec("DROP TABLE " + side);
+}
+
+TEST_CASE("review: a malformed conninfo is a permanent misconfiguration (config_error), not an outage",
+          "[postgres][errors][review]") {
+    const auto url = require_db();
+    std::atomic<int> effects{0};
+    const auto key = idem::Key(idem_test::unique_name("conninfo"), "k1");
+    const std::string bad = GENERATE(as<std::string>{}, " port=notaport", " nosuchoption=1");
+    CAPTURE(bad);
+    idem::PostgresStore store(url + bad);
+    try {
+        (void)run(store, key, effects);
+        FAIL("no error");
+    } catch (const idem::config_error& e) {
+        check_one_prefix(e.what());
+    } catch (const idem::store_unavailable& e) {
+        FAIL("a malformed conninfo reported as an outage (store_unavailable): " << e.what());
+    }
+    CHECK(effects == 0);
+}
+
+TEST_CASE("review: an authentication server that is down (LDAP unreachable) is an outage, not config_error",
+          "[postgres][errors][review]") {
+    const auto url = require_db();
+    PgConn admin(url);
+    const std::string hba_file = admin.exec("SHOW hba_file").text(0, 0);
+    std::string original;
+    {
+        std::ifstream in(hba_file);
+        if (!in) {
+            WARN("cannot read " << hba_file << ": skipped");
+            return;
+        }
+        std::ostringstream s;
+        s << in.rdbuf();
+        original = s.str();
+    }
+    const std::string role = idem_test::unique_name("idem_ldap");
+    admin.exec("CREATE ROLE " + role + " LOGIN");
+    const auto write_hba = [&](const std::string& text) {
+        std::ofstream out(hba_file, std::ios::trunc);
+        out << text;
+        return static_cast<bool>(out);
+    };
+    // Nothing listens on 127.0.0.1:9: the LDAP server is "down"; the password is irrelevant.
+    if (!write_hba("local all " + role + " ldap ldapserver=127.0.0.1 ldapport=9 ldapprefix=\"cn=\" "
+                   "ldapsuffix=\",dc=example,dc=org\"\n" + original)) {
+        WARN("cannot write " << hba_file << ": skipped");
+        admin.exec("DROP ROLE " + role);
+        return;
+    }
+    admin.exec("SELECT pg_reload_conf()");
+    const std::string role_url = url + " user=" + role + " password=secret";
+    std::string seen;
+    for (int i = 0; i < 500; ++i) {  // the postmaster reloads asynchronously
+        PGconn* c = PQconnectdb(role_url.c_str());
+        seen = PQerrorMessage(c);
+        PQfinish(c);
+        if (seen.find("LDAP") != std::string::npos) break;
+        std::this_thread::sleep_for(10ms);
+    }
+    std::string outcome;
+    std::atomic<int> effects{0};
+    {
+        idem::PostgresOptions o;
+        o.connect_timeout = 2s;
+        idem::PostgresStore store(role_url, o);
+        try {
+            (void)run(store, idem::Key("ldap", "k"), effects);
+            outcome = "no error";
+        } catch (const idem::config_error& e) {
+            outcome = std::string("config_error: ") + e.what();
+        } catch (const idem::store_unavailable&) {
+            outcome = "store_unavailable";
+        }
+    }
+    write_hba(original);
+    admin.exec("SELECT pg_reload_conf()");
+    admin.exec("DROP ROLE " + role);
+    INFO("libpq said: " << seen);
+    CHECK(seen.find("LDAP authentication failed") != std::string::npos);
+    CHECK(outcome == "store_unavailable");
+    CHECK(effects == 0);
+}
+
+TEST_CASE("review: claim_batch that throws after taking over a stale key does not delete that key's record "
+          "(the earlier attempt's outcome is unknown)",
+          "[postgres][atomicity][batch][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    const auto scope = idem_test::unique_name("btake");
+    const idem::Key stale(scope, "a"), expired(scope, "b");
+    {
+        idem::PostgresStore owner(fx.url(), fx.options());
+        // An earlier worker claimed "a", reached a recovery point (it charged), then died.
+        idem::ClaimOptions short_lease;
+        short_lease.lease = 50ms;
+        const auto c = owner.claim(stale, fp_of(1), short_lease);
+        REQUIRE(c.status == idem::ClaimStatus::claimed);
+        owner.record_phase(stale, c.fence, "charged", "ch_123");
+        // "b" completed long ago: past its retention, it will be claimed again.
+        const auto d = owner.claim(expired, fp_of(2));
+        REQUIRE(d.status == idem::ClaimStatus::claimed);
+        owner.save(expired, d.fence, "old");
+    }
+    fx.admin().exec("UPDATE " + fx.table() + " SET expires_at = now() - interval '1 second' WHERE key = 'b'");
+    // Re-claiming "b" fails (any error after the take-over of "a" will do).
+    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF OLD.key = 'b' AND NEW.state = 'in_progress' THEN RAISE EXCEPTION 'boom' USING ERRCODE = "
+                    "'XX000'; END IF; RETURN NEW; END $$");
+    fx.admin().exec("CREATE TRIGGER gate BEFORE UPDATE ON " + fx.table() + " FOR EACH ROW EXECUTE FUNCTION " +
+                    fx.table() + "_gate()");
+    std::this_thread::sleep_for(200ms);  // the lease of "a" passes
+    idem::PostgresStore store(fx.role_url(), fx.options());
+    const std::vector<idem::Key> keys{stale, expired};
+    const std::vector<idem::Fingerprint> fps{fp_of(1), fp_of(2)};
+    idem::ClaimOptions resume;
+    resume.resume_stale = true;
+    CHECK_THROWS_AS(store.claim_batch(keys, fps, resume), idem::database_error);
+    // The batch ran no effect for "a"; its record (in progress, with the earlier attempt's recovery
+    // point) must survive for the reconciler. Deleted, the key is free: the next claim — resume or
+    // not — runs the effect again with no trace of the first charge.
+    CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() + " WHERE key = 'a' AND phase = 'charged'") == 1);
+    std::atomic<int> effects{0};
+    CHECK(run(store, stale, effects) == Outcome::in_progress);  // not executed again
+    CHECK(effects == 0);
 }
