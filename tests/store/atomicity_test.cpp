@@ -817,3 +817,103 @@ TEST_CASE("review: claim_batch that throws after taking over a stale key does no
     CHECK(run(store, stale, effects) == Outcome::in_progress);  // not executed again
     CHECK(effects == 0);
 }
+
+TEST_CASE("review: cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
+          "has its committed row, no key claimed twice, effect and record commit together",
+          "[postgres][atomicity][review]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    const std::string side = fx.table() + "_side";
+    fx.admin().exec("CREATE TABLE " + side + " (key text)");
+    fx.admin().exec("GRANT INSERT, SELECT ON " + side + " TO " + fx.role());
+    fx.gate_reads("PERFORM pg_sleep(0.002);");
+    const std::string how = GENERATE(as<std::string>{}, "pg_cancel_backend", "pg_terminate_backend");
+    const std::string mode = GENERATE(as<std::string>{}, "batch", "transaction");
+    CAPTURE(how, mode);
+    auto options = fx.options(4);
+    idem::PostgresStore store(fx.role_url(), options);
+    const auto scope = idem_test::unique_name("storm2");
+    constexpr int kThreads = 4, kKeys = 40;
+
+    std::atomic<bool> stop{false};
+    std::atomic<long long> hits{0};
+    std::thread storm([&] {
+        PgConn admin(fx.url());
+        while (!stop) {
+            hits += admin.exec("SELECT " + how + "(pid) FROM pg_stat_activity WHERE application_name = $1 AND "
+                               "state = 'active'",
+                               {options.application_name})
+                        .rows();
+            std::this_thread::sleep_for(1ms);
+        }
+    });
+    std::mutex mutex;
+    std::map<std::string, std::vector<idem::Fence>> claimed;  // batch: key → fences answered claimed
+    std::map<std::string, int> executed;                       // transaction: key → executed answers
+    std::atomic<int> errors{0};
+    idem_test::run_threads(kThreads, [&](int t) {
+        for (int i = 0; i < kKeys; i += 4) {
+            std::vector<idem::Key> keys;
+            std::vector<idem::Fingerprint> fps;
+            for (int j = 0; j < 4; ++j) {
+                keys.emplace_back(scope, "k" + std::to_string((i + j + t * 8) % kKeys));
+                fps.push_back(fp_of(1));
+            }
+            try {
+                if (mode == "batch") {
+                    const auto claims = store.claim_batch(keys, fps);
+                    std::lock_guard lock(mutex);
+                    for (std::size_t j = 0; j < keys.size(); ++j) {
+                        if (claims[j].status == idem::ClaimStatus::claimed) {
+                            claimed[keys[j].value()].push_back(claims[j].fence);
+                        }
+                    }
+                } else {
+                    for (const auto& key : keys) {
+                        try {
+                            const auto r = idem::execute_once_in_transaction(
+                                store, key, fp_of(1), [&](idem::Transaction& tx) {
+                                    tx.exec("INSERT INTO " + side + " VALUES ($1)", {key.value()});
+                                    return Response{201, "ok"};
+                                });
+                            if (r.outcome() == Outcome::executed) {
+                                std::lock_guard lock(mutex);
+                                ++executed[key.value()];
+                            }
+                        } catch (const idem::error&) {
+                            ++errors;
+                        }
+                    }
+                }
+            } catch (const idem::error&) {
+                ++errors;
+            }
+        }
+    });
+    stop = true;
+    storm.join();
+    INFO("hits: " << hits << ", errors: " << errors);
+    CHECK(hits > 0);
+    if (mode == "batch") {
+        for (const auto& [k, fences] : claimed) {
+            CAPTURE(k);
+            CHECK(fences.size() == 1);
+            for (idem::Fence f : fences) CHECK(fx.rows_with(k, f) == 1);
+        }
+    } else {
+        for (const auto& [k, n] : executed) {
+            CAPTURE(k);
+            CHECK(n == 1);
+        }
+        // The effect's row and the completed record exist together or not at all, once per key.
+        CHECK(fx.admin().scalar("SELECT count(*) FROM (SELECT key FROM " + side +
+                                " GROUP BY key HAVING count(*) > 1) d") == 0);
+        CHECK(fx.admin().scalar("SELECT count(*) FROM " + side + " s FULL JOIN " + fx.table() +
+                                " t ON t.key = s.key AND t.state = 'completed' WHERE (s.key IS NULL) <> (t.key IS NULL)") ==
+              0);
+        for (const auto& [k, n] : executed) {
+            CHECK(fx.admin().scalar("SELECT count(*) FROM " + side + " WHERE key = $1", {k}) == 1);
+        }
+    }
+    fx.admin().exec("DROP TABLE " + side);
+}
