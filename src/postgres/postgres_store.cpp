@@ -527,10 +527,13 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
     const auto retention = options.retention.value_or(m.options.default_retention);
     std::vector<std::optional<Claim>> out(keys.size());
     // Claims won so far: released again if a later part of the batch fails, so an exception never
-    // strands a claim whose effect will not run.
+    // strands a claim whose effect will not run. Not a key taken over (resume_stale, `existing`
+    // set): an earlier attempt's outcome is unknown there, and deleting its record (recovery point
+    // included) would let the next claim run the effect again. It stays in progress, stale again
+    // when our lease passes.
     const auto release_won = [&] {
         for (std::size_t i = 0; i < out.size(); ++i) {
-            if (out[i] && out[i]->status == ClaimStatus::claimed) {
+            if (out[i] && out[i]->status == ClaimStatus::claimed && !out[i]->existing) {
                 try {
                     release(keys[i], out[i]->fence);
                 } catch (const error&) {
