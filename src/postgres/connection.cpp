@@ -1,5 +1,7 @@
 #include "connection.hpp"
 
+#include "../common.hpp"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -224,7 +226,7 @@ void throw_connect_error(const std::string& libpq_message) {
 }
 
 Connection::Connection(const ConnectSettings& settings, std::span<const StatementDef> defs)
-    : prepared_(settings.prepared_statements) {
+    : generation_(detail::fork_generation()), prepared_(settings.prepared_statements) {
     const std::string timeout = std::to_string(
         std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));  // libpq: seconds, min 2
     const std::string options = settings.session_options ? session_options(settings) : std::string();
@@ -409,6 +411,7 @@ void Connection::send(const Step& step) {
 
 bool Connection::wait_notification(std::string_view channel, std::string_view payload,
                                    Clock::time_point deadline) {
+    if (generation_ != detail::fork_generation()) refuse_in_child();
     for (;;) {
         if (PQconsumeInput(conn_.get()) != 1) fail("PQconsumeInput");
         while (PGnotify* n = PQnotifies(conn_.get())) {
@@ -440,7 +443,17 @@ std::string StepResult::message() const {
     return trim(PQresultErrorMessage(result.get()));
 }
 
+void Connection::refuse_in_child() {
+    // A connection leased when the process forked (fork() inside an in-transaction effect, whose
+    // child goes on): the session is the parent's. Nothing may be sent on it from here.
+    abandon_in_child();
+    throw config_error(
+        "idem: a PostgreSQL connection of this store was used in a fork()ed child (it is the parent's "
+        "session): create a new store in the child");
+}
+
 StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadline) {
+    if (generation_ != detail::fork_generation()) refuse_in_child();
     if (broken_) throw connection_broken("idem: connection already broken");
     if (steps.empty()) return {};
     if (!steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");

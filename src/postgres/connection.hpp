@@ -232,6 +232,8 @@ public:
     /// which comes back in its StepResult. When a statement or the COMMIT at a segment's Sync fails,
     /// the statements before it in that segment come back rolled_back (their effects are undone),
     /// and a failed COMMIT is reported as the failure of the segment's last statement.
+    /// In a fork()ed child of the process that opened it: sends nothing, abandons the connection
+    /// (abandon_in_child) and throws config_error (a lease held across fork(), e.g. in-transaction mode).
     StepResults run(std::span<const Step> steps, Clock::time_point deadline);
 
     /// Waits until a notification on `channel` whose payload is `payload` arrives, or `deadline`.
@@ -262,9 +264,12 @@ private:
     ResultPtr next_result(Clock::time_point deadline);
 
     [[noreturn]] void fail_overdue();
+    [[noreturn]] void refuse_in_child();  // abandon_in_child(), then config_error
     void prepare(const ConnectSettings& settings, std::span<const StatementDef> defs);
 
     ConnPtr conn_;
+    // The process that opened the session (detail::fork_generation): run() refuses in any other.
+    const std::uint64_t generation_;
     bool prepared_;
     bool broken_ = false;
     Clock::time_point last_used_;
