@@ -711,9 +711,19 @@ TEST_CASE("review: a malformed conninfo is a permanent misconfiguration (config_
     CHECK(effects == 0);
 }
 
-TEST_CASE("review: an authentication server that is down (LDAP unreachable) is an outage, not config_error",
+TEST_CASE("review: pg_hba.conf verdicts: an authentication server that is down (LDAP) is an outage, a "
+          "connection pg_hba.conf rejects is config_error",
           "[postgres][errors][review]") {
     const auto url = require_db();
+    // ldap: nothing listens on 127.0.0.1:9, the LDAP server is "down" (heals when it is back).
+    // reject: the server's configuration refuses the role for good.
+    const std::string method = GENERATE(as<std::string>{},
+                                        "ldap ldapserver=127.0.0.1 ldapport=9 ldapprefix=\"cn=\" "
+                                        "ldapsuffix=\",dc=example,dc=org\"",
+                                        "reject");
+    const bool outage = method.starts_with("ldap");
+    const std::string libpq_says = outage ? "LDAP authentication failed" : "pg_hba.conf rejects connection";
+    CAPTURE(method);
     PgConn admin(url);
     const std::string hba_file = admin.exec("SHOW hba_file").text(0, 0);
     std::string original;
@@ -727,16 +737,14 @@ TEST_CASE("review: an authentication server that is down (LDAP unreachable) is a
         s << in.rdbuf();
         original = s.str();
     }
-    const std::string role = idem_test::unique_name("idem_ldap");
+    const std::string role = idem_test::unique_name("idem_hba");
     admin.exec("CREATE ROLE " + role + " LOGIN");
     const auto write_hba = [&](const std::string& text) {
         std::ofstream out(hba_file, std::ios::trunc);
         out << text;
         return static_cast<bool>(out);
     };
-    // Nothing listens on 127.0.0.1:9: the LDAP server is "down"; the password is irrelevant.
-    if (!write_hba("local all " + role + " ldap ldapserver=127.0.0.1 ldapport=9 ldapprefix=\"cn=\" "
-                   "ldapsuffix=\",dc=example,dc=org\"\n" + original)) {
+    if (!write_hba("local all " + role + " " + method + "\n" + original)) {
         WARN("cannot write " << hba_file << ": skipped");
         admin.exec("DROP ROLE " + role);
         return;
@@ -748,7 +756,7 @@ TEST_CASE("review: an authentication server that is down (LDAP unreachable) is a
         PGconn* c = PQconnectdb(role_url.c_str());
         seen = PQerrorMessage(c);
         PQfinish(c);
-        if (seen.find("LDAP") != std::string::npos) break;
+        if (seen.find(libpq_says) != std::string::npos) break;
         std::this_thread::sleep_for(10ms);
     }
     std::string outcome;
@@ -758,10 +766,10 @@ TEST_CASE("review: an authentication server that is down (LDAP unreachable) is a
         o.connect_timeout = 2s;
         idem::PostgresStore store(role_url, o);
         try {
-            (void)run(store, idem::Key("ldap", "k"), effects);
+            (void)run(store, idem::Key("hba", "k"), effects);
             outcome = "no error";
-        } catch (const idem::config_error& e) {
-            outcome = std::string("config_error: ") + e.what();
+        } catch (const idem::config_error&) {
+            outcome = "config_error";
         } catch (const idem::store_unavailable&) {
             outcome = "store_unavailable";
         }
@@ -770,8 +778,8 @@ TEST_CASE("review: an authentication server that is down (LDAP unreachable) is a
     admin.exec("SELECT pg_reload_conf()");
     admin.exec("DROP ROLE " + role);
     INFO("libpq said: " << seen);
-    CHECK(seen.find("LDAP authentication failed") != std::string::npos);
-    CHECK(outcome == "store_unavailable");
+    CHECK(seen.find(libpq_says) != std::string::npos);
+    CHECK(outcome == (outage ? "store_unavailable" : "config_error"));
     CHECK(effects == 0);
 }
 
