@@ -192,7 +192,9 @@ std::string connect_failure_sqlstate(std::string_view message) noexcept {
     // libpq gives no SQLSTATE for a failed connection attempt, only the server's message. These are
     // PostgreSQL's (English) texts for the failures that no retry heals; anything else — refused,
     // timed out, starting up, too many clients, or a server speaking another language — stays an
-    // outage (store_unavailable).
+    // outage (store_unavailable). Only verdicts the server reaches on its own count: an LDAP,
+    // RADIUS, PAM, GSSAPI or ident failure reads the same whether the password was wrong or the
+    // authentication service is down, so it stays an outage.
     struct Pattern {
         std::string_view text, sqlstate;
     };
@@ -200,7 +202,9 @@ std::string connect_failure_sqlstate(std::string_view message) noexcept {
         {"password authentication failed", "28P01"},
         {"no password supplied", "28P01"},
         {"no pg_hba.conf entry", "28000"},
-        {"authentication failed for user", "28000"},
+        {"pg_hba.conf rejects connection", "28000"},
+        {"Peer authentication failed for user", "28000"},
+        {"certificate authentication failed for user", "28000"},
         {"is not permitted to log in", "28000"},
         {"permission denied for database", "42501"},
     };
@@ -214,6 +218,15 @@ std::string connect_failure_sqlstate(std::string_view message) noexcept {
     }
     for (const Pattern& p : patterns) {
         if (message.find(p.text) != std::string_view::npos) return std::string(p.sqlstate);
+    }
+    // libpq's own verdict on the conninfo, before any connection (its messages begin with it).
+    static constexpr std::string_view malformed[] = {
+        "invalid connection option", "invalid integer value", "invalid port number", "missing \"=\" after",
+        "unterminated quoted string", "invalid URI", "invalid sslmode value", "invalid gssencmode value",
+        "invalid channel_binding value", "invalid target_session_attrs value",
+    };
+    for (std::string_view m : malformed) {
+        if (message.starts_with(m)) return "22023";  // invalid_parameter_value
     }
     return {};
 }
