@@ -188,13 +188,10 @@ void throw_database_error(std::string message, const std::string& sqlstate) {
     throw database_error(message, sqlstate);
 }
 
-std::string connect_failure_sqlstate(std::string_view message) noexcept {
-    // libpq gives no SQLSTATE for a failed connection attempt, only the server's message. These are
-    // PostgreSQL's (English) texts for the failures that no retry heals; anything else — refused,
-    // timed out, starting up, too many clients, or a server speaking another language — stays an
-    // outage (store_unavailable). Only verdicts the server reaches on its own count: an LDAP,
-    // RADIUS, PAM, GSSAPI or ident failure reads the same whether the password was wrong or the
-    // authentication service is down, so it stays an outage.
+namespace {
+
+// The verdict of one connection attempt (one host's part of libpq's message), or empty.
+std::string_view attempt_failure_sqlstate(std::string_view message) noexcept {
     struct Pattern {
         std::string_view text, sqlstate;
     };
@@ -217,8 +214,21 @@ std::string connect_failure_sqlstate(std::string_view message) noexcept {
         return "28000";
     }
     for (const Pattern& p : patterns) {
-        if (message.find(p.text) != std::string_view::npos) return std::string(p.sqlstate);
+        if (message.find(p.text) != std::string_view::npos) return p.sqlstate;
     }
+    return {};
+}
+
+}  // namespace
+
+std::string connect_failure_sqlstate(std::string_view message) noexcept {
+    // libpq gives no SQLSTATE for a failed connection attempt, only the server's message. These are
+    // PostgreSQL's (English) texts for the failures that no retry heals; anything else — refused,
+    // timed out, starting up, too many clients, or a server speaking another language — stays an
+    // outage (store_unavailable). Only verdicts the server reaches on its own count: an LDAP,
+    // RADIUS, PAM, GSSAPI or ident failure reads the same whether the password was wrong or the
+    // authentication service is down, so it stays an outage.
+    //
     // libpq's own verdict on the conninfo, before any connection (its messages begin with it).
     static constexpr std::string_view malformed[] = {
         "invalid connection option", "invalid integer value", "invalid port number", "missing \"=\" after",
@@ -228,7 +238,19 @@ std::string connect_failure_sqlstate(std::string_view message) noexcept {
     for (std::string_view m : malformed) {
         if (message.starts_with(m)) return "22023";  // invalid_parameter_value
     }
-    return {};
+    // Several hosts (a Patroni pair): libpq reports one "connection to server … failed: …" per
+    // host tried. Permanent only if every host's verdict is: one host that refused for good while
+    // another is only restarting is an outage.
+    constexpr std::string_view kAttempt = "connection to server ";
+    std::string_view first;
+    for (std::size_t at = message.find(kAttempt); at != std::string_view::npos;) {
+        const std::size_t next = message.find(kAttempt, at + kAttempt.size());
+        const std::string_view verdict = attempt_failure_sqlstate(message.substr(at, next - at));
+        if (verdict.empty()) return {};
+        if (first.empty()) first = verdict;
+        at = next;
+    }
+    return std::string(first.empty() ? attempt_failure_sqlstate(message) : first);
 }
 
 void throw_connect_error(const std::string& libpq_message) {

@@ -14,6 +14,7 @@ Lease::~Lease() {
 Pool::Pool(std::size_t size, std::chrono::milliseconds wait, std::chrono::milliseconds health_check_after,
            Factory factory, Ping ping, Event event)
     : size_(size),
+      generation_(detail::fork_generation()),
       wait_(wait),
       health_check_after_(health_check_after),
       factory_(std::move(factory)),
@@ -120,10 +121,12 @@ void Pool::abandon_in_child() noexcept {
             delete c;
         }
     }
+    if (!mutex_.try_lock()) return;  // held at the fork by a thread that is gone: leak the idle list
     for (Idle& idle : idle_) {
         if (idle.conn) idle.conn->abandon_in_child();
     }
     idle_.clear();
+    mutex_.unlock();
 }
 
 void Pool::suspect_idle() noexcept {
@@ -131,6 +134,12 @@ void Pool::suspect_idle() noexcept {
 }
 
 void Pool::give_back(std::unique_ptr<Connection> conn) noexcept {
+    if (detail::fork_generation() != generation_) {
+        // A lease held across fork(), ending in the child: the parent's session. Nothing is sent
+        // on it and no lock is taken (its holder at the fork may be gone); the pool is not told.
+        conn->abandon_in_child();
+        return;
+    }
     const bool broken = conn->broken();
     if (!broken) {
         // Park it in this thread's slot if the slot is free: no lock.

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -65,9 +66,10 @@ public:
     Lease acquire();
 
     /// In a fork()ed child, before the pool is leaked: abandons (Connection::abandon_in_child) every
-    /// idle and parked connection, without taking the mutex (the thread that held it at the fork
-    /// does not exist here). Connections leased by the parent's threads are out of reach: their
-    /// sockets stay open in the child until it exits, and nothing is sent on them.
+    /// parked connection, and the idle ones if the mutex can be had at once (a thread that held it
+    /// at the fork does not exist here: then they are leaked untouched). Connections leased by the
+    /// parent's threads are out of reach: their sockets stay open in the child until it exits, and
+    /// nothing is sent on them.
     void abandon_in_child() noexcept;
 
     /// A connection just broke: the server may have restarted, so every idle connection last used
@@ -84,6 +86,7 @@ private:
     std::unique_ptr<Connection> take_parked() noexcept;  // any thread's parked connection
 
     const std::size_t size_;
+    const std::uint64_t generation_;  // the process that owns the connections (detail::fork_generation)
     const std::chrono::milliseconds wait_;
     const std::chrono::milliseconds health_check_after_;
     Factory factory_;

@@ -424,7 +424,8 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
             // Nothing of this attempt committed. A cancel, a timeout or a shortage is
             // store_unavailable, a missing privilege config_error: fn is not called either way.
-            throw_statement_error(*failure, failure == &inserted ? "claim" : "claim (read)");
+            // (a failed COMMIT is reported on the read, the segment's last statement: "claim" for both)
+            throw_statement_error(*failure, "claim");
         }
 
         if (failure == nullptr && selected.rows() == 1) {

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -455,6 +456,47 @@ TEST_CASE("an unreachable server is store_unavailable with one idem: prefix", "[
     CHECK(effects == 0);
 }
 
+TEST_CASE("several hosts: config_error only when every host refuses for good", "[postgres][errors]") {
+    const auto url = require_db();
+    const char* host = std::getenv("IDEM_PG_HOST");
+    const char* port = std::getenv("IDEM_PG_PORT");
+    if (host == nullptr || port == nullptr) {
+        WARN("IDEM_PG_HOST / IDEM_PG_PORT unset (not started by scripts/with-postgres.sh): skipping");
+        return;
+    }
+    const std::string nosuchdb = idem_test::unique_name("nosuchdb");
+    std::atomic<int> effects{0};
+    const auto key = idem::Key(idem_test::unique_name("hosts"), "k1");
+    idem::PostgresOptions o;
+    o.connect_timeout = 2s;
+    // (libpq stops at the first host that answers with a refusal; hosts before it that could not be
+    // reached are in its message too)
+    SECTION("the first host is down (restarting), the second says no such database: an outage") {
+        idem::PostgresStore store(url + " host=/nonexistent-idem-dir," + host + " port=1," + port + " dbname=" +
+                                      nosuchdb,
+                                  o);
+        CHECK_THROWS_AS(run(store, key, effects), idem::store_unavailable);
+        try {
+            (void)run(store, key, effects);
+        } catch (const idem::config_error&) {
+            FAIL("a host that is only down makes the failure an outage");
+        } catch (const idem::store_unavailable&) {
+        }
+    }
+    SECTION("the first host says no such database: config_error") {
+        idem::PostgresStore store(url + " host=" + host + "," + host + " port=" + port + "," + port +
+                                      " dbname=" + nosuchdb,
+                                  o);
+        try {
+            (void)run(store, key, effects);
+            FAIL("no error");
+        } catch (const idem::config_error& e) {
+            CHECK(e.sqlstate() == "3D000");
+        }
+    }
+    CHECK(effects == 0);
+}
+
 TEST_CASE("fork(): a child cannot use the parent's store, and destroying it there neither hangs nor "
           "closes the parent's sessions",
           "[postgres][fork]") {
@@ -534,7 +576,7 @@ void fail_commit(Fixture& fx, const std::string& sqlstate, const std::string& ke
 
 }  // namespace
 
-TEST_CASE("review: claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
+TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
           "nothing claimed, the connection stays in step",
           "[postgres][atomicity][batch][review]") {
     Fixture fx(require_db());
@@ -573,7 +615,7 @@ TEST_CASE("review: claim_batch whose INSERT cannot commit (one key refused at CO
     CHECK(store.stats().connections_opened == 1);
 }
 
-TEST_CASE("review: a claim whose COMMIT fails once with a serialization failure is retried and claimed once",
+TEST_CASE("a claim whose COMMIT fails once with a serialization failure is retried and claimed once",
           "[postgres][atomicity][review]") {
     Fixture fx(require_db());
     fx.grant_all();
@@ -589,7 +631,7 @@ TEST_CASE("review: a claim whose COMMIT fails once with a serialization failure 
     CHECK(store.stats().connections_discarded == 0);
 }
 
-TEST_CASE("review: claim_batch whose INSERT's COMMIT fails once with a serialization failure is retried",
+TEST_CASE("claim_batch whose INSERT's COMMIT fails once with a serialization failure is retried",
           "[postgres][atomicity][batch][review]") {
     Fixture fx(require_db());
     fx.grant_all();
@@ -608,7 +650,7 @@ TEST_CASE("review: claim_batch whose INSERT's COMMIT fails once with a serializa
     CHECK(store.stats().connections_discarded == 0);
 }
 
-TEST_CASE("review: in-transaction mode whose COMMIT fails: effect and claim rolled back, the database's error",
+TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back, the database's error",
           "[postgres][atomicity][transaction][review]") {
     Fixture fx(require_db());
     fx.grant_all();
@@ -641,7 +683,7 @@ TEST_CASE("review: in-transaction mode whose COMMIT fails: effect and claim roll
     fx.admin().exec("DROP TABLE " + side);
 }
 
-TEST_CASE("review: fork() inside an in-transaction effect: the child going on never speaks on the parent's "
+TEST_CASE("fork() inside an in-transaction effect: the child going on never speaks on the parent's "
           "session",
           "[postgres][fork][transaction][review]") {
     Fixture fx(require_db());
@@ -692,7 +734,7 @@ TEST_CASE("review: fork() inside an in-transaction effect: the child going on ne
     fx.admin().exec("DROP TABLE " + side);
 }
 
-TEST_CASE("review: a malformed conninfo is a permanent misconfiguration (config_error), not an outage",
+TEST_CASE("a malformed conninfo is a permanent misconfiguration (config_error), not an outage",
           "[postgres][errors][review]") {
     const auto url = require_db();
     std::atomic<int> effects{0};
@@ -711,7 +753,7 @@ TEST_CASE("review: a malformed conninfo is a permanent misconfiguration (config_
     CHECK(effects == 0);
 }
 
-TEST_CASE("review: pg_hba.conf verdicts: an authentication server that is down (LDAP) is an outage, a "
+TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is an outage, a "
           "connection pg_hba.conf rejects is config_error",
           "[postgres][errors][review]") {
     const auto url = require_db();
@@ -783,7 +825,7 @@ TEST_CASE("review: pg_hba.conf verdicts: an authentication server that is down (
     CHECK(effects == 0);
 }
 
-TEST_CASE("review: claim_batch that throws after taking over a stale key does not delete that key's record "
+TEST_CASE("claim_batch that throws after taking over a stale key does not delete that key's record "
           "(the earlier attempt's outcome is unknown)",
           "[postgres][atomicity][batch][review]") {
     Fixture fx(require_db());
@@ -826,7 +868,7 @@ TEST_CASE("review: claim_batch that throws after taking over a stale key does no
     CHECK(effects == 0);
 }
 
-TEST_CASE("review: cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
+TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
           "has its committed row, no key claimed twice, effect and record commit together",
           "[postgres][atomicity][review]") {
     Fixture fx(require_db());
