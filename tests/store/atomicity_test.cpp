@@ -578,7 +578,7 @@ void fail_commit(Fixture& fx, const std::string& sqlstate, const std::string& ke
 
 TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
           "nothing claimed, the connection stays in step",
-          "[postgres][atomicity][batch][review]") {
+          "[postgres][atomicity][batch]") {
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "23514", "k5");
@@ -616,7 +616,7 @@ TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): t
 }
 
 TEST_CASE("a claim whose COMMIT fails once with a serialization failure is retried and claimed once",
-          "[postgres][atomicity][review]") {
+          "[postgres][atomicity]") {
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "40001", "", 1);
@@ -632,7 +632,7 @@ TEST_CASE("a claim whose COMMIT fails once with a serialization failure is retri
 }
 
 TEST_CASE("claim_batch whose INSERT's COMMIT fails once with a serialization failure is retried",
-          "[postgres][atomicity][batch][review]") {
+          "[postgres][atomicity][batch]") {
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "40001", "", 1);
@@ -651,7 +651,7 @@ TEST_CASE("claim_batch whose INSERT's COMMIT fails once with a serialization fai
 }
 
 TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back, the database's error",
-          "[postgres][atomicity][transaction][review]") {
+          "[postgres][atomicity][transaction]") {
     Fixture fx(require_db());
     fx.grant_all();
     const std::string side = fx.table() + "_side";
@@ -685,7 +685,7 @@ TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back,
 
 TEST_CASE("fork() inside an in-transaction effect: the child going on never speaks on the parent's "
           "session",
-          "[postgres][fork][transaction][review]") {
+          "[postgres][fork][transaction]") {
     Fixture fx(require_db());
     fx.grant_all();
     const std::string side = fx.table() + "_side";
@@ -735,7 +735,7 @@ TEST_CASE("fork() inside an in-transaction effect: the child going on never spea
 }
 
 TEST_CASE("a malformed conninfo is a permanent misconfiguration (config_error), not an outage",
-          "[postgres][errors][review]") {
+          "[postgres][errors]") {
     const auto url = require_db();
     std::atomic<int> effects{0};
     const auto key = idem::Key(idem_test::unique_name("conninfo"), "k1");
@@ -755,7 +755,7 @@ TEST_CASE("a malformed conninfo is a permanent misconfiguration (config_error), 
 
 TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is an outage, a "
           "connection pg_hba.conf rejects is config_error",
-          "[postgres][errors][review]") {
+          "[postgres][errors]") {
     const auto url = require_db();
     // ldap: nothing listens on 127.0.0.1:9, the LDAP server is "down" (heals when it is back).
     // reject: the server's configuration refuses the role for good.
@@ -827,7 +827,7 @@ TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is
 
 TEST_CASE("claim_batch that throws after taking over a stale key does not delete that key's record "
           "(the earlier attempt's outcome is unknown)",
-          "[postgres][atomicity][batch][review]") {
+          "[postgres][atomicity][batch]") {
     Fixture fx(require_db());
     fx.grant_all();
     const auto scope = idem_test::unique_name("btake");
@@ -870,7 +870,7 @@ TEST_CASE("claim_batch that throws after taking over a stale key does not delete
 
 TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
           "has its committed row, no key claimed twice, effect and record commit together",
-          "[postgres][atomicity][review]") {
+          "[postgres][atomicity]") {
     Fixture fx(require_db());
     fx.grant_all();
     const std::string side = fx.table() + "_side";
