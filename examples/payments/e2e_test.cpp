@@ -539,8 +539,6 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
               << std::endl;
     std::cout << "   the last key settled " << latest << " s after the last fault" << std::endl;
     check(kills > 0, "the faults terminated backends");
-    check(all_statuses.size() > 1,
-          "the faults disturbed some requests (not only 201s): " + histogram(all_statuses));
     auto charges = ledger();
     int unsettled = 0;
     for (const Intent& intent : intents) {
