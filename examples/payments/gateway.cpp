@@ -1,6 +1,7 @@
 #include "gateway.hpp"
 
 #include <charconv>
+#include <poll.h>
 #include <string>
 #include <thread>
 #include <utility>
@@ -95,6 +96,16 @@ PgResult exec_prepared(PGconn* conn, const char* name, std::initializer_list<con
     return result;
 }
 
+// The server speaks on an idle connection only to say goodbye: a backend that was terminated, or
+// a server shutting down, sends its FATAL error and closes the socket. So anything to read on an
+// idle pooled connection (or an error polling it) means it must not be used.
+bool idle_connection_alive(PGconn* conn) {
+    if (PQstatus(conn) != CONNECTION_OK)
+        return false;
+    pollfd p{PQsocket(conn), POLLIN, 0};
+    return p.fd >= 0 && ::poll(&p, 1, 0) == 0;
+}
+
 Charge charge_from_row(const PGresult* result, int row) {
     Charge charge;
     charge.id = to_int64(PQgetvalue(result, row, 0));
@@ -162,7 +173,17 @@ PgPool::Lease PgPool::acquire() {
         if (!idle_.empty()) {
             PGconn* conn = idle_.back();
             idle_.pop_back();
-            return Lease(this, conn);
+            if (idle_connection_alive(conn))
+                return Lease(this, conn);
+            // Its backend went away while it sat here. Sending a charge on it would fail only
+            // after the charge was sent, as far as FakeGateway::charge can tell: an unknown
+            // outcome that keeps the key in progress until the reconciler releases it. Close it
+            // and look again.
+            --open_;
+            lock.unlock();
+            PQfinish(conn);
+            lock.lock();
+            continue;
         }
         if (open_ < size_) {
             ++open_;

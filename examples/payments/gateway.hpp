@@ -75,6 +75,8 @@ public:
     };
 
     /// A connection, opening one if fewer than `size` exist; waits up to `wait` otherwise.
+    /// An idle connection whose server side has gone away meanwhile (its backend terminated, the
+    /// server restarted) is closed, never handed out.
     /// Throws DbError (could not connect / pool exhausted): nothing was sent.
     [[nodiscard]] Lease acquire();
 

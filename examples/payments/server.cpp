@@ -305,11 +305,13 @@ void Service::post_payment(const httplib::Request& req, httplib::Response& res) 
         }
     } catch (const payments::GatewayNotCharged& e) {
         // Nothing charged and the key released: the client may retry with the same key.
-        log("not charged (key released): ", e.what());
+        log("key '", key->value(), "' of account ", *account,
+            ": not charged (key released): ", e.what());
         return reply_retry(res, 503, payments::error_body("gateway_unavailable"), 1s);
     } catch (const payments::GatewayTimeout& e) {
         // The charge may exist. The key stays in progress until the reconciler learns the truth.
-        log("outcome unknown (key kept in progress): ", e.what());
+        log("key '", key->value(), "' of account ", *account,
+            ": outcome unknown (key kept in progress): ", e.what());
         return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
     } catch (const idem::response_not_saved& e) {
         // The charge happened; its answer is not stored yet (the reconciler will store the same
