@@ -30,6 +30,8 @@ const std::pair<const char*, std::string> kStatements[] = {
     {"gw_find_account",
      "SELECT " + kChargeColumns +
          " FROM gateway_charges WHERE idempotency_key = $1 AND account = $2 ORDER BY id"},
+    // How long ago an instant (microseconds since the Unix epoch) was, by the database's clock.
+    {"gw_age_ms", "SELECT floor(extract(epoch FROM clock_timestamp() - to_timestamp($1::float8 / 1e6)) * 1000)::bigint"},
     {"rl_hit",
      "INSERT INTO payments_rate_limit AS r (account, window_start, hits) "
      "VALUES ($1, floor(extract(epoch FROM clock_timestamp()))::bigint, 1) "
@@ -310,6 +312,14 @@ std::vector<Charge> FakeGateway::find(std::string_view idempotency_key,
     for (int row = 0; row < rows; ++row)
         charges.push_back(charge_from_row(result.get(), row));
     return charges;
+}
+
+std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system_clock::time_point instant) {
+    PgPool::Lease conn = pool_.acquire();
+    const std::string micros = std::to_string(
+        std::chrono::duration_cast<std::chrono::microseconds>(instant.time_since_epoch()).count());
+    PgResult result = exec_prepared(conn.get(), "gw_age_ms", {micros.c_str()});
+    return std::chrono::milliseconds(to_int64(PQgetvalue(result.get(), 0, 0)));
 }
 
 // -----------------------------------------------------------------------------------------

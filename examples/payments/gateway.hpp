@@ -121,6 +121,9 @@ public:
     /// Ledger rows for a key, oldest first; `account` narrows to one account. Throws DbError.
     [[nodiscard]] std::vector<Charge> find(std::string_view idempotency_key,
                                            std::optional<std::string_view> account);
+    /// How long ago `instant` (a time the database stamped, such as a record's created_at) was, by
+    /// the database's own clock — never this machine's, which may run ahead. Throws DbError.
+    [[nodiscard]] std::chrono::milliseconds age_by_database_clock(std::chrono::system_clock::time_point instant);
 
 private:
     PgPool& pool_;

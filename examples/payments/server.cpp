@@ -433,7 +433,9 @@ private:
             log("reconciler: key '", r.key().value(), "' of account ", *account,
                 " was charged: saving ", response.status, " (pay_", charges.front().id, ")");
             r.save(response);
-        } else if (std::chrono::system_clock::now() - r.record().created_at > kReleaseAfter) {
+        } else if (gateway.age_by_database_clock(r.record().created_at) > kReleaseAfter) {
+            // (aged by the database's clock, which stamped created_at: a server whose clock runs
+            // ahead would release a key whose charge may still be in flight — a double charge)
             log("reconciler: key '", r.key().value(), "' of account ", *account,
                 " was never charged: releasing");
             r.release();

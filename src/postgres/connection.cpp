@@ -319,6 +319,14 @@ void Connection::prepare(const ConnectSettings& settings, std::span<const Statem
             const std::string state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
                                           ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
                                           : "";
+            // The backend went away while we prepared (terminated, shutting down): a broken
+            // connection, retried on a fresh one like any other — not a statement's error.
+            if (is_connection_sqlstate(state)) {
+                broken_ = true;
+                throw connection_broken("idem: PostgreSQL closed the connection while preparing: " +
+                                            trim(PQresultErrorMessage(r.get())),
+                                        state);
+            }
             // (a missing table is a config_error that says to run ensure_schema(); a lock or
             // statement timeout while preparing, the table being locked, is unavailable now)
             throw_database_error("idem: cannot prepare " + defs[i].name + ": " + trim(PQresultErrorMessage(r.get())),

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <sys/wait.h>
@@ -495,6 +496,45 @@ TEST_CASE("several hosts: config_error only when every host refuses for good", "
         }
     }
     CHECK(effects == 0);
+}
+
+TEST_CASE("a backend terminated while a new connection prepares: retried on a fresh connection",
+          "[postgres][errors]") {
+    Fixture fx(require_db());
+    fx.grant_all();
+    auto options = fx.options(2);
+    options.lock_timeout = 10s;  // generous: the PREPARE waits on our lock until we terminate it
+    options.statement_timeout = 20s;
+    idem::PostgresStore store(fx.role_url(), options);
+    PgConn locker(fx.url());
+    locker.exec("BEGIN");
+    locker.exec("LOCK TABLE " + fx.table() + " IN ACCESS EXCLUSIVE MODE");
+    std::atomic<int> effects{0};
+    std::optional<Outcome> outcome;
+    std::string error;
+    std::thread caller([&] {
+        try {
+            outcome = run(store, idem::Key(idem_test::unique_name("prep"), "k1"), effects);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+    });
+    // The store's first connection is preparing its statements, blocked on the lock: end it.
+    long long killed = 0;
+    for (int i = 0; i < 1000 && killed == 0; ++i) {
+        killed = fx.admin().scalar("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                   "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                                   {options.application_name});
+        if (killed == 0) std::this_thread::sleep_for(10ms);
+    }
+    locker.exec("COMMIT");
+    caller.join();
+    REQUIRE(killed == 1);
+    INFO("error: " << error);
+    REQUIRE(outcome.has_value());
+    CHECK(*outcome == Outcome::executed);
+    CHECK(effects == 1);
+    CHECK(store.stats().retries >= 1);
 }
 
 TEST_CASE("fork(): a child cannot use the parent's store, and destroying it there neither hangs nor "
