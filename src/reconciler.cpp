@@ -18,7 +18,7 @@ Reconciler::Sweep Reconciler::run_once() {
     Sweep sweep;
     // Listing takes nothing (it works across Citus shards); take_over() on each key is the
     // router-level write that decides which reconciler handles it.
-    for (const StaleKey& stale : store_.list_stale(options_.batch, options_.scope_prefix)) {
+    for (const StaleKey& stale : store_.list_stale(options_.batch, options_.scopes)) {
         ++sweep.listed;
         const auto started = std::chrono::steady_clock::now();
         std::optional<Fence> fence;

@@ -11,10 +11,12 @@
 //   r.release()        the effect certainly did not happen: free the key; a retry runs it
 //   (nothing)          not known yet: left in progress, listed again once this lease passes
 //
+//   idem::ReconcilerOptions options;
+//   options.scopes = idem::ScopeFilter::prefix("acct:");   // or exact("acct_42"), or all()
 //   idem::Reconciler reconciler(store, [&](idem::Reconciliation& r) {
 //       if (auto charge = gateway.find(r.key().value())) r.save(idem::Response{201, charge->json()});
 //       else if (gateway.certainly_absent(r.key().value())) r.release();
-//   }, {.scope_prefix = "acct:"});
+//   }, options);
 //   reconciler.run(stop_token, std::chrono::seconds(5));   // or run_once() from your scheduler
 //
 // The record handed over carries the last recovery point (phase, phase_data) of the attempt.
@@ -39,8 +41,9 @@ struct ReconcilerOptions {
     std::size_t batch = 100;
     /// How long a reconciler owns a key it took; if it has not resolved it by then, it is stale again.
     std::chrono::milliseconds lease{std::chrono::seconds(30)};
-    /// Only keys whose scope starts with this (your service's scopes in a shared table).
-    std::string scope_prefix;
+    /// The scopes this reconciler handles (your service's scopes in a shared table). Say which:
+    /// ScopeFilter::exact(scope), ScopeFilter::prefix(p) (also matches longer scopes), or all().
+    ScopeFilter scopes = ScopeFilter::all();
 };
 
 class Reconciliation {

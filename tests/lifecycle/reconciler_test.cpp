@@ -1,6 +1,6 @@
 // Reconciler: a worker process SIGKILLed between its effect and its save is resolved exactly once;
 // concurrent reconcilers (threads and a process) handle every stale key exactly once; leave / throw
-// / scope_prefix behave as documented.
+// / scope filters behave as documented.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -166,7 +166,7 @@ TEST_CASE("reconciler: a worker SIGKILLed between effect and save is resolved ex
                 r.release();
             }
         },
-        reconciler_options(100, 30s, scope));
+        reconciler_options(100, 30s, idem::ScopeFilter::exact(scope)));
     const auto sweep = reconciler.run_once();
     CHECK(sweep.listed == 1);
     CHECK(sweep.taken == 1);
@@ -234,8 +234,8 @@ TEST_CASE("reconciler: two reconciler threads and a process over 200 stale keys:
                                   {r.key().scope(), r.key().value(), "thread-" + std::to_string(t)});
                         r.save(Response{200, r.key().value()});
                     },
-                    reconciler_options(20, 30s, scope));
-                (void)store.list_stale(1, scope);  // connect before the start
+                    reconciler_options(20, 30s, idem::ScopeFilter::exact(scope)));
+                (void)store.list_stale(1, idem::ScopeFilter::exact(scope));  // connect before the start
                 std::this_thread::sleep_until(
                     std::chrono::system_clock::time_point(std::chrono::milliseconds(start_at)));
                 std::size_t saved = 0;
@@ -296,7 +296,7 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         const auto original = store.read(keys[0])->fence;
         int calls = 0;
         idem::Reconciler leaver(store, [&](idem::Reconciliation&) { ++calls; },
-                                reconciler_options(10, 200ms, scope));
+                                reconciler_options(10, 200ms, idem::ScopeFilter::exact(scope)));
         const auto s1 = leaver.run_once();
         CHECK(s1.listed == 1);
         CHECK(s1.taken == 1);
@@ -306,15 +306,15 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         REQUIRE(rec);
         CHECK(rec->state == idem::RecordState::in_progress);
         CHECK(rec->fence != original);  // held by the reconciler now
-        CHECK(store.list_stale(10, scope).empty());
+        CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope)).empty());
         CHECK(leaver.run_once().listed == 0);
         CHECK(calls == 1);
         std::this_thread::sleep_for(300ms);
-        const auto again = store.list_stale(10, scope);
+        const auto again = store.list_stale(10, idem::ScopeFilter::exact(scope));
         REQUIRE(again.size() == 1);
         CHECK(again[0].key == keys[0]);
         idem::Reconciler saver(store, [&](idem::Reconciliation& r) { r.save(Response{202, "resolved later"}); },
-                               reconciler_options(10, 30s, scope));
+                               reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s2 = saver.run_once();
         CHECK(s2.saved == 1);
         CHECK(idem::codec<Response>::decode(*store.read(keys[0])->result).body == "resolved later");
@@ -342,7 +342,7 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
                     r.save(Response{201, "found"});
                 }
             },
-            reconciler_options(10, 30s, scope));
+            reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s = reconciler.run_once();
         CHECK(order == std::vector<std::string>{"bad", "good", "gone"});
         CHECK(s.listed == 3);
@@ -362,7 +362,7 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
     }
 }
 
-TEMPLATE_TEST_CASE("reconciler: scope_prefix selects scopes by plain prefix (no wildcards)",
+TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain prefix (no wildcards)",
                    "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make();
@@ -382,17 +382,17 @@ TEMPLATE_TEST_CASE("reconciler: scope_prefix selects scopes by plain prefix (no 
                 handled.insert(r.key().scope());
                 r.save(Response{200, prefix});
             },
-            reconciler_options(100, 30s, prefix));
+            reconciler_options(100, 30s, idem::ScopeFilter::prefix(prefix)));
         const auto sweep = reconciler.run_once();
         CHECK(sweep.saved == handled.size());
         return handled;
     };
-    CHECK(store.list_stale(100, base + "acct:").size() == 2);
+    CHECK(store.list_stale(100, idem::ScopeFilter::prefix(base + "acct:")).size() == 2);
     CHECK(handled_by(base + "acct:") == std::set<std::string>{base + "acct:1", base + "acct:2"});
     CHECK(handled_by(base + "a_c%") == std::set<std::string>{base + "a_c%1"});
     CHECK(handled_by(base + "zzz").empty());
     // The rest were not touched: still stale with their original claims.
-    const auto rest = store.list_stale(100, base);
+    const auto rest = store.list_stale(100, idem::ScopeFilter::prefix(base));
     std::set<std::string> rest_scopes;
     for (const auto& s : rest) rest_scopes.insert(s.key.scope());
     CHECK(rest_scopes == std::set<std::string>{base + "acctX", base + "other:acct:", base + "abc%1"});

@@ -6,6 +6,7 @@
 #include "backends.hpp"
 #include "idem/idem.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -18,8 +19,10 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 using namespace std::chrono_literals;
 using namespace std::string_literals;
@@ -622,10 +625,11 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(store.list_stale(1)[0].key == stale1);
     CHECK(store.read(stale1)->lease_expired);
     CHECK_FALSE(store.read(fresh)->lease_expired);
-    // listing can be narrowed to scopes starting with a prefix
-    CHECK(store.list_stale(10, scope).size() == 2);
-    CHECK(store.list_stale(10, scope + "-other").empty());
-    CHECK(store.list_stale(10, scope.substr(0, 3)).size() == 2);
+    // listing can be narrowed to one scope, or to scopes starting with a prefix
+    CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope)).size() == 2);
+    CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope + "-other")).empty());
+    CHECK(store.list_stale(10, idem::ScopeFilter::prefix(scope.substr(0, 3))).size() == 2);
+    CHECK(store.list_stale(10, idem::ScopeFilter::all()).size() == 2);
 
     // a stale key still answers in_progress to clients
     int runs = 0;
@@ -651,6 +655,123 @@ TEMPLATE_LIST_TEST_CASE(
           }).outcome() == Outcome::executed);
     CHECK(runs == 1);
     CHECK(store.list_stale(10).empty());
+}
+
+namespace {
+
+/// Claims `key` with a 50 ms lease (stale soon).
+void claim_briefly(idem::IdempotencyStore& store, const idem::Key& key) {
+    REQUIRE(store.claim(key, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}}).status ==
+            idem::ClaimStatus::claimed);
+}
+
+std::vector<std::string> scopes_of(const std::vector<idem::StaleKey>& listed) {
+    std::vector<std::string> scopes;
+    for (const auto& s : listed)
+        scopes.push_back(s.key.scope());
+    return scopes;
+}
+
+} // namespace
+
+// There is no way to hand list_stale (or ReconcilerOptions) a bare string: a call site must say
+// whether "tenant" is a scope or a prefix.
+static_assert(!std::is_convertible_v<std::string, idem::ScopeFilter>);
+static_assert(!std::is_convertible_v<const char*, idem::ScopeFilter>);
+static_assert(!std::is_constructible_v<idem::ScopeFilter, std::string>);
+
+TEMPLATE_LIST_TEST_CASE("list_stale: ScopeFilter::exact lists one scope only; prefix (the negative "
+                        "control) also lists the longer scopes",
+                        "[contract][scope]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const std::string tenant = idem_test::unique_name("tenant");
+    const std::string tenant_b = tenant + "B";
+    const std::string tenant_sub = tenant + ":eu";
+    const std::string accented = tenant + "É";  // a multi-byte UTF-8 prefix
+    claim_briefly(store, idem::Key(tenant, "k1"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(tenant_b, "k1"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(tenant, "k2"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(tenant_sub, "k1"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(accented + "1", "k1"));
+    std::this_thread::sleep_for(150ms);
+
+    const auto exact = store.list_stale(10, idem::ScopeFilter::exact(tenant));
+    REQUIRE(exact.size() == 2);
+    CHECK(exact[0].key == idem::Key(tenant, "k1")); // oldest lease first
+    CHECK(exact[1].key == idem::Key(tenant, "k2"));
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::exact(tenant_b))) ==
+          std::vector<std::string>{tenant_b});
+    CHECK(store.list_stale(10, idem::ScopeFilter::exact(tenant + "X")).empty());
+    CHECK(store.list_stale(1, idem::ScopeFilter::exact(tenant)).size() == 1);
+    // The trap exact() avoids: as a prefix, "tenant" also selects "tenantB" (and "tenant:eu").
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::prefix(tenant))) ==
+          std::vector<std::string>{tenant, tenant_b, tenant, tenant_sub, accented + "1"});
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::prefix(tenant + ":"))) ==
+          std::vector<std::string>{tenant_sub});
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::prefix(accented))) ==
+          std::vector<std::string>{accented + "1"});
+    // all() and the default argument: every stale key of the (private) table.
+    CHECK(store.list_stale(10, idem::ScopeFilter::all()).size() == 5);
+    CHECK(store.list_stale(10).size() == 5);
+    CHECK(store.list_stale(10, idem::ScopeFilter{}).size() == 5);
+}
+
+TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are literal characters",
+                        "[contract][scope]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const std::string base = idem_test::unique_name("lit");
+    const std::vector<std::string> scopes = {base + "a%1", base + "a_1", base + "ab1",
+                                             base + "a\\1", base + "aZ%1"};
+    for (const auto& scope : scopes)
+        claim_briefly(store, idem::Key(scope, "k"));
+    std::this_thread::sleep_for(150ms);
+    const auto listed = [&](const idem::ScopeFilter& filter) {
+        auto got = scopes_of(store.list_stale(10, filter));
+        std::sort(got.begin(), got.end());
+        return got;
+    };
+    // As LIKE patterns, "a%" would match all five and "a_" four of them.
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a%")) == std::vector<std::string>{base + "a%1"});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a_")) == std::vector<std::string>{base + "a_1"});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a\\")) == std::vector<std::string>{base + "a\\1"});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "%")).empty());
+    CHECK(listed(idem::ScopeFilter::exact(base + "a_1")) == std::vector<std::string>{base + "a_1"});
+    CHECK(listed(idem::ScopeFilter::exact(base + "a%")).empty());
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a")).size() == 5);
+}
+
+TEMPLATE_LIST_TEST_CASE("ScopeFilter: an invalid exact scope or prefix is invalid_key, before any I/O",
+                        "[contract][scope]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    (void)store.list_stale(1); // connected
+    const auto trips = store.stats().round_trips;
+    const std::string too_long(idem::Key::max_bytes + 1, 's');
+    for (const std::string& bad :
+         {std::string(), too_long, std::string("ten\x01nt"), std::string("ten\x7f"),
+          std::string("caf\xc3"), std::string("\xff\xfe"), std::string("a\0b", 3)}) {
+        CAPTURE(bad);
+        CHECK_THROWS_AS(store.list_stale(10, idem::ScopeFilter::exact(bad)), idem::invalid_key);
+        CHECK_THROWS_AS(store.list_stale(10, idem::ScopeFilter::prefix(bad)), idem::invalid_key);
+    }
+    // Empty means "refused", not "every scope": an unset setting must not widen the selection.
+    CHECK_THROWS_WITH(idem::ScopeFilter::prefix(""), Catch::Contains("empty"));
+    CHECK(store.stats().round_trips == trips);
+    // The longest valid scope is fine both ways.
+    const std::string longest(idem::Key::max_bytes, 's');
+    CHECK(idem::ScopeFilter::exact(longest).text() == longest);
+    CHECK(idem::ScopeFilter::prefix(longest).kind() == idem::ScopeFilter::Kind::prefix);
+    CHECK(idem::ScopeFilter::all() == idem::ScopeFilter{});
+    CHECK(idem::ScopeFilter::exact("t") != idem::ScopeFilter::prefix("t"));
+    CHECK(idem::ScopeFilter::exact("t").matches("t"));
+    CHECK_FALSE(idem::ScopeFilter::exact("t").matches("tB"));
+    CHECK(idem::ScopeFilter::prefix("t").matches("tB"));
 }
 
 TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]",
