@@ -201,9 +201,9 @@ public:
     void set_observer(std::shared_ptr<Observer> observer) noexcept { observer_ = std::move(observer); }
     [[nodiscard]] Observer* observer() const noexcept { return observer_.get(); }
     /// Reports an event to the observer, if any.
-    void emit(Event event, const Key* key, std::chrono::nanoseconds duration = {},
-              std::uint64_t count = 1) const noexcept {
-        if (observer_) observer_->on_event(EventInfo{event, key, duration, count});
+    void emit(Event event, const Key* key, std::chrono::nanoseconds duration = {}, std::uint64_t count = 1,
+              std::string_view detail = {}) const noexcept {
+        if (observer_) observer_->on_event(EventInfo{event, key, duration, count, detail});
     }
 
 protected:

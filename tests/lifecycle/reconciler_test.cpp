@@ -1,6 +1,6 @@
 // Reconciler: a worker process SIGKILLed between its effect and its save is resolved exactly once;
 // concurrent reconcilers (threads and a process) handle every stale key exactly once; leave / throw
-// / scope filters behave as documented.
+// / scope filters / failure reporting behave as documented.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -15,10 +15,15 @@
 #include <latch>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "idem/reconciler.hpp"
@@ -348,6 +353,12 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         CHECK(s.listed == 3);
         CHECK(s.taken == 3);
         CHECK(s.failed == 1);
+        REQUIRE(s.failures.size() == 1);
+        CHECK(s.failures[0].key == bad);
+        CHECK(s.failures[0].stage == idem::Reconciler::Stage::resolver);
+        CHECK(s.failures[0].error_type == "std::exception");
+        CHECK(s.failures[0].message == "provider unreachable");
+        CHECK_FALSE(s.failures[0].backed_off);  // may pass: retried when the reconciler's lease does
         CHECK(s.saved == 1);
         CHECK(s.released == 1);
         CHECK(s.left == 0);
@@ -360,6 +371,108 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
               Outcome::executed);
         CHECK(runs == 1);
     }
+}
+
+namespace {
+
+/// A real store whose list_stale and take_over throw exceptions that are not idem::error — what
+/// std::bad_alloc or a std::system_error from a thread or mutex would look like to the reconciler.
+/// Everything else goes to the real store.
+class ThrowingStore final : public idem::IdempotencyStore {
+public:
+    explicit ThrowingStore(idem::IdempotencyStore& real) : real_(real) {}
+
+    std::atomic<int> list_throws{0};      ///< the next n list_stale calls throw std::system_error
+    std::atomic<int> take_over_throws{0}; ///< the next n take_over calls throw std::bad_alloc
+    std::atomic<int> lists{0};
+
+    idem::Claim claim(const idem::Key& k, const idem::Fingerprint& fp, const idem::ClaimOptions& o) override {
+        return real_.claim(k, fp, o);
+    }
+    void save(const idem::Key& k, idem::Fence f, std::string_view r) override { real_.save(k, f, r); }
+    void release(const idem::Key& k, idem::Fence f) override { real_.release(k, f); }
+    void extend_lease(const idem::Key& k, idem::Fence f, std::chrono::milliseconds l) override {
+        real_.extend_lease(k, f, l);
+    }
+    void record_phase(const idem::Key& k, idem::Fence f, std::string_view p, std::string_view d) override {
+        real_.record_phase(k, f, p, d);
+    }
+    std::optional<idem::Fence> take_over(const idem::Key& k, idem::Fence f, std::chrono::milliseconds l,
+                                         bool n) override {
+        if (take_over_throws.fetch_sub(1) > 0) throw std::bad_alloc();
+        return real_.take_over(k, f, l, n);
+    }
+    std::optional<idem::Record> read(const idem::Key& k) override { return real_.read(k); }
+    std::vector<idem::StaleKey> list_stale(std::size_t limit, const idem::ScopeFilter& scopes) override {
+        ++lists;
+        if (list_throws.fetch_sub(1) > 0) {
+            throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                                    "no thread for the pool");
+        }
+        return real_.list_stale(limit, scopes);
+    }
+    std::size_t purge_expired(std::size_t b, std::size_t m) override { return real_.purge_expired(b, m); }
+    idem::StoreStats stats() const override { return real_.stats(); }
+    std::size_t max_result_bytes() const noexcept override { return real_.max_result_bytes(); }
+
+private:
+    idem::IdempotencyStore& real_;
+};
+
+/// Keeps the reconcile_failed events (key and detail copied).
+struct FailureLog final : idem::Observer {
+    void on_event(const idem::EventInfo& e) noexcept override {
+        if (e.event != idem::Event::reconcile_failed) return;
+        std::lock_guard lock(mutex);
+        entries.emplace_back(e.key ? e.key->value() : "<no key>", std::string(e.detail));
+    }
+    std::vector<std::pair<std::string, std::string>> snapshot() {
+        std::lock_guard lock(mutex);
+        return entries;
+    }
+    std::mutex mutex;
+    std::vector<std::pair<std::string, std::string>> entries;
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("reconciler: run() survives exceptions that are not idem::error, reports them, and "
+                   "keeps sweeping",
+                   "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
+    TestType backend;
+    auto& real = backend.make();
+    ThrowingStore store(real);
+    auto log = std::make_shared<FailureLog>();
+    store.set_observer(log);
+    const auto scope = fresh_scope("run");
+    const auto keys = make_stale(real, scope, 1, idem::fingerprint("run"s));
+    store.list_throws = 2;
+    store.take_over_throws = 1;
+    std::atomic<int> resolved{0};
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            r.save(Response{200, "resolved"});
+            ++resolved;
+        },
+        reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
+    {
+        std::jthread loop([&](std::stop_token stop) { reconciler.run(stop, 10ms); });
+        const auto deadline = SteadyClock::now() + 20s;
+        while (resolved == 0 && SteadyClock::now() < deadline) std::this_thread::sleep_for(5ms);
+    }  // stops and joins the loop
+    CHECK(resolved == 1);
+    auto rec = real.read(keys[0]);
+    REQUIRE(rec);
+    CHECK(rec->state == idem::RecordState::completed);
+    CHECK(store.lists >= 4);  // two failed listings, the one whose take_over failed, the one that resolved
+    const auto entries = log->snapshot();
+    REQUIRE(entries.size() == 3);
+    using Entry = std::pair<std::string, std::string>;
+    CHECK(entries[0] ==
+          Entry{"<no key>", "sweep: std::exception: no thread for the pool: Resource temporarily unavailable"});
+    CHECK(entries[1] == entries[0]);
+    CHECK(entries[2] == Entry{"stale-0", "take_over: std::exception: std::bad_alloc"});
 }
 
 TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain prefix (no wildcards)",

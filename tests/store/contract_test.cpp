@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <exception>
 #include <latch>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -672,6 +674,33 @@ std::vector<std::string> scopes_of(const std::vector<idem::StaleKey>& listed) {
     return scopes;
 }
 
+/// Keeps every event with its key and detail (copied: they are valid during on_event only).
+class RecordingObserver final : public idem::Observer {
+public:
+    struct Seen {
+        idem::Event event;
+        std::optional<idem::Key> key;
+        std::string detail;
+    };
+    void on_event(const idem::EventInfo& e) noexcept override {
+        std::lock_guard lock(mutex_);
+        seen_.push_back(Seen{e.event, e.key ? std::optional<idem::Key>(*e.key) : std::nullopt,
+                             std::string(e.detail)});
+    }
+    std::vector<Seen> of(idem::Event event) const {
+        std::lock_guard lock(mutex_);
+        std::vector<Seen> out;
+        for (const auto& s : seen_)
+            if (s.event == event)
+                out.push_back(s);
+        return out;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::vector<Seen> seen_;
+};
+
 } // namespace
 
 // There is no way to hand list_stale (or ReconcilerOptions) a bare string: a call site must say
@@ -773,6 +802,171 @@ TEMPLATE_LIST_TEST_CASE("ScopeFilter: an invalid exact scope or prefix is invali
     CHECK_FALSE(idem::ScopeFilter::exact("t").matches("tB"));
     CHECK(idem::ScopeFilter::prefix("t").matches("tB"));
 }
+
+TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported (sweep failures, "
+                        "observer) and the key is backed off, not retried every lease",
+                        "[contract][reconciler]", Backends) {
+    TestType backend;
+    idem_test::StoreConfig config;
+    config.max_result_bytes = 1024;
+    auto& store = backend.make(config);
+    auto observer = std::make_shared<RecordingObserver>();
+    store.set_observer(observer);
+    const auto scope = idem_test::fresh_scope("toolarge");
+    const idem::Key big(scope, "big"), fine(scope, "fine");
+    claim_briefly(store, big);
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, fine);
+    std::this_thread::sleep_for(150ms);
+
+    std::atomic<int> big_calls{0}, fine_calls{0};
+    const auto resolver = [&](idem::Reconciliation& r) {
+        if (r.key() == big) {
+            ++big_calls;
+            r.save_encoded(std::string(2000, 'x'));
+        } else {
+            ++fine_calls;
+            r.save(charge_response("ch_fine"));
+        }
+    };
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    // failure_backoff: the default (15 minutes)
+
+    SECTION("default backoff: reported once, not tried again once the reconciler's lease passed") {
+        idem::Reconciler reconciler(store, resolver, options);
+        const auto s1 = reconciler.run_once();
+        CHECK(s1.listed == 2);
+        CHECK(s1.taken == 2);
+        CHECK(s1.saved == 1);
+        CHECK(s1.failed == 1);
+        REQUIRE(s1.failures.size() == 1);
+        const auto& failure = s1.failures[0];
+        CHECK(failure.key == big);
+        CHECK(failure.stage == idem::Reconciler::Stage::save);
+        CHECK(failure.error_type == "response_too_large");
+        CHECK(failure.sqlstate.empty());
+        CHECK(failure.message == "idem: result of 2000 bytes exceeds max_result_bytes 1024");
+        CHECK(failure.backed_off);
+        const auto events = observer->of(idem::Event::reconcile_failed);
+        REQUIRE(events.size() == 1);
+        CHECK(events[0].key == std::optional<idem::Key>(big));
+        CHECK(events[0].detail == "save: response_too_large: idem: result of 2000 bytes exceeds "
+                                  "max_result_bytes 1024 (left alone for 900000 ms)");
+        CHECK(observer->of(idem::Event::reconciled).size() == 1);
+
+        // Still in progress to clients; held for the backoff, by the store's clock.
+        const auto record = store.read(big);
+        REQUIRE(record);
+        CHECK(record->state == idem::RecordState::in_progress);
+        CHECK(record->lease_until > std::chrono::system_clock::now() + 14min);
+        int runs = 0;
+        CHECK(idem::execute_once(store, big, charge_fp(), [&] {
+                  ++runs;
+                  return charge_response("x");
+              }).outcome() == Outcome::in_progress);
+        CHECK(runs == 0);
+
+        // Past the reconciler's 100 ms lease: without the backoff it would be listed and resolved
+        // (and fail) again here, every lease, forever.
+        std::this_thread::sleep_for(300ms);
+        CHECK(store.list_stale(10).empty());
+        const auto s2 = reconciler.run_once();
+        CHECK(s2.listed == 0);
+        CHECK(s2.failures.empty());
+        CHECK(big_calls == 1);
+        CHECK(fine_calls == 1);
+        CHECK(observer->of(idem::Event::reconcile_failed).size() == 1);
+    }
+
+    SECTION("a 1 s backoff: tried again after it, reported again; a fixed resolver then resolves it") {
+        options.failure_backoff = 1s;
+        idem::Reconciler reconciler(store, resolver, options);
+        CHECK(reconciler.run_once().failures.size() == 1);
+        std::this_thread::sleep_for(1300ms); // past the backoff
+        const auto again = reconciler.run_once();
+        CHECK(again.listed == 1);
+        REQUIRE(again.failures.size() == 1);
+        CHECK(again.failures[0].key == big);
+        CHECK(again.failures[0].backed_off);
+        CHECK(big_calls == 2);
+        CHECK(observer->of(idem::Event::reconcile_failed).size() == 2);
+        std::this_thread::sleep_for(1200ms);
+        idem::Reconciler fixed(
+            store, [&](idem::Reconciliation& r) { r.save_encoded("summary: 2000 bytes"); }, options);
+        const auto s = fixed.run_once();
+        CHECK(s.saved == 1);
+        CHECK(s.failures.empty());
+        CHECK(store.read(big)->result == std::optional<std::string>("summary: 2000 bytes"));
+    }
+
+    SECTION("failure_backoff 0: tried again when the reconciler's lease passes, reported each time") {
+        options.failure_backoff = 0ms;
+        idem::Reconciler reconciler(store, resolver, options);
+        const auto s1 = reconciler.run_once();
+        REQUIRE(s1.failures.size() == 1);
+        CHECK_FALSE(s1.failures[0].backed_off);
+        std::this_thread::sleep_for(300ms);
+        const auto s2 = reconciler.run_once();
+        CHECK(s2.listed == 1);
+        REQUIRE(s2.failures.size() == 1);
+        CHECK(s2.failures[0].key == big);
+        CHECK(big_calls == 2);
+        const auto events = observer->of(idem::Event::reconcile_failed);
+        REQUIRE(events.size() == 2);
+        CHECK(events[1].detail == "save: response_too_large: idem: result of 2000 bytes exceeds "
+                                  "max_result_bytes 1024");
+    }
+    CHECK_THROWS_AS(idem::Reconciler(store, resolver, [] {
+                        idem::ReconcilerOptions o;
+                        o.failure_backoff = -1ms;
+                        return o;
+                    }()),
+                    idem::config_error);
+}
+
+#if defined(IDEM_CONTRACT_POSTGRES)
+TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514) is reported with "
+          "its SQLSTATE and backed off",
+          "[contract][reconciler]") {
+    idem_test::PostgresBackend backend;
+    auto& store = backend.make();
+    auto observer = std::make_shared<RecordingObserver>();
+    store.set_observer(observer);
+    idem_test::PgConn(backend.conninfo())
+        .exec("ALTER TABLE " + backend.table() +
+              " ADD CONSTRAINT small_results CHECK (length(result) < 100)");
+    const auto scope = idem_test::fresh_scope("refused");
+    const idem::Key key(scope, "k");
+    claim_briefly(store, key);
+    std::this_thread::sleep_for(150ms);
+    int calls = 0;
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            ++calls;
+            r.save_encoded(std::string(500, 'x'));
+        },
+        options);
+    const auto s1 = reconciler.run_once();
+    REQUIRE(s1.failures.size() == 1);
+    CHECK(s1.failures[0].stage == idem::Reconciler::Stage::save);
+    CHECK(s1.failures[0].error_type == "database_error");
+    CHECK(s1.failures[0].sqlstate == "23514");
+    CHECK(s1.failures[0].backed_off);
+    const auto events = observer->of(idem::Event::reconcile_failed);
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].detail.starts_with("save: database_error 23514: "));
+    std::this_thread::sleep_for(300ms);
+    CHECK(reconciler.run_once().listed == 0);
+    CHECK(calls == 1);
+    CHECK(store.read(key)->state == idem::RecordState::in_progress);
+}
+#endif
 
 TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]",
                         Backends) {
