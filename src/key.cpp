@@ -68,4 +68,25 @@ Key::Key(std::string scope, std::string value) : scope_(std::move(scope)), value
     validate_key_part(value_, "value");
 }
 
+ScopeFilter ScopeFilter::exact(std::string scope) {
+    validate_key_part(scope, "scope");
+    return ScopeFilter(Kind::exact, std::move(scope));
+}
+
+ScopeFilter ScopeFilter::prefix(std::string scope_prefix) {
+    // The scope rules: a prefix breaking them either matches nothing (too long) or would be compared
+    // differently by each store (a UTF-8 sequence cut short: PostgreSQL refuses the parameter).
+    validate_key_part(scope_prefix, "scope prefix");
+    return ScopeFilter(Kind::prefix, std::move(scope_prefix));
+}
+
+bool ScopeFilter::matches(std::string_view scope) const noexcept {
+    switch (kind_) {
+        case Kind::all: return true;
+        case Kind::exact: return scope == text_;
+        case Kind::prefix: return scope.starts_with(text_);
+    }
+    return false;
+}
+
 }  // namespace idem

@@ -161,7 +161,7 @@ std::optional<Record> MemoryStore::read(const Key& key) {
     return Impl::view(it->second, Clock::now());
 }
 
-std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, std::string_view scope_prefix) {
+std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
     const auto now = Clock::now();
     std::lock_guard lock(impl_->mutex);
     ++impl_->stats.reads;
@@ -169,7 +169,7 @@ std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, std::string_vie
     std::vector<StaleKey> stale;
     for (const auto& [id, record] : impl_->records) {
         if (record.state == RecordState::in_progress && record.lease_until < now &&
-            std::string_view(id.first).starts_with(scope_prefix)) {
+            scopes.matches(id.first)) {
             stale.push_back(StaleKey{Key(id.first, id.second), Impl::view(record, now)});
         }
     }

@@ -1,5 +1,6 @@
 #include "idem/reconciler.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -7,50 +8,149 @@
 #include "idem/errors.hpp"
 
 namespace idem {
+namespace {
+
+struct Described {
+    std::string type;
+    std::string sqlstate;
+    std::string message;
+};
+
+// Most derived class first: a response_too_large is also a response_not_saved and an outcome_unknown.
+Described describe(const std::exception_ptr& thrown) {
+    try {
+        std::rethrow_exception(thrown);
+    } catch (const response_too_large& e) {
+        return {"response_too_large", e.sqlstate(), e.what()};
+    } catch (const response_not_saved& e) {
+        return {"response_not_saved", e.sqlstate(), e.what()};
+    } catch (const outcome_unknown& e) {
+        return {"outcome_unknown", e.sqlstate(), e.what()};
+    } catch (const lease_lost& e) {
+        return {"lease_lost", e.sqlstate(), e.what()};
+    } catch (const corrupt_record& e) {
+        return {"corrupt_record", e.sqlstate(), e.what()};
+    } catch (const database_error& e) {
+        return {"database_error", e.sqlstate(), e.what()};
+    } catch (const pool_timeout& e) {
+        return {"pool_timeout", e.sqlstate(), e.what()};
+    } catch (const store_unavailable& e) {
+        return {"store_unavailable", e.sqlstate(), e.what()};
+    } catch (const config_error& e) {
+        return {"config_error", e.sqlstate(), e.what()};
+    } catch (const invalid_key& e) {
+        return {"invalid_key", e.sqlstate(), e.what()};
+    } catch (const error& e) {
+        return {"error", e.sqlstate(), e.what()};
+    } catch (const std::exception& e) {
+        return {"std::exception", {}, e.what()};
+    } catch (...) {
+        return {"unknown", {}, "an exception not derived from std::exception"};
+    }
+}
+
+// Whether the store will refuse the same decision again: the bytes are over the limit, or the
+// database rejects the data itself (22 data exception, 23 integrity constraint, 42 syntax or access
+// rule, 54 program limit — e.g. a row too large). Outages, serialization failures and lock timeouts
+// (08, 40, 55, 57, ...) pass; lease_lost means the key is someone else's now.
+bool will_repeat(Reconciler::Stage stage, const Described& d) {
+    if (stage != Reconciler::Stage::save && stage != Reconciler::Stage::release) return false;
+    if (d.type == "response_too_large") return true;
+    if (d.type != "database_error" || d.sqlstate.size() != 5) return false;
+    const std::string_view sqlclass = std::string_view(d.sqlstate).substr(0, 2);
+    return sqlclass == "22" || sqlclass == "23" || sqlclass == "42" || sqlclass == "54";
+}
+
+std::string detail_of(std::string_view stage, const Described& d) {
+    std::string detail;
+    detail.append(stage).append(": ").append(d.type);
+    if (!d.sqlstate.empty()) detail.append(" ").append(d.sqlstate);
+    detail.append(": ").append(d.message);
+    return detail;
+}
+
+}  // namespace
 
 Reconciler::Reconciler(IdempotencyStore& store, Resolver resolver, ReconcilerOptions options)
     : store_(store), resolver_(std::move(resolver)), options_(std::move(options)) {
     if (!resolver_) throw config_error("idem: Reconciler needs a resolver");
     if (options_.batch == 0) throw config_error("idem: Reconciler batch must be at least 1");
+    if (options_.failure_backoff.count() < 0) {
+        throw config_error("idem: Reconciler failure_backoff must not be negative");
+    }
+}
+
+void Reconciler::record_failure(Sweep& sweep, const Key& key, Stage stage, std::exception_ptr thrown,
+                                std::optional<Fence> held) {
+    Described d = describe(thrown);
+    bool backed_off = false;
+    if (held && options_.failure_backoff.count() > 0 && will_repeat(stage, d)) {
+        try {
+            store_.extend_lease(key, *held, options_.failure_backoff);
+            backed_off = true;
+        } catch (...) {
+            // Not held longer: stale again when this reconciler's lease passes, and reported again.
+        }
+    }
+    std::string detail = detail_of(to_string(stage), d);
+    if (backed_off) {
+        detail.append(" (left alone for ")
+            .append(std::to_string(options_.failure_backoff.count()))
+            .append(" ms)");
+    }
+    store_.emit(Event::reconcile_failed, &key, {}, 1, detail);
+    sweep.failures.push_back(
+        Failure{key, stage, std::move(d.type), std::move(d.sqlstate), std::move(d.message), backed_off});
+    ++sweep.failed;
 }
 
 Reconciler::Sweep Reconciler::run_once() {
     Sweep sweep;
     // Listing takes nothing (it works across Citus shards); take_over() on each key is the
     // router-level write that decides which reconciler handles it.
-    for (const StaleKey& stale : store_.list_stale(options_.batch, options_.scope_prefix)) {
+    for (const StaleKey& stale : store_.list_stale(options_.batch, options_.scopes)) {
         ++sweep.listed;
         const auto started = std::chrono::steady_clock::now();
         std::optional<Fence> fence;
         try {
             fence = store_.take_over(stale.key, stale.record.fence, options_.lease, false);
-        } catch (const error&) {
-            ++sweep.failed;
+        } catch (...) {
+            record_failure(sweep, stale.key, Stage::take_over, std::current_exception(), std::nullopt);
             continue;
         }
         if (!fence) continue;  // another reconciler, a resumed retry, or the late owner got there first
         ++sweep.taken;
+        // Each failure below leaves the key in progress, held by this reconciler until its lease
+        // passes (or longer: see record_failure).
         Reconciliation r(stale.key, stale.record, *fence);
         try {
             resolver_(r);
-            switch (r.decision()) {
-                case Reconciliation::Decision::save:
-                    store_.save(stale.key, *fence, r.encoded_result());
-                    ++sweep.saved;
-                    break;
-                case Reconciliation::Decision::release:
-                    store_.release(stale.key, *fence);
-                    ++sweep.released;
-                    break;
-                case Reconciliation::Decision::leave:
-                    ++sweep.left;
-                    continue;
-            }
-            store_.emit(Event::reconciled, &stale.key, std::chrono::steady_clock::now() - started);
         } catch (...) {
-            // Left in progress; stale again when this reconciler's lease passes.
-            ++sweep.failed;
+            record_failure(sweep, stale.key, Stage::resolver, std::current_exception(), fence);
+            continue;
         }
+        const Reconciliation::Decision decision = r.decision();
+        if (decision == Reconciliation::Decision::leave) {
+            ++sweep.left;
+            continue;
+        }
+        const Stage stage = decision == Reconciliation::Decision::save ? Stage::save : Stage::release;
+        try {
+            if (stage == Stage::save) {
+                store_.save(stale.key, *fence, r.encoded_result());
+            } else {
+                store_.release(stale.key, *fence);
+            }
+        } catch (...) {
+            record_failure(sweep, stale.key, stage, std::current_exception(), fence);
+            continue;
+        }
+        if (stage == Stage::save) {
+            ++sweep.saved;
+        } else {
+            ++sweep.released;
+        }
+        store_.emit(Event::reconciled, &stale.key, std::chrono::steady_clock::now() - started);
     }
     return sweep;
 }
@@ -60,11 +160,24 @@ void Reconciler::run(std::stop_token stop, std::chrono::milliseconds interval) {
     std::condition_variable_any wake;
     while (!stop.stop_requested()) {
         try {
-            // A full batch means more may be waiting: sweep again at once.
-            while (!stop.stop_requested() && run_once().listed >= options_.batch) {
+            while (!stop.stop_requested()) {
+                const Sweep sweep = run_once();
+                // A full batch means more may be waiting: sweep again at once. Not after a failed
+                // take_over: that key is listed again at once, and sweeping again would spin on it.
+                const bool take_over_failed =
+                    std::any_of(sweep.failures.begin(), sweep.failures.end(),
+                                [](const Failure& f) { return f.stage == Stage::take_over; });
+                if (sweep.listed < options_.batch || take_over_failed) break;
             }
-        } catch (const error&) {
-            // The store is unreachable: try again next interval.
+        } catch (...) {
+            // Anything (the store unreachable while listing, std::bad_alloc, a std::system_error):
+            // reported, and the loop goes on next interval.
+            try {
+                const std::string detail = detail_of("sweep", describe(std::current_exception()));
+                store_.emit(Event::reconcile_failed, nullptr, {}, 1, detail);
+            } catch (...) {
+                store_.emit(Event::reconcile_failed, nullptr, {}, 1, "sweep: failed (no memory to say why)");
+            }
         }
         std::unique_lock lock(mutex);
         wake.wait_for(lock, stop, interval, [] { return false; });

@@ -414,7 +414,7 @@ public:
 private:
     static idem::ReconcilerOptions make_options(milliseconds lease) {
         idem::ReconcilerOptions options;
-        options.scope_prefix = std::string(payments::payment_scope_prefix());
+        options.scopes = idem::ScopeFilter::prefix(std::string(payments::payment_scope_prefix()));
         options.lease = lease; // a key left undecided is looked at again after this
         return options;
     }

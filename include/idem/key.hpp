@@ -8,11 +8,14 @@
 // I/O. Everything else — quotes, semicolons, "'; DROP TABLE x; --" — is stored verbatim: every
 // statement idem runs is parameterised.
 //
-// Thread-safety: immutable value type.
+// ScopeFilter (below) says which scopes a listing covers — list_stale() and a Reconciler.
+//
+// Thread-safety: immutable value types.
 #pragma once
 
 #include <compare>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -39,5 +42,51 @@ private:
 /// Checks one part of a key ("scope" or "value" in the message); throws invalid_key. Exposed so that
 /// services can validate a header before doing anything else.
 void validate_key_part(std::string_view part, std::string_view what);
+
+/// Which scopes a listing of keys covers (IdempotencyStore::list_stale, ReconcilerOptions::scopes).
+///
+///   ScopeFilter::all()                every scope (also what a default-constructed filter means)
+///   ScopeFilter::exact("acct_42")     the scope "acct_42" only — not "acct_420"
+///   ScopeFilter::prefix("acct_42:")   every scope that starts with these bytes, "acct_42:" itself
+///                                     included; compared byte by byte, so '%' and '_' are plain
+///                                     characters, never wildcards
+///
+/// There is deliberately no conversion from a string: "tenant" as a prefix also selects "tenantB",
+/// so every call site has to say which of the two it means. Use exact() for one tenant's scope,
+/// prefix() only when scopes are built as "<prefix><something>" and the prefix ends in a separator.
+///
+/// Errors: exact() throws invalid_key unless its argument is a valid scope (Key's rules: 1..255 bytes
+/// of UTF-8 without control characters), so a filter that could never match is refused, not run.
+/// prefix() holds its argument to the same rules; in particular an empty prefix is refused rather
+/// than read as "every scope": it usually is an unset setting, and it would widen one tenant's
+/// reconciler to every tenant. Say all() when every scope is meant.
+class ScopeFilter {
+public:
+    enum class Kind : std::uint8_t { all, exact, prefix };
+
+    /// Every scope; the same as all().
+    ScopeFilter() noexcept = default;
+
+    [[nodiscard]] static ScopeFilter all() noexcept { return ScopeFilter(); }
+    /// Only `scope`. Throws invalid_key if it is not a valid scope.
+    [[nodiscard]] static ScopeFilter exact(std::string scope);
+    /// Scopes starting with `scope_prefix` (literally). Throws invalid_key if it is empty, longer
+    /// than Key::max_bytes, not UTF-8 or contains a control character.
+    [[nodiscard]] static ScopeFilter prefix(std::string scope_prefix);
+
+    [[nodiscard]] Kind kind() const noexcept { return kind_; }
+    /// The scope (exact) or the prefix (prefix); empty for all.
+    [[nodiscard]] const std::string& text() const noexcept { return text_; }
+    /// Whether the filter selects `scope`.
+    [[nodiscard]] bool matches(std::string_view scope) const noexcept;
+
+    friend bool operator==(const ScopeFilter&, const ScopeFilter&) = default;
+
+private:
+    ScopeFilter(Kind kind, std::string text) noexcept : kind_(kind), text_(std::move(text)) {}
+
+    Kind kind_ = Kind::all;
+    std::string text_;
+};
 
 }  // namespace idem

@@ -7,7 +7,10 @@
 // Events: executed, replayed, in_progress, mismatch (execute_once, with the call's duration);
 // released (not_performed), unknown (fn threw: outcome unknown, or the result was not saved);
 // taken_over (resume mode or a reconciler took a stale key); reconciled (a reconciler resolved a
-// key); purged (purge_expired, count = rows). Implement Observer to feed your own metrics.
+// key); purged (purge_expired, count = rows); reconcile_failed (a reconciler could not resolve a
+// key — the key, and in `detail` the stage and the reason, e.g. "save: response_too_large: …" — or,
+// with no key, a whole sweep failed: listing stale keys, an outage). Implement Observer to feed your
+// own metrics. New events are added at the end, so the numbers of the existing ones never change.
 //
 // Thread-safety: on_event is called concurrently from every thread using the store; it must be
 // thread-safe and must not throw (it is noexcept). CountingObserver is lock-free.
@@ -34,21 +37,25 @@ enum class Event : std::uint8_t {
     taken_over,
     reconciled,
     purged,
+    reconcile_failed,
 };
-inline constexpr std::size_t event_count = 9;
+inline constexpr std::size_t event_count = 10;
 
 [[nodiscard]] constexpr std::string_view to_string(Event event) noexcept {
-    constexpr std::string_view names[event_count] = {"executed", "replayed",   "in_progress",
-                                                     "mismatch", "released",   "unknown",
-                                                     "taken_over", "reconciled", "purged"};
+    constexpr std::string_view names[event_count] = {
+        "executed", "replayed",   "in_progress", "mismatch", "released",
+        "unknown",  "taken_over", "reconciled",  "purged",   "reconcile_failed"};
     return names[static_cast<std::size_t>(event)];
 }
 
 struct EventInfo {
     Event event;
-    const Key* key;  ///< the key concerned; null for purged
+    const Key* key;  ///< the key concerned; null for purged and for a failed reconciler sweep
     std::chrono::nanoseconds duration;  ///< of the call, where one was timed
     std::uint64_t count;                ///< 1, or the number of rows (purged)
+    /// reconcile_failed: what failed and why ("save: response_too_large: …"); empty otherwise.
+    /// Valid during on_event only: copy it to keep it.
+    std::string_view detail;
 };
 
 class Observer {

@@ -124,7 +124,7 @@ public:
     [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence,
                                                  std::chrono::milliseconds lease, bool new_attempt) override;
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
-                                                   std::string_view scope_prefix = {}) override;
+                                                   const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     [[nodiscard]] StoreStats stats() const override;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;

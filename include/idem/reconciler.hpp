@@ -11,23 +11,50 @@
 //   r.release()        the effect certainly did not happen: free the key; a retry runs it
 //   (nothing)          not known yet: left in progress, listed again once this lease passes
 //
+//   idem::ReconcilerOptions options;
+//   options.scopes = idem::ScopeFilter::prefix("acct:");   // or exact("acct_42"), or all()
 //   idem::Reconciler reconciler(store, [&](idem::Reconciliation& r) {
 //       if (auto charge = gateway.find(r.key().value())) r.save(idem::Response{201, charge->json()});
 //       else if (gateway.certainly_absent(r.key().value())) r.release();
-//   }, {.scope_prefix = "acct:"});
+//   }, options);
 //   reconciler.run(stop_token, std::chrono::seconds(5));   // or run_once() from your scheduler
 //
 // The record handed over carries the last recovery point (phase, phase_data) of the attempt.
-// A resolver that throws leaves the key for later (counted as failed) and the sweep goes on.
+//
+// Failures are reported, never silent. A key that cannot be resolved — take_over failed, the
+// resolver threw, or the store refused the save/release — stays in progress and is reported twice:
+// in the sweep's `failures` (key, stage, error type, SQLSTATE, message) and as an observer event
+// (Event::reconcile_failed, with the key and "stage: type: message" as detail). The sweep goes on
+// with the next key. When the key is retried depends on whether the failure can repeat:
+//
+//   * Failures that will happen again with the same decision — the result is over the store's
+//     max_result_bytes (response_too_large), or the database refuses the save/release for the data
+//     itself (database_error of SQLSTATE class 22 data, 23 constraint, 42 rule/privilege, 54
+//     limit) — back off: the reconciler extends its lease on the key by `failure_backoff`, so no
+//     reconciler, in this process or another, hands the key to a resolver again before then.
+//     The state lives in the row, not in the process: it survives restarts, needs no memory per
+//     key, and the key leaves the head of the oldest-first listing instead of filling every
+//     batch (a reconciler that merely skipped such keys would list them first forever and starve
+//     the others). After the backoff the key is tried once more — a fix in the meantime (a larger
+//     max_result_bytes, a resolver that saves a summary) then resolves it — and reported again
+//     if it still fails.
+//   * Other failures may pass — the resolver threw (the provider is down), the store is
+//     unavailable, a serialization or lock timeout, another owner took the key (lease_lost) — and
+//     the key is retried once this reconciler's `lease` passes, as before, each failure reported.
+//
 // Thread-safety: run_once() may be called from several threads and processes at once.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "idem/response.hpp"
 #include "idem/store.hpp"
@@ -39,8 +66,12 @@ struct ReconcilerOptions {
     std::size_t batch = 100;
     /// How long a reconciler owns a key it took; if it has not resolved it by then, it is stale again.
     std::chrono::milliseconds lease{std::chrono::seconds(30)};
-    /// Only keys whose scope starts with this (your service's scopes in a shared table).
-    std::string scope_prefix;
+    /// The scopes this reconciler handles (your service's scopes in a shared table). Say which:
+    /// ScopeFilter::exact(scope), ScopeFilter::prefix(p) (also matches longer scopes), or all().
+    ScopeFilter scopes = ScopeFilter::all();
+    /// How long a key whose save/release failed in a way that will repeat (see above) is left
+    /// alone before it is tried again. Zero: retried when `lease` passes, like any other failure.
+    std::chrono::milliseconds failure_backoff{std::chrono::minutes(15)};
 };
 
 class Reconciliation {
@@ -84,28 +115,73 @@ class Reconciler {
 public:
     using Resolver = std::function<void(Reconciliation&)>;
 
+    /// Where handling a key failed.
+    enum class Stage : std::uint8_t {
+        take_over,  ///< taking the stale key (the store failed; the key is not held)
+        resolver,   ///< the resolver threw
+        save,       ///< the store refused the resolver's save
+        release,    ///< the store refused the resolver's release
+    };
+
+    /// A key this sweep could not resolve. It stays in progress (clients still get in_progress)
+    /// unless another owner resolves it (stage save/release, error_type "lease_lost").
+    struct Failure {
+        Key key;
+        Stage stage;
+        /// What was thrown: the idem::error class ("response_too_large", "lease_lost",
+        /// "database_error", "store_unavailable", ...), "std::exception" or "unknown".
+        std::string error_type;
+        /// PostgreSQL's SQLSTATE when the database produced the error, else empty.
+        std::string sqlstate;
+        /// The exception's message.
+        std::string message;
+        /// The failure will repeat with the same decision, and the key's lease was extended by
+        /// options.failure_backoff: it is not tried again before then.
+        bool backed_off = false;
+    };
+
     struct Sweep {
         std::size_t listed = 0;    ///< stale keys seen
         std::size_t taken = 0;     ///< taken by this reconciler (others were taken by someone else)
         std::size_t saved = 0;
         std::size_t released = 0;
         std::size_t left = 0;
-        std::size_t failed = 0;    ///< the resolver threw, or the store refused the decision
+        std::size_t failed = 0;    ///< failures.size()
+        std::vector<Failure> failures;  ///< in the order the keys were handled
     };
 
+    /// Throws config_error without a resolver or with batch 0, or a negative failure_backoff.
     Reconciler(IdempotencyStore& store, Resolver resolver, ReconcilerOptions options = {});
 
-    /// One sweep over at most options.batch stale keys. Store errors while listing propagate.
+    /// One sweep over at most options.batch stale keys. A failure on one key is recorded in the
+    /// result (and reported to the observer) and the sweep goes on; an error while listing the
+    /// stale keys propagates.
     Sweep run_once();
 
-    /// Sweeps every `interval` until `stop` is requested. Store errors are swallowed (and counted
-    /// in the next sweeps' failures) so a database restart does not end the loop.
+    /// Sweeps every `interval` until `stop` is requested; at once again after a full batch in
+    /// which no take_over failed (such a key is listed again at once: no spinning on it). An
+    /// exception from a sweep (store errors while listing, std::bad_alloc, std::system_error, ...)
+    /// does not end the loop: it is reported as Event::reconcile_failed with no key, and the loop
+    /// sweeps again next interval — a database restart does not end it.
     void run(std::stop_token stop, std::chrono::milliseconds interval);
 
 private:
+    void record_failure(Sweep& sweep, const Key& key, Stage stage, std::exception_ptr thrown,
+                        std::optional<Fence> held);
+
     IdempotencyStore& store_;
     Resolver resolver_;
     ReconcilerOptions options_;
 };
+
+[[nodiscard]] constexpr std::string_view to_string(Reconciler::Stage stage) noexcept {
+    switch (stage) {
+        case Reconciler::Stage::take_over: return "take_over";
+        case Reconciler::Stage::resolver: return "resolver";
+        case Reconciler::Stage::save: return "save";
+        case Reconciler::Stage::release: return "release";
+    }
+    return "unknown";
+}
 
 }  // namespace idem

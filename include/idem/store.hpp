@@ -178,10 +178,12 @@ public:
     /// The stored record, if any (expired records included until purged).
     [[nodiscard]] virtual std::optional<Record> read(const Key& key) = 0;
 
-    /// Up to `limit` in-progress keys whose lease has passed, oldest lease first, optionally only
-    /// those whose scope starts with `scope_prefix`. Listing takes nothing: take_over() does.
+    /// Up to `limit` in-progress keys whose lease has passed, oldest lease first, in the scopes
+    /// `scopes` selects (see ScopeFilter: all, one exact scope, or a literal prefix). Listing takes
+    /// nothing: take_over() does. PostgresStore: an exact scope is `scope = $n`, routed to one shard
+    /// on Citus; all and prefix are multi-shard reads.
     [[nodiscard]] virtual std::vector<StaleKey> list_stale(std::size_t limit,
-                                                           std::string_view scope_prefix = {}) = 0;
+                                                           const ScopeFilter& scopes = ScopeFilter::all()) = 0;
 
     /// Deletes completed records past their retention, `batch_size` rows per transaction, skipping
     /// rows another session has locked, until none is left or `max_batches` ran. Returns how many
@@ -199,9 +201,9 @@ public:
     void set_observer(std::shared_ptr<Observer> observer) noexcept { observer_ = std::move(observer); }
     [[nodiscard]] Observer* observer() const noexcept { return observer_.get(); }
     /// Reports an event to the observer, if any.
-    void emit(Event event, const Key* key, std::chrono::nanoseconds duration = {},
-              std::uint64_t count = 1) const noexcept {
-        if (observer_) observer_->on_event(EventInfo{event, key, duration, count});
+    void emit(Event event, const Key* key, std::chrono::nanoseconds duration = {}, std::uint64_t count = 1,
+              std::string_view detail = {}) const noexcept {
+        if (observer_) observer_->on_event(EventInfo{event, key, duration, count, detail});
     }
 
 protected:

@@ -771,21 +771,25 @@ std::optional<Record> PostgresStore::read(const Key& key) {
     return m.with_connection("read", [&](pg::Connection& conn, int) { return m.select(conn, key); });
 }
 
-std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, std::string_view scope_prefix) {
+std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
     Impl& m = *impl_;
     m.counters().reads.fetch_add(1, std::memory_order_relaxed);
+    const pg::Stmt stmt = scopes.kind() == ScopeFilter::Kind::exact    ? pg::kListStaleInScope
+                          : scopes.kind() == ScopeFilter::Kind::prefix ? pg::kListStaleScopePrefix
+                                                                       : pg::kListStale;
     return m.with_connection("list_stale", [&](pg::Connection& conn, int) {
         Params p;
-        p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX))).text(scope_prefix);
+        p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
+        if (stmt != pg::kListStale) p.text(scopes.text());
         // list_stale must scan (no index separates in-progress keys): seqscan back on for it, each
         // step under its own Sync so that the reset runs even if the scan fails. Sessions without
         // idem's options (poolers) never turned it off.
         Params none;
         const bool toggle = m.options.session_options;
         const Step with_toggle[] = {{&m.defs[pg::kSeqscanOn], &none},
-                                    {&m.defs[pg::kListStale], &p},
+                                    {&m.defs[stmt], &p},
                                     {&m.defs[pg::kSeqscanDefault], &none}};
-        auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, pg::kListStale, p);
+        auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, stmt, p);
         const StepResult& listed = res[toggle ? 1 : 0];
         if (toggle && (!res[0].ok() || !res[2].ok())) conn.mark_broken();  // session state unknown
         if (!listed.ok()) throw_statement_error(listed, "list_stale");

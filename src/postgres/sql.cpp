@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdint>
+#include <string_view>
 
 #include "idem/errors.hpp"
 
@@ -134,11 +135,18 @@ std::vector<StatementDef> statements(const TableName& t) {
     defs[kNotify] = {"idem_notify", fmt::format("SELECT pg_notify('{}', $1)", kChannel), {text}};
     defs[kListen] = {"", fmt::format("LISTEN {}", kChannel), {}};
     defs[kUnlisten] = {"", fmt::format("UNLISTEN {}", kChannel), {}};
-    defs[kListStale] = {"idem_list_stale",
-                        fmt::format("SELECT {}, scope, key FROM {} WHERE state = 'in_progress' AND lease_until < now() "
-                                    "AND left(scope, length($2)) = $2 ORDER BY lease_until LIMIT $1",
-                                    record, T),
-                        {int8, text}};
+    // One statement per kind of ScopeFilter rather than one with a mode parameter: only a plain
+    // `scope = $2` conjunct lets Citus route the exact form to one shard (and use the primary key).
+    // starts_with() compares literally: no LIKE pattern, so nothing in a prefix acts as a wildcard.
+    const auto list_stale = [&](std::string_view scope_condition) {
+        return fmt::format("SELECT {}, scope, key FROM {} WHERE state = 'in_progress' AND lease_until < now(){} "
+                           "ORDER BY lease_until LIMIT $1",
+                           record, T, scope_condition);
+    };
+    defs[kListStale] = {"idem_list_stale", list_stale(""), {int8}};
+    defs[kListStaleInScope] = {"idem_list_stale_in_scope", list_stale(" AND scope = $2"), {int8, text}};
+    defs[kListStaleScopePrefix] = {"idem_list_stale_scope_prefix", list_stale(" AND starts_with(scope, $2)"),
+                                   {int8, text}};
     // One bounded batch; SKIP LOCKED: never waits on a row someone else holds.
     defs[kPurge] = {"idem_purge",
                     fmt::format("WITH victims AS (SELECT scope, key FROM {0} WHERE state = 'completed' "

@@ -40,6 +40,8 @@ enum Stmt : std::size_t {
     kListen,
     kUnlisten,
     kListStale,
+    kListStaleInScope,
+    kListStaleScopePrefix,
     kPurge,
     kBegin,
     kCommit,

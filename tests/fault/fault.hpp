@@ -619,6 +619,10 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
 
     // (iv) ONE sweep resolves every key in doubt: effect row → save the response it produced;
     // no effect row → the effect certainly did not happen → release.
+    idem::ReconcilerOptions sweep_all;
+    sweep_all.batch = 1'000'000;
+    sweep_all.lease = o.reconciler_lease;
+    sweep_all.scopes = idem::ScopeFilter::exact(o.scope);
     idem::Reconciler reconciler(
         store,
         [&](idem::Reconciliation& r) {
@@ -629,7 +633,7 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
                 r.save(response_for(r.key(), ids.front()));
             }
         },
-        idem::ReconcilerOptions{1'000'000, o.reconciler_lease, o.scope});
+        sweep_all);
     const auto sweep = reconciler.run_once();
     f.reconciled_saved += sweep.saved;
     f.reconciled_released += sweep.released;

@@ -113,9 +113,11 @@ TEST_CASE("oversized responses: response_too_large before anything is saved", "[
     }
     // The reconciler resolves it with a result that fits (here: a summary of the real one).
     std::this_thread::sleep_for(300ms);
+    idem::ReconcilerOptions summarise;
+    summarise.lease = 300ms;
+    summarise.scopes = idem::ScopeFilter::exact(scope);
     idem::Reconciler reconciler(
-        store, [&](idem::Reconciliation& r) { r.save_encoded("summary:1025 bytes"); },
-        idem::ReconcilerOptions{100, 300ms, scope});
+        store, [&](idem::Reconciliation& r) { r.save_encoded("summary:1025 bytes"); }, summarise);
     const auto sweep = reconciler.run_once();
     CHECK(sweep.saved >= 1);
     CHECK(idem::execute_once(store, big, fp_for(big), [&] {
@@ -250,7 +252,7 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
         std::this_thread::sleep_for(100ms);
         for (const auto& [prefix, want] : std::vector<std::pair<std::string, std::string>>{
                  {base + "%", pct.scope()}, {base + "_", under.scope()}}) {
-            const auto stale = store.list_stale(100, prefix);
+            const auto stale = store.list_stale(100, idem::ScopeFilter::prefix(prefix));
             REQUIRE(stale.size() == 1);
             CHECK(stale.front().key.scope() == want);
         }
@@ -331,13 +333,16 @@ TEST_CASE("tenant isolation: scope A can never touch a key of scope B",
 
     // A reconciler for scope A lists and takes only A's stale keys.
     std::vector<std::string> seen;
+    idem::ReconcilerOptions only_a;
+    only_a.lease = 300ms;
+    only_a.scopes = idem::ScopeFilter::exact(A);
     idem::Reconciler reconciler(
         store,
         [&](idem::Reconciliation& r) {
             seen.push_back(r.key().scope());
             r.release();
         },
-        idem::ReconcilerOptions{100, 300ms, A});
+        only_a);
     const auto sweep = reconciler.run_once();
     CHECK(sweep.released == 1);
     CHECK(seen == std::vector<std::string>{A});

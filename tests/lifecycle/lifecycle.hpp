@@ -123,11 +123,11 @@ inline StoreKnobs knobs(std::size_t pool_size, std::string application_name = "i
 }
 
 inline idem::ReconcilerOptions reconciler_options(std::size_t batch, std::chrono::milliseconds lease,
-                                                  std::string scope_prefix) {
+                                                  idem::ScopeFilter scopes) {
     idem::ReconcilerOptions o;
     o.batch = batch;
     o.lease = lease;
-    o.scope_prefix = std::move(scope_prefix);
+    o.scopes = std::move(scopes);
     return o;
 }
 

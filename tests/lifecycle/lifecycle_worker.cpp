@@ -5,8 +5,9 @@
 //     EFFECTS_TABLE over its own autocommit connection, records the phase "charged" with data
 //     "charge-<row id>", prints "effect-done <row id>" and then sleeps forever (the test SIGKILLs it).
 //
-//   idem_lifecycle_worker reconcile CONNINFO TABLE RESOLUTIONS_TABLE SCOPE_PREFIX START_AT_MS
-//     At START_AT_MS (ms since the epoch) sweeps with a Reconciler until no stale key is listed. The
+//   idem_lifecycle_worker reconcile CONNINFO TABLE RESOLUTIONS_TABLE SCOPE START_AT_MS
+//     At START_AT_MS (ms since the epoch) sweeps with a Reconciler of SCOPE (exactly) until no stale
+//     key is listed. The
 //     resolver INSERTs (scope, key, 'process') into RESOLUTIONS_TABLE and saves Response{200, key}.
 //     Prints "saved <n>" and exits 0.
 #include <unistd.h>
@@ -52,17 +53,17 @@ int crash(const std::string& conninfo, const std::string& table, const std::stri
 }
 
 int reconcile(const std::string& conninfo, const std::string& table, const std::string& resolutions,
-              const std::string& prefix, long long start_at_ms) {
+              const std::string& scope, long long start_at_ms) {
     idem::PostgresOptions options;
     options.table = table;
     options.pool_size = 2;
     options.application_name = "idem_lc_reconciler_process";
     idem::PostgresStore store(conninfo, options);
     idem_test::PgConn conn(conninfo);
-    (void)store.list_stale(1, prefix);  // connect before the start
+    (void)store.list_stale(1, idem::ScopeFilter::exact(scope));  // connect before the start
     idem::ReconcilerOptions ro;
     ro.batch = 20;
-    ro.scope_prefix = prefix;
+    ro.scopes = idem::ScopeFilter::exact(scope);
     idem::Reconciler reconciler(
         store,
         [&](idem::Reconciliation& r) {
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
         if (mode == "crash" && argc == 7) return crash(argv[2], argv[3], argv[4], argv[5], argv[6]);
         if (mode == "reconcile" && argc == 7) return reconcile(argv[2], argv[3], argv[4], argv[5], std::stoll(argv[6]));
         std::cerr << "usage: idem_lifecycle_worker crash CONNINFO TABLE EFFECTS SCOPE KEY\n"
-                     "       idem_lifecycle_worker reconcile CONNINFO TABLE RESOLUTIONS PREFIX START_AT_MS\n";
+                     "       idem_lifecycle_worker reconcile CONNINFO TABLE RESOLUTIONS SCOPE START_AT_MS\n";
         return 2;
     } catch (const std::exception& e) {
         std::cerr << "idem_lifecycle_worker: " << e.what() << "\n";

@@ -77,7 +77,7 @@ TEMPLATE_TEST_CASE("CountingObserver counts every outcome of a scripted sequence
                 r.release();
             }
         },
-        reconciler_options(100, 30s, scope));
+        reconciler_options(100, 30s, idem::ScopeFilter::exact(scope)));
     const auto sweep = reconciler.run_once();
     CHECK(sweep.saved == 1);
     CHECK(sweep.released == 1);

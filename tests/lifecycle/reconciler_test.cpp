@@ -1,6 +1,6 @@
 // Reconciler: a worker process SIGKILLed between its effect and its save is resolved exactly once;
 // concurrent reconcilers (threads and a process) handle every stale key exactly once; leave / throw
-// / scope_prefix behave as documented.
+// / scope filters / failure reporting behave as documented.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -15,10 +15,15 @@
 #include <latch>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "idem/reconciler.hpp"
@@ -166,7 +171,7 @@ TEST_CASE("reconciler: a worker SIGKILLed between effect and save is resolved ex
                 r.release();
             }
         },
-        reconciler_options(100, 30s, scope));
+        reconciler_options(100, 30s, idem::ScopeFilter::exact(scope)));
     const auto sweep = reconciler.run_once();
     CHECK(sweep.listed == 1);
     CHECK(sweep.taken == 1);
@@ -234,8 +239,8 @@ TEST_CASE("reconciler: two reconciler threads and a process over 200 stale keys:
                                   {r.key().scope(), r.key().value(), "thread-" + std::to_string(t)});
                         r.save(Response{200, r.key().value()});
                     },
-                    reconciler_options(20, 30s, scope));
-                (void)store.list_stale(1, scope);  // connect before the start
+                    reconciler_options(20, 30s, idem::ScopeFilter::exact(scope)));
+                (void)store.list_stale(1, idem::ScopeFilter::exact(scope));  // connect before the start
                 std::this_thread::sleep_until(
                     std::chrono::system_clock::time_point(std::chrono::milliseconds(start_at)));
                 std::size_t saved = 0;
@@ -296,7 +301,7 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         const auto original = store.read(keys[0])->fence;
         int calls = 0;
         idem::Reconciler leaver(store, [&](idem::Reconciliation&) { ++calls; },
-                                reconciler_options(10, 200ms, scope));
+                                reconciler_options(10, 200ms, idem::ScopeFilter::exact(scope)));
         const auto s1 = leaver.run_once();
         CHECK(s1.listed == 1);
         CHECK(s1.taken == 1);
@@ -306,15 +311,15 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         REQUIRE(rec);
         CHECK(rec->state == idem::RecordState::in_progress);
         CHECK(rec->fence != original);  // held by the reconciler now
-        CHECK(store.list_stale(10, scope).empty());
+        CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope)).empty());
         CHECK(leaver.run_once().listed == 0);
         CHECK(calls == 1);
         std::this_thread::sleep_for(300ms);
-        const auto again = store.list_stale(10, scope);
+        const auto again = store.list_stale(10, idem::ScopeFilter::exact(scope));
         REQUIRE(again.size() == 1);
         CHECK(again[0].key == keys[0]);
         idem::Reconciler saver(store, [&](idem::Reconciliation& r) { r.save(Response{202, "resolved later"}); },
-                               reconciler_options(10, 30s, scope));
+                               reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s2 = saver.run_once();
         CHECK(s2.saved == 1);
         CHECK(idem::codec<Response>::decode(*store.read(keys[0])->result).body == "resolved later");
@@ -342,12 +347,18 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
                     r.save(Response{201, "found"});
                 }
             },
-            reconciler_options(10, 30s, scope));
+            reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s = reconciler.run_once();
         CHECK(order == std::vector<std::string>{"bad", "good", "gone"});
         CHECK(s.listed == 3);
         CHECK(s.taken == 3);
         CHECK(s.failed == 1);
+        REQUIRE(s.failures.size() == 1);
+        CHECK(s.failures[0].key == bad);
+        CHECK(s.failures[0].stage == idem::Reconciler::Stage::resolver);
+        CHECK(s.failures[0].error_type == "std::exception");
+        CHECK(s.failures[0].message == "provider unreachable");
+        CHECK_FALSE(s.failures[0].backed_off);  // may pass: retried when the reconciler's lease does
         CHECK(s.saved == 1);
         CHECK(s.released == 1);
         CHECK(s.left == 0);
@@ -362,7 +373,109 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
     }
 }
 
-TEMPLATE_TEST_CASE("reconciler: scope_prefix selects scopes by plain prefix (no wildcards)",
+namespace {
+
+/// A real store whose list_stale and take_over throw exceptions that are not idem::error — what
+/// std::bad_alloc or a std::system_error from a thread or mutex would look like to the reconciler.
+/// Everything else goes to the real store.
+class ThrowingStore final : public idem::IdempotencyStore {
+public:
+    explicit ThrowingStore(idem::IdempotencyStore& real) : real_(real) {}
+
+    std::atomic<int> list_throws{0};      ///< the next n list_stale calls throw std::system_error
+    std::atomic<int> take_over_throws{0}; ///< the next n take_over calls throw std::bad_alloc
+    std::atomic<int> lists{0};
+
+    idem::Claim claim(const idem::Key& k, const idem::Fingerprint& fp, const idem::ClaimOptions& o) override {
+        return real_.claim(k, fp, o);
+    }
+    void save(const idem::Key& k, idem::Fence f, std::string_view r) override { real_.save(k, f, r); }
+    void release(const idem::Key& k, idem::Fence f) override { real_.release(k, f); }
+    void extend_lease(const idem::Key& k, idem::Fence f, std::chrono::milliseconds l) override {
+        real_.extend_lease(k, f, l);
+    }
+    void record_phase(const idem::Key& k, idem::Fence f, std::string_view p, std::string_view d) override {
+        real_.record_phase(k, f, p, d);
+    }
+    std::optional<idem::Fence> take_over(const idem::Key& k, idem::Fence f, std::chrono::milliseconds l,
+                                         bool n) override {
+        if (take_over_throws.fetch_sub(1) > 0) throw std::bad_alloc();
+        return real_.take_over(k, f, l, n);
+    }
+    std::optional<idem::Record> read(const idem::Key& k) override { return real_.read(k); }
+    std::vector<idem::StaleKey> list_stale(std::size_t limit, const idem::ScopeFilter& scopes) override {
+        ++lists;
+        if (list_throws.fetch_sub(1) > 0) {
+            throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                                    "no thread for the pool");
+        }
+        return real_.list_stale(limit, scopes);
+    }
+    std::size_t purge_expired(std::size_t b, std::size_t m) override { return real_.purge_expired(b, m); }
+    idem::StoreStats stats() const override { return real_.stats(); }
+    std::size_t max_result_bytes() const noexcept override { return real_.max_result_bytes(); }
+
+private:
+    idem::IdempotencyStore& real_;
+};
+
+/// Keeps the reconcile_failed events (key and detail copied).
+struct FailureLog final : idem::Observer {
+    void on_event(const idem::EventInfo& e) noexcept override {
+        if (e.event != idem::Event::reconcile_failed) return;
+        std::lock_guard lock(mutex);
+        entries.emplace_back(e.key ? e.key->value() : "<no key>", std::string(e.detail));
+    }
+    std::vector<std::pair<std::string, std::string>> snapshot() {
+        std::lock_guard lock(mutex);
+        return entries;
+    }
+    std::mutex mutex;
+    std::vector<std::pair<std::string, std::string>> entries;
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("reconciler: run() survives exceptions that are not idem::error, reports them, and "
+                   "keeps sweeping",
+                   "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
+    TestType backend;
+    auto& real = backend.make();
+    ThrowingStore store(real);
+    auto log = std::make_shared<FailureLog>();
+    store.set_observer(log);
+    const auto scope = fresh_scope("run");
+    const auto keys = make_stale(real, scope, 1, idem::fingerprint("run"s));
+    store.list_throws = 2;
+    store.take_over_throws = 1;
+    std::atomic<int> resolved{0};
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            r.save(Response{200, "resolved"});
+            ++resolved;
+        },
+        reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
+    {
+        std::jthread loop([&](std::stop_token stop) { reconciler.run(stop, 10ms); });
+        const auto deadline = SteadyClock::now() + 20s;
+        while (resolved == 0 && SteadyClock::now() < deadline) std::this_thread::sleep_for(5ms);
+    }  // stops and joins the loop
+    CHECK(resolved == 1);
+    auto rec = real.read(keys[0]);
+    REQUIRE(rec);
+    CHECK(rec->state == idem::RecordState::completed);
+    CHECK(store.lists >= 4);  // two failed listings, the one whose take_over failed, the one that resolved
+    const auto entries = log->snapshot();
+    REQUIRE(entries.size() == 3);
+    using Entry = std::pair<std::string, std::string>;
+    CHECK(entries[0] ==
+          Entry{"<no key>", "sweep: std::exception: no thread for the pool: Resource temporarily unavailable"});
+    CHECK(entries[1] == entries[0]);
+    CHECK(entries[2] == Entry{"stale-0", "take_over: std::exception: std::bad_alloc"});
+}
+
+TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain prefix (no wildcards)",
                    "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make();
@@ -382,17 +495,17 @@ TEMPLATE_TEST_CASE("reconciler: scope_prefix selects scopes by plain prefix (no 
                 handled.insert(r.key().scope());
                 r.save(Response{200, prefix});
             },
-            reconciler_options(100, 30s, prefix));
+            reconciler_options(100, 30s, idem::ScopeFilter::prefix(prefix)));
         const auto sweep = reconciler.run_once();
         CHECK(sweep.saved == handled.size());
         return handled;
     };
-    CHECK(store.list_stale(100, base + "acct:").size() == 2);
+    CHECK(store.list_stale(100, idem::ScopeFilter::prefix(base + "acct:")).size() == 2);
     CHECK(handled_by(base + "acct:") == std::set<std::string>{base + "acct:1", base + "acct:2"});
     CHECK(handled_by(base + "a_c%") == std::set<std::string>{base + "a_c%1"});
     CHECK(handled_by(base + "zzz").empty());
     // The rest were not touched: still stale with their original claims.
-    const auto rest = store.list_stale(100, base);
+    const auto rest = store.list_stale(100, idem::ScopeFilter::prefix(base));
     std::set<std::string> rest_scopes;
     for (const auto& s : rest) rest_scopes.insert(s.key.scope());
     CHECK(rest_scopes == std::set<std::string>{base + "acctX", base + "other:acct:", base + "abc%1"});

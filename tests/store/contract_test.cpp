@@ -6,20 +6,25 @@
 #include "backends.hpp"
 #include "idem/idem.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <latch>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 using namespace std::chrono_literals;
 using namespace std::string_literals;
@@ -622,10 +627,11 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(store.list_stale(1)[0].key == stale1);
     CHECK(store.read(stale1)->lease_expired);
     CHECK_FALSE(store.read(fresh)->lease_expired);
-    // listing can be narrowed to scopes starting with a prefix
-    CHECK(store.list_stale(10, scope).size() == 2);
-    CHECK(store.list_stale(10, scope + "-other").empty());
-    CHECK(store.list_stale(10, scope.substr(0, 3)).size() == 2);
+    // listing can be narrowed to one scope, or to scopes starting with a prefix
+    CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope)).size() == 2);
+    CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope + "-other")).empty());
+    CHECK(store.list_stale(10, idem::ScopeFilter::prefix(scope.substr(0, 3))).size() == 2);
+    CHECK(store.list_stale(10, idem::ScopeFilter::all()).size() == 2);
 
     // a stale key still answers in_progress to clients
     int runs = 0;
@@ -652,6 +658,315 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(runs == 1);
     CHECK(store.list_stale(10).empty());
 }
+
+namespace {
+
+/// Claims `key` with a 50 ms lease (stale soon).
+void claim_briefly(idem::IdempotencyStore& store, const idem::Key& key) {
+    REQUIRE(store.claim(key, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}}).status ==
+            idem::ClaimStatus::claimed);
+}
+
+std::vector<std::string> scopes_of(const std::vector<idem::StaleKey>& listed) {
+    std::vector<std::string> scopes;
+    for (const auto& s : listed)
+        scopes.push_back(s.key.scope());
+    return scopes;
+}
+
+/// Keeps every event with its key and detail (copied: they are valid during on_event only).
+class RecordingObserver final : public idem::Observer {
+public:
+    struct Seen {
+        idem::Event event;
+        std::optional<idem::Key> key;
+        std::string detail;
+    };
+    void on_event(const idem::EventInfo& e) noexcept override {
+        std::lock_guard lock(mutex_);
+        seen_.push_back(Seen{e.event, e.key ? std::optional<idem::Key>(*e.key) : std::nullopt,
+                             std::string(e.detail)});
+    }
+    std::vector<Seen> of(idem::Event event) const {
+        std::lock_guard lock(mutex_);
+        std::vector<Seen> out;
+        for (const auto& s : seen_)
+            if (s.event == event)
+                out.push_back(s);
+        return out;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::vector<Seen> seen_;
+};
+
+} // namespace
+
+// There is no way to hand list_stale (or ReconcilerOptions) a bare string: a call site must say
+// whether "tenant" is a scope or a prefix.
+static_assert(!std::is_convertible_v<std::string, idem::ScopeFilter>);
+static_assert(!std::is_convertible_v<const char*, idem::ScopeFilter>);
+static_assert(!std::is_constructible_v<idem::ScopeFilter, std::string>);
+
+TEMPLATE_LIST_TEST_CASE("list_stale: ScopeFilter::exact lists one scope only; prefix (the negative "
+                        "control) also lists the longer scopes",
+                        "[contract][scope]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const std::string tenant = idem_test::unique_name("tenant");
+    const std::string tenant_b = tenant + "B";
+    const std::string tenant_sub = tenant + ":eu";
+    const std::string accented = tenant + "É";  // a multi-byte UTF-8 prefix
+    claim_briefly(store, idem::Key(tenant, "k1"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(tenant_b, "k1"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(tenant, "k2"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(tenant_sub, "k1"));
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, idem::Key(accented + "1", "k1"));
+    std::this_thread::sleep_for(150ms);
+
+    const auto exact = store.list_stale(10, idem::ScopeFilter::exact(tenant));
+    REQUIRE(exact.size() == 2);
+    CHECK(exact[0].key == idem::Key(tenant, "k1")); // oldest lease first
+    CHECK(exact[1].key == idem::Key(tenant, "k2"));
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::exact(tenant_b))) ==
+          std::vector<std::string>{tenant_b});
+    CHECK(store.list_stale(10, idem::ScopeFilter::exact(tenant + "X")).empty());
+    CHECK(store.list_stale(1, idem::ScopeFilter::exact(tenant)).size() == 1);
+    // The trap exact() avoids: as a prefix, "tenant" also selects "tenantB" (and "tenant:eu").
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::prefix(tenant))) ==
+          std::vector<std::string>{tenant, tenant_b, tenant, tenant_sub, accented + "1"});
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::prefix(tenant + ":"))) ==
+          std::vector<std::string>{tenant_sub});
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::prefix(accented))) ==
+          std::vector<std::string>{accented + "1"});
+    // all() and the default argument: every stale key of the (private) table.
+    CHECK(store.list_stale(10, idem::ScopeFilter::all()).size() == 5);
+    CHECK(store.list_stale(10).size() == 5);
+    CHECK(store.list_stale(10, idem::ScopeFilter{}).size() == 5);
+}
+
+TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are literal characters",
+                        "[contract][scope]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const std::string base = idem_test::unique_name("lit");
+    const std::vector<std::string> scopes = {base + "a%1", base + "a_1", base + "ab1",
+                                             base + "a\\1", base + "aZ%1"};
+    for (const auto& scope : scopes)
+        claim_briefly(store, idem::Key(scope, "k"));
+    std::this_thread::sleep_for(150ms);
+    const auto listed = [&](const idem::ScopeFilter& filter) {
+        auto got = scopes_of(store.list_stale(10, filter));
+        std::sort(got.begin(), got.end());
+        return got;
+    };
+    // As LIKE patterns, "a%" would match all five and "a_" four of them.
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a%")) == std::vector<std::string>{base + "a%1"});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a_")) == std::vector<std::string>{base + "a_1"});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a\\")) == std::vector<std::string>{base + "a\\1"});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "%")).empty());
+    CHECK(listed(idem::ScopeFilter::exact(base + "a_1")) == std::vector<std::string>{base + "a_1"});
+    CHECK(listed(idem::ScopeFilter::exact(base + "a%")).empty());
+    CHECK(listed(idem::ScopeFilter::prefix(base + "a")).size() == 5);
+}
+
+TEMPLATE_LIST_TEST_CASE("ScopeFilter: an invalid exact scope or prefix is invalid_key, before any I/O",
+                        "[contract][scope]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    (void)store.list_stale(1); // connected
+    const auto trips = store.stats().round_trips;
+    const std::string too_long(idem::Key::max_bytes + 1, 's');
+    for (const std::string& bad :
+         {std::string(), too_long, std::string("ten\x01nt"), std::string("ten\x7f"),
+          std::string("caf\xc3"), std::string("\xff\xfe"), std::string("a\0b", 3)}) {
+        CAPTURE(bad);
+        CHECK_THROWS_AS(store.list_stale(10, idem::ScopeFilter::exact(bad)), idem::invalid_key);
+        CHECK_THROWS_AS(store.list_stale(10, idem::ScopeFilter::prefix(bad)), idem::invalid_key);
+    }
+    // Empty means "refused", not "every scope": an unset setting must not widen the selection.
+    CHECK_THROWS_WITH(idem::ScopeFilter::prefix(""), Catch::Contains("empty"));
+    CHECK(store.stats().round_trips == trips);
+    // The longest valid scope is fine both ways.
+    const std::string longest(idem::Key::max_bytes, 's');
+    CHECK(idem::ScopeFilter::exact(longest).text() == longest);
+    CHECK(idem::ScopeFilter::prefix(longest).kind() == idem::ScopeFilter::Kind::prefix);
+    CHECK(idem::ScopeFilter::all() == idem::ScopeFilter{});
+    CHECK(idem::ScopeFilter::exact("t") != idem::ScopeFilter::prefix("t"));
+    CHECK(idem::ScopeFilter::exact("t").matches("t"));
+    CHECK_FALSE(idem::ScopeFilter::exact("t").matches("tB"));
+    CHECK(idem::ScopeFilter::prefix("t").matches("tB"));
+}
+
+TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported (sweep failures, "
+                        "observer) and the key is backed off, not retried every lease",
+                        "[contract][reconciler]", Backends) {
+    TestType backend;
+    idem_test::StoreConfig config;
+    config.max_result_bytes = 1024;
+    auto& store = backend.make(config);
+    auto observer = std::make_shared<RecordingObserver>();
+    store.set_observer(observer);
+    const auto scope = idem_test::fresh_scope("toolarge");
+    const idem::Key big(scope, "big"), fine(scope, "fine");
+    claim_briefly(store, big);
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, fine);
+    std::this_thread::sleep_for(150ms);
+
+    std::atomic<int> big_calls{0}, fine_calls{0};
+    const auto resolver = [&](idem::Reconciliation& r) {
+        if (r.key() == big) {
+            ++big_calls;
+            r.save_encoded(std::string(2000, 'x'));
+        } else {
+            ++fine_calls;
+            r.save(charge_response("ch_fine"));
+        }
+    };
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    // failure_backoff: the default (15 minutes)
+
+    SECTION("default backoff: reported once, not tried again once the reconciler's lease passed") {
+        idem::Reconciler reconciler(store, resolver, options);
+        const auto s1 = reconciler.run_once();
+        CHECK(s1.listed == 2);
+        CHECK(s1.taken == 2);
+        CHECK(s1.saved == 1);
+        CHECK(s1.failed == 1);
+        REQUIRE(s1.failures.size() == 1);
+        const auto& failure = s1.failures[0];
+        CHECK(failure.key == big);
+        CHECK(failure.stage == idem::Reconciler::Stage::save);
+        CHECK(failure.error_type == "response_too_large");
+        CHECK(failure.sqlstate.empty());
+        CHECK(failure.message == "idem: result of 2000 bytes exceeds max_result_bytes 1024");
+        CHECK(failure.backed_off);
+        const auto events = observer->of(idem::Event::reconcile_failed);
+        REQUIRE(events.size() == 1);
+        CHECK(events[0].key == std::optional<idem::Key>(big));
+        CHECK(events[0].detail == "save: response_too_large: idem: result of 2000 bytes exceeds "
+                                  "max_result_bytes 1024 (left alone for 900000 ms)");
+        CHECK(observer->of(idem::Event::reconciled).size() == 1);
+
+        // Still in progress to clients; held for the backoff, by the store's clock.
+        const auto record = store.read(big);
+        REQUIRE(record);
+        CHECK(record->state == idem::RecordState::in_progress);
+        CHECK(record->lease_until > std::chrono::system_clock::now() + 14min);
+        int runs = 0;
+        CHECK(idem::execute_once(store, big, charge_fp(), [&] {
+                  ++runs;
+                  return charge_response("x");
+              }).outcome() == Outcome::in_progress);
+        CHECK(runs == 0);
+
+        // Past the reconciler's 100 ms lease: without the backoff it would be listed and resolved
+        // (and fail) again here, every lease, forever.
+        std::this_thread::sleep_for(300ms);
+        CHECK(store.list_stale(10).empty());
+        const auto s2 = reconciler.run_once();
+        CHECK(s2.listed == 0);
+        CHECK(s2.failures.empty());
+        CHECK(big_calls == 1);
+        CHECK(fine_calls == 1);
+        CHECK(observer->of(idem::Event::reconcile_failed).size() == 1);
+    }
+
+    SECTION("a 1 s backoff: tried again after it, reported again; a fixed resolver then resolves it") {
+        options.failure_backoff = 1s;
+        idem::Reconciler reconciler(store, resolver, options);
+        CHECK(reconciler.run_once().failures.size() == 1);
+        std::this_thread::sleep_for(1300ms); // past the backoff
+        const auto again = reconciler.run_once();
+        CHECK(again.listed == 1);
+        REQUIRE(again.failures.size() == 1);
+        CHECK(again.failures[0].key == big);
+        CHECK(again.failures[0].backed_off);
+        CHECK(big_calls == 2);
+        CHECK(observer->of(idem::Event::reconcile_failed).size() == 2);
+        std::this_thread::sleep_for(1200ms);
+        idem::Reconciler fixed(
+            store, [&](idem::Reconciliation& r) { r.save_encoded("summary: 2000 bytes"); }, options);
+        const auto s = fixed.run_once();
+        CHECK(s.saved == 1);
+        CHECK(s.failures.empty());
+        CHECK(store.read(big)->result == std::optional<std::string>("summary: 2000 bytes"));
+    }
+
+    SECTION("failure_backoff 0: tried again when the reconciler's lease passes, reported each time") {
+        options.failure_backoff = 0ms;
+        idem::Reconciler reconciler(store, resolver, options);
+        const auto s1 = reconciler.run_once();
+        REQUIRE(s1.failures.size() == 1);
+        CHECK_FALSE(s1.failures[0].backed_off);
+        std::this_thread::sleep_for(300ms);
+        const auto s2 = reconciler.run_once();
+        CHECK(s2.listed == 1);
+        REQUIRE(s2.failures.size() == 1);
+        CHECK(s2.failures[0].key == big);
+        CHECK(big_calls == 2);
+        const auto events = observer->of(idem::Event::reconcile_failed);
+        REQUIRE(events.size() == 2);
+        CHECK(events[1].detail == "save: response_too_large: idem: result of 2000 bytes exceeds "
+                                  "max_result_bytes 1024");
+    }
+    CHECK_THROWS_AS(idem::Reconciler(store, resolver, [] {
+                        idem::ReconcilerOptions o;
+                        o.failure_backoff = -1ms;
+                        return o;
+                    }()),
+                    idem::config_error);
+}
+
+#if defined(IDEM_CONTRACT_POSTGRES)
+TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514) is reported with "
+          "its SQLSTATE and backed off",
+          "[contract][reconciler]") {
+    idem_test::PostgresBackend backend;
+    auto& store = backend.make();
+    auto observer = std::make_shared<RecordingObserver>();
+    store.set_observer(observer);
+    idem_test::PgConn(backend.conninfo())
+        .exec("ALTER TABLE " + backend.table() +
+              " ADD CONSTRAINT small_results CHECK (length(result) < 100)");
+    const auto scope = idem_test::fresh_scope("refused");
+    const idem::Key key(scope, "k");
+    claim_briefly(store, key);
+    std::this_thread::sleep_for(150ms);
+    int calls = 0;
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            ++calls;
+            r.save_encoded(std::string(500, 'x'));
+        },
+        options);
+    const auto s1 = reconciler.run_once();
+    REQUIRE(s1.failures.size() == 1);
+    CHECK(s1.failures[0].stage == idem::Reconciler::Stage::save);
+    CHECK(s1.failures[0].error_type == "database_error");
+    CHECK(s1.failures[0].sqlstate == "23514");
+    CHECK(s1.failures[0].backed_off);
+    const auto events = observer->of(idem::Event::reconcile_failed);
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].detail.starts_with("save: database_error 23514: "));
+    std::this_thread::sleep_for(300ms);
+    CHECK(reconciler.run_once().listed == 0);
+    CHECK(calls == 1);
+    CHECK(store.read(key)->state == idem::RecordState::in_progress);
+}
+#endif
 
 TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]",
                         Backends) {
