@@ -166,7 +166,7 @@ std::optional<Record> MemoryStore::read(const Key& key) {
 }
 
 std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, std::string_view scope_prefix) {
-    const auto now = Clock::now();
+    const auto now = impl_->now();
     std::lock_guard lock(impl_->mutex);
     ++impl_->stats.reads;
     ++impl_->stats.round_trips;
