@@ -26,7 +26,7 @@ struct MemoryStoreOptions {
     /// happens exactly when the test says. Called from every thread that calls the store, at times
     /// with the store's mutex held: it must be thread-safe and must not call back into the store.
     /// ClaimOptions::wait stays a real wait (steady clock), whatever this clock says.
-    std::function<std::chrono::system_clock::time_point()> clock;
+    std::function<std::chrono::system_clock::time_point()> clock{};
 };
 
 class MemoryStore final : public IdempotencyStore {
