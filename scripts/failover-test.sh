@@ -135,10 +135,10 @@ kill_node() {
     kill_postgres "$i"
 }
 
-# shellcheck disable=SC2317 # cleanup (trap) and the reaper
 # Last sweep over what the temp dir names: every process whose command line contains DIR (etcd,
 # Patroni, postmasters, pg_basebackup, the driver) and the PostgreSQL processes of every
 # postmaster.pid in it, killed by pid. Self-contained: the reaper runs it too (declare -f).
+# shellcheck disable=SC2317 # cleanup (trap) and the reaper
 sweep_tmp() {
     local dir=$1 pidfile pm p cmd
     [[ -n "$dir" && -d "$dir" ]] || return 0
