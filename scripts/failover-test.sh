@@ -93,6 +93,7 @@ if [[ -z "$driver" ]]; then
     driver="$repo/build/failover/tests/failover/idem_failover_driver"
 fi
 [[ -x "$driver" ]] || die "driver $driver not found"
+driver="$(realpath "$driver")" # daemons start in the temp dir
 
 # ---- state and cleanup -------------------------------------------------------------------------
 tmp=""
