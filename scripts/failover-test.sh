@@ -18,7 +18,12 @@
 # anomalies). Without --driver it is built in build/failover (cmake, g++).
 # Needs root: installs patroni, etcd-server, etcd-client (apt) if missing, and runs etcd, Patroni
 # and PostgreSQL 15 as the `postgres` user in a temp dir on free loopback ports. Everything is
-# bounded (--timeout, default 360 s for the whole script) and always cleaned up.
+# bounded (--timeout, default 540 s for the whole script) and always cleaned up: on any exit, and
+# by a reaper in a session of its own if this script is killed outright (SIGKILL).
+# Whatever ran before does not matter: every daemon starts in the temp dir (Patroni's PostgreSQL
+# start fails in a working directory the postgres user cannot enter, e.g. a CI checkout in a private
+# folder), with stdin from /dev/null, no inherited file descriptor above 2, in a session of its own,
+# on ports outside the kernel's ephemeral range.
 # Environment: IDEM_FAILOVER_TMPDIR (parent of the temp dir, default /tmp), IDEM_PG_BIN,
 # IDEM_FAILOVER_KEEP_LOGS=1 (keep the temp dir with the etcd/Patroni/driver logs).
 set -euo pipefail
@@ -30,7 +35,7 @@ driver=""
 mode=both
 rounds=2
 threads=8
-overall_timeout=360
+overall_timeout=540
 while (($# > 0)); do
     case "$1" in
         --driver) driver="${2:?}"; shift ;;
@@ -88,6 +93,7 @@ if [[ -z "$driver" ]]; then
     driver="$repo/build/failover/tests/failover/idem_failover_driver"
 fi
 [[ -x "$driver" ]] || die "driver $driver not found"
+driver="$(realpath "$driver")" # daemons start in the temp dir
 
 # ---- state and cleanup -------------------------------------------------------------------------
 tmp=""
@@ -116,14 +122,43 @@ kill_postgres() {
     fi
 }
 
+# Kills a daemon started by start_daemon: its whole process group (Patroni's helper processes
+# too), then reaps it.
+kill_daemon() {
+    [[ -n "$1" ]] || return 0
+    { kill -KILL -- "-$1" || kill -KILL "$1"; wait "$1"; } 2>/dev/null || true
+}
+
 kill_node() {
     local i=$1
-    if [[ -n "${patroni_pid[$i]}" ]]; then
-        kill -KILL "${patroni_pid[$i]}" 2>/dev/null || true
-        wait "${patroni_pid[$i]}" 2>/dev/null || true
-        patroni_pid[$i]=""
-    fi
+    kill_daemon "${patroni_pid[$i]}"
+    patroni_pid[$i]=""
     kill_postgres "$i"
+}
+
+# Last sweep over what the temp dir names: every process whose command line contains DIR (etcd,
+# Patroni, postmasters, pg_basebackup, the driver) and the PostgreSQL processes of every
+# postmaster.pid in it, killed by pid. Self-contained: the reaper runs it too (declare -f).
+# shellcheck disable=SC2317 # cleanup (trap) and the reaper
+sweep_tmp() {
+    local dir=$1 pidfile pm p cmd
+    [[ -n "$dir" && -d "$dir" ]] || return 0
+    for pidfile in "$dir"/node*/data/postmaster.pid; do
+        [[ -f "$pidfile" ]] || continue
+        pm="$(head -n 1 "$pidfile" 2>/dev/null || true)"
+        if [[ "$pm" =~ ^[0-9]+$ ]] && kill -0 "$pm" 2>/dev/null; then
+            local -a kids
+            mapfile -t kids < <(ps -o pid= --ppid "$pm" 2>/dev/null)
+            kill -KILL "$pm" "${kids[@]}" 2>/dev/null || true
+        fi
+    done
+    for p in /proc/[0-9]*; do
+        [[ "${p#/proc/}" == "$$" || "${p#/proc/}" == "$BASHPID" ]] && continue
+        cmd="$( { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null || true)"
+        if [[ "$cmd" == *"$dir"* ]]; then
+            kill -KILL "${p#/proc/}" 2>/dev/null || true
+        fi
+    done
 }
 
 teardown_cluster() {
@@ -134,18 +169,19 @@ teardown_cluster() {
     fi
     kill_node 1
     kill_node 2
-    if [[ -n "$etcd_pid" ]]; then
-        kill -KILL "$etcd_pid" 2>/dev/null || true
-        wait "$etcd_pid" 2>/dev/null || true
-        etcd_pid=""
-    fi
+    kill_daemon "$etcd_pid"
+    etcd_pid=""
 }
+
+reaper_pid=""
 
 # shellcheck disable=SC2317 # trap
 cleanup() {
     local rc=$?
-    trap '' INT TERM
+    trap '' INT TERM HUP
     teardown_cluster
+    kill_daemon "$reaper_pid"
+    sweep_tmp "$tmp"
     if [[ -n "$watchdog_pid" ]]; then
         local -a w
         mapfile -t w < <(descendants "$watchdog_pid")
@@ -164,28 +200,66 @@ cleanup() {
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT
 trap 'log "overall timeout or SIGTERM"; exit 143' TERM
+trap 'log "SIGHUP"; exit 129' HUP
 
-# The whole script is bounded.
-(sleep "$overall_timeout" && kill -TERM $$ 2>/dev/null) &
+# The whole script is bounded (the watchdog keeps no descriptor of the caller's open).
+(sleep "$overall_timeout" && kill -TERM $$ 2>/dev/null) </dev/null >/dev/null 2>&1 &
 watchdog_pid=$!
 
 tmp="$(mktemp -d "${IDEM_FAILOVER_TMPDIR:-/tmp}/idem-failover.XXXXXX")"
 chmod 0755 "$tmp"
 chown postgres: "$tmp"
 
-# Runs a command as postgres. Used as a plain command (never through a function) so that a
-# background job's $! is the daemon itself (setpriv and env exec it), which kill -9 then reaches.
+# Runs a command as postgres (setpriv and env exec it: the pid stays the command's).
 as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups --
        env -i PATH=/usr/bin:/bin HOME="$tmp" LANG=C.UTF-8 LC_ALL=C.UTF-8)
 
+# start_daemon LOG COMMAND... — starts COMMAND in the background, detached from everything this
+# script inherited, and sets daemon_pid to its pid (which is also its session and group id):
+#   * working directory $tmp. Patroni starts PostgreSQL through a multiprocessing "spawn" child
+#     that first changes to Patroni's working directory; where the postgres user cannot enter it
+#     (the script's own, a checkout in a private folder) the child dies before it answers and
+#     Patroni waits on the pipe for ever ("bootstrap in progress", a defunct python3 child);
+#   * stdin /dev/null, stdout and stderr appended to LOG, no other file descriptor: nothing keeps a
+#     test runner's pipe or log open, however long a daemon lives;
+#   * a session of its own (setsid), so that cleanup can kill its whole process group.
+detach=("$PY" -c 'import os, sys
+os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+os.setsid()
+os.execvp(sys.argv[1], sys.argv[1:])')
+start_daemon() {
+    local log=$1
+    shift
+    (cd "$tmp" && exec "${detach[@]}" "$@" </dev/null >>"$log" 2>&1) &
+    daemon_pid=$!
+}
+
+# If this script is killed outright (SIGKILL: a test runner's timeout), its EXIT trap never runs:
+# the reaper, in a session of its own, waits for it to go and then sweeps the temp dir.
+# shellcheck disable=SC2016 # expanded by the reaper's bash
+start_daemon /dev/null bash -c "$(declare -f sweep_tmp)"'
+    trap "" HUP INT TERM
+    while kill -0 "$1" 2>/dev/null; do sleep 1; done
+    kill "$3" 2>/dev/null
+    sweep_tmp "$2"
+    [[ -n "$4" ]] || rm -rf "$2"' idem-failover-reaper "$$" "$tmp" "$watchdog_pid" "${IDEM_FAILOVER_KEEP_LOGS:-}"
+reaper_pid=$daemon_pid
+
+# N free loopback ports below the kernel's ephemeral range, which outgoing connections (the
+# driver's, Patroni's, psql's) draw their local ports from: none of them can take one between this
+# check and the daemon's bind.
 free_ports() {
     "$PY" - "$1" <<'PY'
-import socket, sys
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 socks = []
-for _ in range(int(sys.argv[1])):
+while len(socks) < int(sys.argv[1]):
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
+    try:
+        s.bind(("127.0.0.1", random.randrange(20000, max(low, 20001))))
+        socks.append(s)
+    except OSError:
+        s.close()
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
@@ -249,8 +323,8 @@ wait_ready() {
 
 start_patroni() {
     local i=$1
-    "${as_pg[@]}" patroni "$tmp/node$i.yml" >>"$tmp/node$i/patroni.log" 2>&1 &
-    patroni_pid[$i]=$!
+    start_daemon "$tmp/node$i/patroni.log" "${as_pg[@]}" patroni "$tmp/node$i.yml"
+    patroni_pid[$i]=$daemon_pid
 }
 
 write_patroni_config() { # node sync(true|false) label
@@ -269,9 +343,11 @@ etcd3:
   hosts: 127.0.0.1:$etcd_client
 bootstrap:
   dcs:
-    ttl: 12
+    # A leader whose loop a busy machine stalls for a few seconds keeps its lock (ttl), yet a
+    # killed one is replaced within about ttl: loop_wait + 2 * retry_timeout <= ttl.
+    ttl: 20
     loop_wait: 2
-    retry_timeout: 4
+    retry_timeout: 6
     maximum_lag_on_failover: 16777216
     synchronous_mode: $2
     postgresql:
@@ -322,8 +398,14 @@ YAML
 }
 
 # ---- one scenario: cluster up, load, faults, verdict ---------------------------------------------
-# run_scenario LABEL SYNC(0|1) ROUNDS → sets scenario_rc (driver exit status; 3 = harness failure)
+# run_scenario LABEL SYNC(0|1) ROUNDS → sets scenario_rc (driver exit status; 3 = harness failure).
+# Whatever happens, the scenario's cluster is gone when it returns.
 run_scenario() {
+    scenario "$@"
+    teardown_cluster
+}
+
+scenario() {
     local label=$1 sync=$2 nrounds=$3 sync_yaml=false
     ((sync)) && sync_yaml=true
     local t_start=$SECONDS
@@ -338,13 +420,12 @@ run_scenario() {
     rm -rf "$tmp/etcd" "$tmp/node1" "$tmp/node2" "$tmp/control-$label"
 
     mkdir -p "$tmp/etcd" && chown postgres: "$tmp/etcd" && chmod 0700 "$tmp/etcd"
-    "${as_pg[@]}" etcd --name idem --data-dir "$tmp/etcd/data" \
+    start_daemon "$tmp/etcd/etcd.log" "${as_pg[@]}" etcd --name idem --data-dir "$tmp/etcd/data" \
         --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
         --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
-        --initial-cluster "idem=http://127.0.0.1:$etcd_peer" --initial-cluster-state new \
-        >"$tmp/etcd/etcd.log" 2>&1 &
-    etcd_pid=$!
-    local deadline=$((SECONDS + 30))
+        --initial-cluster "idem=http://127.0.0.1:$etcd_peer" --initial-cluster-state new
+    etcd_pid=$daemon_pid
+    local deadline=$((SECONDS + 60))
     until ETCDCTL_API=3 timeout 3 etcdctl --endpoints "127.0.0.1:$etcd_client" endpoint health >/dev/null 2>&1; do
         ((SECONDS < deadline)) || { tail -n 20 "$tmp/etcd/etcd.log" >&2; log "etcd did not start"; return 0; }
         sleep 0.3
@@ -357,7 +438,7 @@ run_scenario() {
     sleep 2 # node1 bootstraps (initdb) first, node2 clones it
     start_patroni 2
     local leader
-    if ! leader="$(wait_ready "$sync" 120)"; then
+    if ! leader="$(wait_ready "$sync" 240)"; then
         tail -n 30 "$tmp/node1/patroni.log" "$tmp/node2/patroni.log" >&2
         return 0
     fi
@@ -367,9 +448,9 @@ run_scenario() {
     local ctl="$tmp/control-$label"
     mkdir -p "$ctl"
     local conninfo="host=127.0.0.1,127.0.0.1 port=${pg_port[1]},${pg_port[2]} dbname=postgres user=postgres target_session_attrs=read-write connect_timeout=2"
-    "$driver" --conninfo "$conninfo" --control "$ctl" --threads "$threads" --max-seconds 240 --label "$label" \
-        >"$tmp/driver-$label.log" 2>&1 &
-    driver_pid=$!
+    start_daemon "$tmp/driver-$label.log" \
+        "$driver" --conninfo "$conninfo" --control "$ctl" --threads "$threads" --max-seconds 400 --label "$label"
+    driver_pid=$daemon_pid
     deadline=$((SECONDS + 60))
     until [[ -f "$ctl/ready" ]]; do
         if ((SECONDS >= deadline)) || ! kill -0 "$driver_pid" 2>/dev/null; then
@@ -383,8 +464,8 @@ run_scenario() {
     local round killed
     for ((round = 1; round <= nrounds; round++)); do
         if ((round > 1)); then
-            if ! leader="$(wait_ready "$sync" 120)"; then
-                log "round $round: no Leader + $( ((sync)) && echo 'Sync Standby' || echo 'replica') within 120 s"
+            if ! leader="$(wait_ready "$sync" 240)"; then
+                log "round $round: no Leader + $( ((sync)) && echo 'Sync Standby' || echo 'replica') within 240 s"
                 patronictl_list
                 break
             fi
@@ -395,12 +476,12 @@ run_scenario() {
         log "round $round: kill -9 node$killed (Patroni + PostgreSQL), the leader"
         kill_node "$killed"
         date +%s%N >"$ctl/fault-$round.tmp" && mv "$ctl/fault-$round.tmp" "$ctl/fault-$round"
-        deadline=$((SECONDS + 90))
+        deadline=$((SECONDS + 120))
         until [[ -f "$ctl/recovered-$round" ]] || ((SECONDS >= deadline)); do sleep 0.2; done
         if [[ -f "$ctl/recovered-$round" ]]; then
             log "round $round: first successful execute_once $(cat "$ctl/recovered-$round") ms after the kill"
         else
-            log "round $round: NO successful execute_once within 90 s of the kill"
+            log "round $round: NO successful execute_once within 120 s of the kill"
             patronictl_list
             break
         fi

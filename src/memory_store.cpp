@@ -22,6 +22,8 @@ struct MemoryStore::Impl {
 
     static std::pair<std::string, std::string> id(const Key& key) { return {key.scope(), key.value()}; }
 
+    [[nodiscard]] Clock::time_point now() const { return options.clock(); }
+
     // The record as a reader sees it now: lease/expiry flags computed from the clock.
     static Record view(Record record, Clock::time_point now) {
         record.lease_expired = record.state == RecordState::in_progress && record.lease_until < now;
@@ -54,7 +56,8 @@ struct MemoryStore::Impl {
 };
 
 MemoryStore::MemoryStore(MemoryStoreOptions options) : impl_(std::make_unique<Impl>()) {
-    impl_->options = options;
+    impl_->options = std::move(options);
+    if (!impl_->options.clock) impl_->options.clock = [] { return Clock::now(); };
 }
 
 MemoryStore::~MemoryStore() = default;
@@ -64,9 +67,10 @@ Claim MemoryStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptio
     std::unique_lock lock(m.mutex);
     ++m.stats.claims;
     ++m.stats.round_trips;
-    const auto wait_until = Clock::now() + options.wait;
+    // The wait is real time (steady), not the store's clock: an injected clock may stand still.
+    const auto wait_until = std::chrono::steady_clock::now() + options.wait;
     for (;;) {
-        const auto now = Clock::now();
+        const auto now = m.now();
         auto [it, inserted] = m.records.try_emplace(Impl::id(key));
         Record& record = it->second;
         if (inserted || (record.state == RecordState::completed && record.expires_at < now)) {
@@ -83,7 +87,7 @@ Claim MemoryStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptio
             emit(Event::taken_over, &key);
             return Claim{ClaimStatus::claimed, record.fence, Impl::view(record, now), {}};
         }
-        if (now >= wait_until) {
+        if (std::chrono::steady_clock::now() >= wait_until) {
             claim.retry_after = detail::retry_after_hint(record.lease_until, now, m.options.max_retry_after);
             return claim;
         }
@@ -123,7 +127,7 @@ void MemoryStore::release(const Key& key, Fence fence) {
 void MemoryStore::extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) {
     std::lock_guard lock(impl_->mutex);
     ++impl_->stats.round_trips;
-    impl_->owned(key, fence, "extend_lease").lease_until = Clock::now() + lease;
+    impl_->owned(key, fence, "extend_lease").lease_until = impl_->now() + lease;
 }
 
 void MemoryStore::record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) {
@@ -136,7 +140,7 @@ void MemoryStore::record_phase(const Key& key, Fence fence, std::string_view pha
 
 std::optional<Fence> MemoryStore::take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
                                             bool new_attempt) {
-    const auto now = Clock::now();
+    const auto now = impl_->now();
     std::lock_guard lock(impl_->mutex);
     ++impl_->stats.round_trips;
     auto it = impl_->records.find(Impl::id(key));
@@ -158,11 +162,11 @@ std::optional<Record> MemoryStore::read(const Key& key) {
     ++impl_->stats.round_trips;
     auto it = impl_->records.find(Impl::id(key));
     if (it == impl_->records.end()) return std::nullopt;
-    return Impl::view(it->second, Clock::now());
+    return Impl::view(it->second, impl_->now());
 }
 
 std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
-    const auto now = Clock::now();
+    const auto now = impl_->now();
     std::lock_guard lock(impl_->mutex);
     ++impl_->stats.reads;
     ++impl_->stats.round_trips;
@@ -181,7 +185,7 @@ std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, const ScopeFilt
 }
 
 std::size_t MemoryStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
-    const auto now = Clock::now();
+    const auto now = impl_->now();
     std::size_t deleted = 0;
     {
         std::lock_guard lock(impl_->mutex);

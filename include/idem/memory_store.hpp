@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "idem/store.hpp"
@@ -20,6 +21,12 @@ struct MemoryStoreOptions {
     std::chrono::seconds default_retention{std::chrono::hours(24)};
     std::chrono::milliseconds max_retry_after{std::chrono::seconds(1)};
     std::size_t max_result_bytes = 16u << 20;
+    /// The time leases, retention and retry hints are measured against; empty means
+    /// std::chrono::system_clock::now. A test injects a clock it moves by hand, so that expiry
+    /// happens exactly when the test says. Called from every thread that calls the store, at times
+    /// with the store's mutex held: it must be thread-safe and must not call back into the store.
+    /// ClaimOptions::wait stays a real wait (steady clock), whatever this clock says.
+    std::function<std::chrono::system_clock::time_point()> clock{};
 };
 
 class MemoryStore final : public IdempotencyStore {

@@ -320,7 +320,7 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
         waiters.emplace_back([&] {
             Effects::Writer writer(effects);
             idem::ClaimOptions wait;
-            wait.wait = 3s;
+            wait.wait = 20s;  // outlasts the served calls below, however slow the machine
             history.add(run_call(store, writer, busy, true, wait));
         });
     }
@@ -334,7 +334,8 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
         CAPTURE(c.detail);
         CHECK(c.told == Told::executed);  // the free connection serves new calls meanwhile
         CHECK(c.fn_started);
-        CHECK(c.ms < static_cast<double>((options.pool_wait + 1000ms).count()));
+        // Served at once, not after the waiter gave up (20 s): a busy machine's round trips fit.
+        CHECK(c.ms < 10000.0);
         CHECK(read_row(db, table.name(), key).has_value());
         ++f.faults;
         history.add(std::move(c));
@@ -426,7 +427,7 @@ TEST_CASE("waiting callers do not starve the owner's save", "[fault][exhaustion]
     for (std::size_t i = 0; i < 2; ++i) {
         waiters.emplace_back([&, i] {
             idem::ClaimOptions wait;
-            wait.wait = 1500ms;
+            wait.wait = 20s;  // woken by the save, which comes as soon as both wait
             try {
                 waited[i] = std::string(idem::to_string(
                     idem::execute_once(

@@ -3,10 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <latch>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "lifecycle.hpp"
 
@@ -23,15 +21,17 @@ TEMPLATE_TEST_CASE("take_over fences the old owner out; the new owner's save is 
     const idem::Key key(fresh_scope("lease"), "k1");
     const auto fp = idem::fingerprint("POST /charges"s, 100);
 
-    const auto claim = owner.claim(key, fp, Opts().lease_for(200ms));
+    const auto claim = owner.claim(key, fp, Opts().lease_for(30s));
     REQUIRE(claim.status == idem::ClaimStatus::claimed);
     const idem::Fence old_fence = claim.fence;
 
-    // Before the lease passes: nobody can take it.
+    // Before the lease passes (20 s of it, so 10 s are left): nobody can take it.
+    backend.advance(20s);
+    CHECK_FALSE(owner.read(key)->lease_expired);
     CHECK_FALSE(other.take_over(key, old_fence, 30s, false));
     CHECK(owner.read(key)->fence == old_fence);
 
-    std::this_thread::sleep_for(300ms);
+    backend.advance(11s);
     REQUIRE(owner.read(key)->lease_expired);
     const auto new_fence = other.take_over(key, old_fence, 30s, false);
     REQUIRE(new_fence);
@@ -78,107 +78,64 @@ TEMPLATE_TEST_CASE("a heartbeat (Context::extend_lease) keeps the key; without i
     auto& taker = backend.make();
     const auto fp = idem::fingerprint("long effect"s);
 
-    // Tries take_over every ~20 ms while `running`; returns the first successful takeover's time.
-    struct Attempts {
-        int tries = 0;
-        std::optional<idem::Fence> won;
-        double won_after_ms = 0;
-    };
-    const auto hammer = [&](const idem::Key& key, std::atomic<idem::Fence>& fence, std::latch& started,
-                            std::atomic<bool>& running, SteadyClock::time_point& claimed_at) {
-        Attempts a;
-        started.wait();
-        while (running) {
-            ++a.tries;
-            if (auto f = taker.take_over(key, fence.load(), 30s, false)) {
-                a.won = f;
-                a.won_after_ms = ms(SteadyClock::now() - claimed_at);
-                break;
-            }
-            std::this_thread::sleep_for(20ms);
-        }
-        return a;
-    };
+    // Lease 30 s. While the effect runs, time moves in steps (backend.advance) and after each step
+    // the other party tries take_over: a lease with 10 s left cannot pass early, however slow the
+    // machine, and one that has passed is taken at the first try.
 
-    // Generous margins: a heartbeat is a database round trip, which a loaded 2-core CI box can
-    // delay by tens of milliseconds.
-    SECTION("with a heartbeat every 100 ms (lease 1 s, 1.5 s of work): never taken over") {
+    SECTION("a heartbeat after every 20 s step: never taken over, though 100 s pass") {
         const idem::Key key(fresh_scope("heartbeat"), "hb");
-        std::atomic<idem::Fence> fence{0};
-        std::latch started(1);
-        std::atomic<bool> running{true};
-        SteadyClock::time_point claimed_at;
-        Attempts attempts;
-        std::thread attacker([&] { attempts = hammer(key, fence, started, running, claimed_at); });
-        std::optional<idem::Result<Response>> result;
-        try {
-            result.emplace(idem::execute_once(
-                store, key, fp,
-                [&](idem::Context& ctx) {
-                    claimed_at = SteadyClock::now();
-                    fence = ctx.fence();
-                    started.count_down();
-                    for (int i = 0; i < 15; ++i) {
-                        std::this_thread::sleep_for(100ms);
-                        ctx.extend_lease(1000ms);
-                    }
-                    return Response{200, "kept"};
-                },
-                Opts().lease_for(1000ms)));
-        } catch (...) {
-            running = false;
-            started.count_down();
-            attacker.join();
-            throw;
-        }
-        running = false;
-        attacker.join();
-        CHECK(result->outcome() == Outcome::executed);
-        CHECK_FALSE(attempts.won);
-        CHECK(attempts.tries >= 10);
+        int tries = 0;
+        int taken = 0;
+        const auto result = idem::execute_once(
+            store, key, fp,
+            [&](idem::Context& ctx) {
+                for (int step = 0; step < 5; ++step) {
+                    backend.advance(20s);
+                    ctx.extend_lease(30s);
+                    ++tries;
+                    if (taker.take_over(key, ctx.fence(), 30s, false)) ++taken;
+                }
+                return Response{200, "kept"};
+            },
+            Opts().lease_for(30s));
+        CHECK(result.outcome() == Outcome::executed);
+        CHECK(tries == 5);
+        CHECK(taken == 0);
         CHECK(store.read(key)->state == idem::RecordState::completed);
     }
 
-    SECTION("without a heartbeat: taken over once the lease passes; the old attempt's save is refused") {
+    SECTION("no heartbeat: taken over once the lease passes; the old attempt's extend and save are refused") {
         const idem::Key key(fresh_scope("no-heartbeat"), "nhb");
-        std::atomic<idem::Fence> fence{0};
-        std::latch started(1);
-        std::atomic<bool> running{true};
-        SteadyClock::time_point claimed_at;
-        Attempts attempts;
+        std::optional<idem::Fence> taken_early, taken;
         bool extend_refused = false;
-        std::thread attacker([&] { attempts = hammer(key, fence, started, running, claimed_at); });
         bool save_refused = false;
-        claimed_at = SteadyClock::now();  // before the claim: its lease cannot pass sooner than 200 ms after
         try {
             (void)idem::execute_once(
                 store, key, fp,
                 [&](idem::Context& ctx) {
-                    fence = ctx.fence();
-                    started.count_down();
-                    std::this_thread::sleep_for(1500ms);
+                    backend.advance(20s);
+                    taken_early = taker.take_over(key, ctx.fence(), 30s, false);  // 10 s of the lease left
+                    backend.advance(11s);
+                    taken = taker.take_over(key, ctx.fence(), 30s, false);  // passed 1 s ago
                     try {
-                        ctx.extend_lease(200ms);
+                        ctx.extend_lease(30s);
                     } catch (const idem::lease_lost&) {
                         extend_refused = true;
                     }
                     return Response{200, "too late"};
                 },
-                Opts().lease_for(200ms));
+                Opts().lease_for(30s));
         } catch (const idem::lease_lost&) {
             save_refused = true;
         }
-        running = false;
-        attacker.join();
-        REQUIRE(attempts.won);
-        CHECK(attempts.won_after_ms >= 195.0);
-        CHECK(attempts.won_after_ms < 1500.0);
+        CHECK_FALSE(taken_early);
+        REQUIRE(taken);
         CHECK(extend_refused);
         CHECK(save_refused);
         auto rec = store.read(key);
         REQUIRE(rec);
         CHECK(rec->state == idem::RecordState::in_progress);
-        CHECK(rec->fence == *attempts.won);
+        CHECK(rec->fence == *taken);
         CHECK_FALSE(rec->result);
     }
 }

@@ -4,6 +4,12 @@
 // A backend object lives for one test case. MemoryBackend hands out ONE store (so "another party"
 // shares its data); PostgresBackend hands out a new PostgresStore per make() on a private table
 // (dropped at the end), so two stores are two independent parties on the same data.
+//
+// Time: a test never sleeps for a lease or a retention to pass; it calls backend.advance(d).
+// MemoryBackend moves its store's injected clock; PostgresBackend moves every timestamp of its
+// table d into the past, which to PostgresStore (it compares them with the database's now()) is the
+// same as d passing. Real time still passes for PostgreSQL, so a test that needs a lease NOT to
+// have passed gives it tens of seconds of margin.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -22,6 +28,7 @@
 #include "idem/postgres_store.hpp"
 #include "idem/reconciler.hpp"
 #include "idem/response.hpp"
+#include "manual_clock.hpp"
 #include "pg.hpp"
 #include "test_env.hpp"
 
@@ -50,11 +57,19 @@ public:
     static constexpr bool is_postgres = false;
 
     idem::IdempotencyStore& make(const StoreKnobs& = {}) {
-        if (!store_) store_ = std::make_unique<idem::MemoryStore>();
+        if (!store_) {
+            idem::MemoryStoreOptions options;
+            options.clock = idem_test::ManualClock::function(clock_);
+            store_ = std::make_unique<idem::MemoryStore>(options);
+        }
         return *store_;
     }
 
+    /// `d` passes for the store (its clock moves; no real time passes).
+    void advance(std::chrono::milliseconds d) { clock_->advance(d); }
+
 private:
+    std::shared_ptr<idem_test::ManualClock> clock_ = std::make_shared<idem_test::ManualClock>();
     std::unique_ptr<idem::MemoryStore> store_;
 };
 
@@ -92,6 +107,17 @@ public:
         return *stores_.back();
     }
     idem::IdempotencyStore& make(const StoreKnobs& knobs = {}) { return make_pg(knobs); }
+
+    /// `d` passes for the stores: every timestamp of the table moves `d` into the past.
+    void advance(std::chrono::milliseconds d) {
+        idem_test::PgConn conn(conninfo_);
+        conn.exec("UPDATE " + table_ +
+                      " SET created_at = created_at - $1 * interval '1 millisecond', "
+                      "lease_until = lease_until - $1 * interval '1 millisecond', "
+                      "completed_at = completed_at - $1 * interval '1 millisecond', "
+                      "expires_at = expires_at - $1 * interval '1 millisecond'",
+                  {std::to_string(d.count())});
+    }
 
     [[nodiscard]] const std::string& conninfo() const { return conninfo_; }
     [[nodiscard]] const std::string& table() const { return table_; }

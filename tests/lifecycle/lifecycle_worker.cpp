@@ -1,7 +1,7 @@
 // idem_lifecycle_worker — a separate OS process for the lifecycle tests (reconciler_test.cpp).
 //
 //   idem_lifecycle_worker crash CONNINFO TABLE EFFECTS_TABLE SCOPE KEY
-//     execute_once(key) with a lease of 300 ms; the effect INSERTs a row (scope, key) into
+//     execute_once(key) with a lease of 30 s; the effect INSERTs a row (scope, key) into
 //     EFFECTS_TABLE over its own autocommit connection, records the phase "charged" with data
 //     "charge-<row id>", prints "effect-done <row id>" and then sleeps forever (the test SIGKILLs it).
 //
@@ -36,7 +36,7 @@ int crash(const std::string& conninfo, const std::string& table, const std::stri
     const idem::Key key(scope, value);
     const auto fp = idem::fingerprint(std::string("charge"), value);
     idem::ClaimOptions claim_options;
-    claim_options.lease = std::chrono::milliseconds(300);
+    claim_options.lease = std::chrono::seconds(30);
     (void)idem::execute_once(
         store, key, fp,
         [&](idem::Context& ctx) -> idem::Response {

@@ -36,10 +36,10 @@ TEMPLATE_TEST_CASE("CountingObserver counts every outcome of a scripted sequence
     const auto key = [&](const std::string& v) { return idem::Key(scope, v); };
     const auto ok = [](const std::string& body) { return [body] { return Response{200, body}; }; };
 
-    // executed ×2 with a 1 s retention (purged at the end).
-    CHECK(idem::execute_once(store, key("p1"), fp, ok("p1"), Opts().retain(1s)).outcome() == Outcome::executed);
-    CHECK(idem::execute_once(store, key("p2"), fp, ok("p2"), Opts().retain(1s)).outcome() == Outcome::executed);
-    const auto retained_from = SteadyClock::now();  // both claims (and their retention clocks) are older
+    // Time moves by backend.advance only: leases of 30 s, retention of 60 s (p1, p2), then 70 s pass.
+    // executed ×2 with a 60 s retention (purged at the end).
+    CHECK(idem::execute_once(store, key("p1"), fp, ok("p1"), Opts().retain(60s)).outcome() == Outcome::executed);
+    CHECK(idem::execute_once(store, key("p2"), fp, ok("p2"), Opts().retain(60s)).outcome() == Outcome::executed);
     // executed ×3, each with some work so its duration is measurable.
     for (const char* k : {"k1", "k2", "k3"}) {
         CHECK(idem::execute_once(store, key(k), fp, [] {
@@ -52,18 +52,18 @@ TEMPLATE_TEST_CASE("CountingObserver counts every outcome of a scripted sequence
     CHECK(idem::execute_once(store, key("k2"), fp, ok("x")).outcome() == Outcome::replayed);
     CHECK(idem::execute_once(store, key("k1"), other_fp, ok("x")).outcome() == Outcome::mismatch);
     // in_progress ×1 (the claim itself, made directly, is not an execute_once event).
-    REQUIRE(store.claim(key("busy"), fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
+    REQUIRE(store.claim(key("busy"), fp, Opts().lease_for(1h)).status == idem::ClaimStatus::claimed);
     CHECK(idem::execute_once(store, key("busy"), fp, ok("x")).outcome() == Outcome::in_progress);
     // released ×1.
     CHECK_THROWS_AS(idem::execute_once(store, key("declined"), fp, [&]() -> Response { throw Declined(); }), Declined);
-    // unknown ×3 (lease 100 ms: stale soon).
+    // unknown ×3 (lease 30 s).
     for (const char* k : {"u-resume", "u-save", "u-release"}) {
         CHECK_THROWS_AS(idem::execute_once(
                             store, key(k), fp, [&]() -> Response { throw std::runtime_error("provider timeout"); },
-                            Opts().lease_for(100ms)),
+                            Opts().lease_for(30s)),
                         std::runtime_error);
     }
-    std::this_thread::sleep_for(150ms);
+    backend.advance(70s);  // the u-* leases and p1/p2's retention have passed (not busy's: 1 h)
     // taken_over ×1 + executed ×1: resume mode.
     CHECK(idem::execute_once(store, key("u-resume"), fp, ok("resumed"), Opts().resume()).outcome() ==
           Outcome::executed);
@@ -81,8 +81,7 @@ TEMPLATE_TEST_CASE("CountingObserver counts every outcome of a scripted sequence
     const auto sweep = reconciler.run_once();
     CHECK(sweep.saved == 1);
     CHECK(sweep.released == 1);
-    // purged 2 (p1, p2) once their retention passed.
-    std::this_thread::sleep_until(retained_from + 1150ms);
+    // purged 2 (p1, p2): their retention passed.
     CHECK(store.purge_expired() == 2);
 
     const auto s = counts->snapshot();

@@ -114,15 +114,16 @@ struct Child {
     std::string buffer;
 };
 
-/// `n` in-progress keys in `scope` whose 50 ms lease has passed.
-template <class Store>
-std::vector<idem::Key> make_stale(Store& store, const std::string& scope, int n, const idem::Fingerprint& fp) {
+/// `n` in-progress keys in `scope` whose 30 s lease has passed (time moved past it).
+template <class Backend>
+std::vector<idem::Key> make_stale(Backend& backend, idem::IdempotencyStore& store, const std::string& scope, int n,
+                                  const idem::Fingerprint& fp) {
     std::vector<idem::Key> keys;
     for (int i = 0; i < n; ++i) {
         keys.emplace_back(scope, "stale-" + std::to_string(i));
-        REQUIRE(store.claim(keys.back(), fp, Opts().lease_for(50ms)).status == idem::ClaimStatus::claimed);
+        REQUIRE(store.claim(keys.back(), fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
     }
-    std::this_thread::sleep_for(120ms);
+    backend.advance(31s);
     return keys;
 }
 
@@ -150,7 +151,7 @@ TEST_CASE("reconciler: a worker SIGKILLed between effect and save is resolved ex
 
     // Still in progress, to clients, while and after the lease passes.
     CHECK(idem::execute_once(store, key, fp, [] { return Response{500, "no"}; }).outcome() == Outcome::in_progress);
-    std::this_thread::sleep_for(400ms);  // past the worker's 300 ms lease
+    backend.advance(31s);  // past the worker's 30 s lease
     auto before = store.read(key);
     REQUIRE(before);
     CHECK(before->state == idem::RecordState::in_progress);
@@ -206,7 +207,7 @@ TEST_CASE("reconciler: two reconciler threads and a process over 200 stale keys:
     const auto scope = fresh_scope("many");
     const auto fp = idem::fingerprint("stale"s);
     constexpr int kKeys = 200;
-    const auto keys = make_stale(setup, scope, kKeys, fp);
+    const auto keys = make_stale(backend, setup, scope, kKeys, fp);
 
     const auto start_at = std::chrono::duration_cast<std::chrono::milliseconds>(
                               (std::chrono::system_clock::now() + 700ms).time_since_epoch())
@@ -297,11 +298,11 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
 
     SECTION("leave") {
         const auto scope = fresh_scope("leave");
-        const auto keys = make_stale(store, scope, 1, fp);
+        const auto keys = make_stale(backend, store, scope, 1, fp);
         const auto original = store.read(keys[0])->fence;
         int calls = 0;
         idem::Reconciler leaver(store, [&](idem::Reconciliation&) { ++calls; },
-                                reconciler_options(10, 200ms, idem::ScopeFilter::exact(scope)));
+                                reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s1 = leaver.run_once();
         CHECK(s1.listed == 1);
         CHECK(s1.taken == 1);
@@ -314,7 +315,9 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope)).empty());
         CHECK(leaver.run_once().listed == 0);
         CHECK(calls == 1);
-        std::this_thread::sleep_for(300ms);
+        backend.advance(20s);  // 10 s of the reconciler's lease left: still not listed
+        CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope)).empty());
+        backend.advance(11s);
         const auto again = store.list_stale(10, idem::ScopeFilter::exact(scope));
         REQUIRE(again.size() == 1);
         CHECK(again[0].key == keys[0]);
@@ -329,12 +332,12 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         const auto scope = fresh_scope("throws");
         // Oldest lease first: `bad` is handed over before `good`.
         const idem::Key bad(scope, "bad"), good(scope, "good"), gone(scope, "gone");
-        REQUIRE(store.claim(bad, fp, Opts().lease_for(50ms)).status == idem::ClaimStatus::claimed);
-        std::this_thread::sleep_for(10ms);
-        REQUIRE(store.claim(good, fp, Opts().lease_for(50ms)).status == idem::ClaimStatus::claimed);
-        std::this_thread::sleep_for(10ms);
-        REQUIRE(store.claim(gone, fp, Opts().lease_for(50ms)).status == idem::ClaimStatus::claimed);
-        std::this_thread::sleep_for(120ms);
+        REQUIRE(store.claim(bad, fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
+        backend.advance(1s);
+        REQUIRE(store.claim(good, fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
+        backend.advance(1s);
+        REQUIRE(store.claim(gone, fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
+        backend.advance(31s);
         std::vector<std::string> order;
         idem::Reconciler reconciler(
             store,
@@ -484,9 +487,9 @@ TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain pref
     const std::vector<std::string> scopes = {base + "acct:1", base + "acct:2", base + "acctX", base + "other:acct:",
                                              base + "a_c%1", base + "abc%1"};
     for (const auto& s : scopes) {
-        REQUIRE(store.claim(idem::Key(s, "k"), fp, Opts().lease_for(50ms)).status == idem::ClaimStatus::claimed);
+        REQUIRE(store.claim(idem::Key(s, "k"), fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
     }
-    std::this_thread::sleep_for(120ms);
+    backend.advance(31s);
     const auto handled_by = [&](const std::string& prefix) {
         std::set<std::string> handled;
         idem::Reconciler reconciler(

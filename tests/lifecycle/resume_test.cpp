@@ -5,7 +5,6 @@
 #include <atomic>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "lifecycle.hpp"
 
@@ -24,15 +23,16 @@ TEMPLATE_TEST_CASE("resume_stale: attempt 2 takes over a stale key and sees atte
     const auto other_fp = idem::fingerprint("POST /payments"s, 701);
 
     // Attempt 1: claims, records a recovery point, then hangs (never saves).
-    const auto claim1 = first.claim(key, fp, Opts().lease_for(150ms));
+    const auto claim1 = first.claim(key, fp, Opts().lease_for(30s));
     REQUIRE(claim1.status == idem::ClaimStatus::claimed);
     first.record_phase(key, claim1.fence, "charge_created", "ch_\0\x01"s);
 
     std::atomic<int> runs{0};
     const auto fn = [&](idem::Context&) { ++runs; return Response{200, "must not run"}; };
-    // Before the lease passes, resume mode does not take over.
+    // Before the lease passes (10 s of it left), resume mode does not take over.
+    backend.advance(20s);
     CHECK(idem::execute_once(second, key, fp, fn, Opts().resume()).outcome() == Outcome::in_progress);
-    std::this_thread::sleep_for(250ms);
+    backend.advance(11s);
     REQUIRE(second.read(key)->lease_expired);
 
     // Without resume_stale: in progress. With a different fingerprint: mismatch, not taken over.

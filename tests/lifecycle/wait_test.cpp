@@ -1,5 +1,9 @@
 // Wait instead of 409 (ClaimOptions::wait): a duplicate waits for the running attempt's save and
 // replays it promptly; a wait that runs out answers in_progress.
+//
+// These waits are real (the point is how long a caller waits), so the bounds are wide enough for a
+// busy 2-core machine and still far from what a broken wait would show: waits of 10 s, woken by
+// the save in well under a second, or ending at the deadline.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -53,7 +57,7 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
         std::optional<idem::Result<Response>> b_result;
         std::thread b([&] {
             b_result.emplace(idem::execute_once(
-                store_b, key, fp, [&] { ++b_runs; return Response{500, "B ran"}; }, Opts().wait_up_to(2000ms)));
+                store_b, key, fp, [&] { ++b_runs; return Response{500, "B ran"}; }, Opts().wait_up_to(10s)));
             b_returned_at = SteadyClock::now();
             b_returned = true;
         });
@@ -75,11 +79,11 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
     std::string all;
     for (double d : delays) all += std::to_string(d) + " ";
     INFO("B's return after A's fn returned (ms): " << all);
-    CHECK(median(delays) < 100.0);
-    CHECK(percentile(delays, 1.0) < 500.0);
+    CHECK(median(delays) < 500.0);             // woken by the save, not polling
+    CHECK(percentile(delays, 1.0) < 5000.0);  // and never only at the 10 s deadline
 }
 
-TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after about the wait",
+TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after the wait",
                    "[lifecycle][wait]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make(knobs(4));
@@ -99,21 +103,21 @@ TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after about t
     a_running.wait();
     std::atomic<int> runs{0};
     const auto t0 = SteadyClock::now();
-    const auto r = idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran"}; }, Opts().wait_up_to(300ms));
+    const auto r = idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran"}; }, Opts().wait_up_to(1s));
     const auto waited = ms(SteadyClock::now() - t0);
     finish.set_value();
     a.join();
     INFO("waited " << waited << " ms");
     CHECK(r.outcome() == Outcome::in_progress);
     CHECK(runs == 0);
-    CHECK(waited >= 290.0);
-    CHECK(waited < 800.0);
+    CHECK(waited >= 1000.0);
+    CHECK(waited < 5000.0);
     REQUIRE(a_result);
     CHECK(a_result->outcome() == Outcome::executed);
     // Once saved, a waiting claim answers at once.
     const auto t1 = SteadyClock::now();
-    CHECK(idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran"}; }, Opts().wait_up_to(2000ms))
+    CHECK(idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran"}; }, Opts().wait_up_to(10s))
               .outcome() == Outcome::replayed);
-    CHECK(ms(SteadyClock::now() - t1) < 200.0);
+    CHECK(ms(SteadyClock::now() - t1) < 5000.0);
     CHECK(runs == 0);
 }
