@@ -448,7 +448,7 @@ TEMPLATE_TEST_CASE("reconciler: run() survives exceptions that are not idem::err
     auto log = std::make_shared<FailureLog>();
     store.set_observer(log);
     const auto scope = fresh_scope("run");
-    const auto keys = make_stale(real, scope, 1, idem::fingerprint("run"s));
+    const auto keys = make_stale(backend, real, scope, 1, idem::fingerprint("run"s));
     store.list_throws = 2;
     store.take_over_throws = 1;
     std::atomic<int> resolved{0};
