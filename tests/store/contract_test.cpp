@@ -966,7 +966,101 @@ TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514
     CHECK(calls == 1);
     CHECK(store.read(key)->state == idem::RecordState::in_progress);
 }
+// reconciler.hpp: a save refused by "SQLSTATE class ... 42 rule/privilege" backs off. 42501
+// (insufficient privilege: a column privilege on `result` missing, a row-level security WITH CHECK
+// policy) is thrown as config_error, not database_error, so will_repeat() never sees class 42 for it.
+// The trigger stands in for the privilege check: it refuses the completing UPDATE with 42501 while
+// take_over and extend_lease (which leave the row in progress) still pass.
+TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed off like the other "
+          "class 42 refusals",
+          "[contract][reconciler][review]") {
+    idem_test::PostgresBackend backend;
+    auto& store = backend.make();
+    const std::string fn = backend.table() + "_deny_save";
+    idem_test::PgConn admin(backend.conninfo());
+    admin.exec("CREATE FUNCTION " + fn +
+               "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.state = 'completed' THEN "
+               "RAISE EXCEPTION 'permission denied for column result' USING ERRCODE = '42501'; "
+               "END IF; RETURN NEW; END $$");
+    admin.exec("CREATE TRIGGER deny_save BEFORE UPDATE ON " + backend.table() +
+               " FOR EACH ROW EXECUTE FUNCTION " + fn + "()");
+    const auto scope = idem_test::fresh_scope("denied");
+    const idem::Key key(scope, "k");
+    claim_briefly(store, key);
+    std::this_thread::sleep_for(150ms);
+    int calls = 0;
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            ++calls;
+            r.save_encoded("done");
+        },
+        options);
+    const auto s1 = reconciler.run_once();
+    REQUIRE(s1.failures.size() == 1);
+    CHECK(s1.failures[0].stage == idem::Reconciler::Stage::save);
+    CHECK(s1.failures[0].sqlstate == "42501");
+    CHECK(s1.failures[0].backed_off);
+    std::this_thread::sleep_for(300ms);  // past the reconciler's 100 ms lease
+    CHECK(reconciler.run_once().listed == 0);
+    CHECK(calls == 1);  // the provider is not asked again every lease
+    admin.exec("DROP TABLE " + backend.table() + " CASCADE");
+    admin.exec("DROP FUNCTION " + fn + "()");
+}
+
+// One row the store cannot decode (here: a fingerprint algorithm this build does not know, as a
+// newer idem writing to the same table during a rolling upgrade would store) makes list_stale throw
+// for the whole listing: every sweep fails, reported without a key, and no other stale key in the
+// selected scopes is ever resolved. "A failure on one key is recorded ... and the sweep goes on."
+TEST_CASE("Reconciler: one undecodable stale row does not stop the other keys from being resolved",
+          "[contract][reconciler][review]") {
+    idem_test::PostgresBackend backend;
+    auto& store = backend.make();
+    const auto scope = idem_test::fresh_scope("poison");
+    const idem::Key poison(scope, "a-poison"), good(scope, "b-good");
+    claim_briefly(store, poison);
+    std::this_thread::sleep_for(5ms);
+    claim_briefly(store, good);
+    idem_test::PgConn(backend.conninfo())
+        .exec("UPDATE " + backend.table() + " SET fingerprint_alg = 2 WHERE scope = $1 AND key = $2",
+              {scope, poison.value()});
+    std::this_thread::sleep_for(150ms);
+    int resolved_good = 0;
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            if (r.key() == good) ++resolved_good;
+            r.save_encoded("done");
+        },
+        options);
+    idem::Reconciler::Sweep sweep;
+    CHECK_NOTHROW(sweep = reconciler.run_once());
+    CHECK(resolved_good == 1);
+    CHECK(store.read(good)->state == idem::RecordState::completed);
+}
 #endif
+
+// A failure_backoff the stores cannot represent: MemoryStore computes steady_clock::now() + backoff
+// in nanoseconds (signed overflow past ~292 years; milliseconds::max() wraps to -1 ms, so the key is
+// "backed off" into the past and handed to the resolver again at the next sweep), PostgreSQL refuses
+// the interval (22008) and the key is not backed off at all. Either way the setting does not do what
+// it says; the constructor checks only for a negative value.
+TEMPLATE_LIST_TEST_CASE("Reconciler: a failure_backoff too long to represent is a config_error",
+                        "[contract][reconciler][review]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    idem::ReconcilerOptions options;
+    options.failure_backoff = std::chrono::milliseconds::max();  // "never retry it by itself"
+    CHECK_THROWS_AS(idem::Reconciler(
+                        store, [](idem::Reconciliation&) {}, options),
+                    idem::config_error);
+}
 
 TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]",
                         Backends) {
