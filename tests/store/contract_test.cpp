@@ -1011,6 +1011,39 @@ TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed of
     admin.exec("DROP FUNCTION " + fn + "()");
 }
 
+// The observer's detail goes to logs and metrics pipelines. PostgreSQL's message for a refused row
+// carries a DETAIL line "Failing row contains (scope, key, ..., \\x<result bytes>...)": the first
+// bytes of the response the resolver saved (here a card number), the fingerprint and the phase data.
+TEST_CASE("Reconciler: the reconcile_failed detail does not carry the row's data from the database "
+          "message",
+          "[contract][reconciler][review]") {
+    idem_test::PostgresBackend backend;
+    auto& store = backend.make();
+    auto observer = std::make_shared<RecordingObserver>();
+    store.set_observer(observer);
+    idem_test::PgConn(backend.conninfo())
+        .exec("ALTER TABLE " + backend.table() + " ADD CONSTRAINT small_results CHECK (length(result) < 10)");
+    const auto scope = idem_test::fresh_scope("leak");
+    const idem::Key key(scope, "k");
+    claim_briefly(store, key);
+    std::this_thread::sleep_for(150ms);
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(scope);
+    idem::Reconciler reconciler(
+        store, [&](idem::Reconciliation& r) { r.save_encoded("card=4242424242424242"); }, options);
+    const auto s1 = reconciler.run_once();
+    REQUIRE(s1.failures.size() == 1);
+    CHECK(s1.failures[0].sqlstate == "23514");
+    const auto events = observer->of(idem::Event::reconcile_failed);
+    REQUIRE(events.size() == 1);
+    CAPTURE(events[0].detail);
+    CHECK(events[0].detail.starts_with("save: database_error 23514: "));
+    // "4242424242" as bytea hex output
+    CHECK(events[0].detail.find("34323432343234323432") == std::string::npos);
+    CHECK(events[0].detail.find('\n') == std::string::npos);  // one line
+}
+
 // One row the store cannot decode (here: a fingerprint algorithm this build does not know, as a
 // newer idem writing to the same table during a rolling upgrade would store) makes list_stale throw
 // for the whole listing: every sweep fails, reported without a key, and no other stale key in the
