@@ -513,3 +513,30 @@ TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain pref
     for (const auto& s : rest) rest_scopes.insert(s.key.scope());
     CHECK(rest_scopes == std::set<std::string>{base + "acctX", base + "other:acct:", base + "abc%1"});
 }
+
+// Review: ReconcilerOptions::lease is not checked. With a lease of zero (or one shorter than a
+// sweep) the key a resolver left is stale again at once; run() sweeps again at once after a full
+// batch, so it hands the same key to the resolver (and the provider) in a hot loop, never waiting
+// its interval. Either the constructor refuses such a lease (config_error) or run() does not spin.
+TEST_CASE("reconciler: run() with a zero lease does not spin on the key it leaves",
+          "[lifecycle][reconciler][review]") {
+    PostgresBackend backend;
+    auto& store = backend.make();
+    const auto scope = fresh_scope("zero_lease");
+    make_stale(backend, store, scope, 1, idem::fingerprint("zero"s));
+    std::atomic<int> calls{0};
+    std::optional<idem::Reconciler> reconciler;
+    try {
+        reconciler.emplace(
+            store, [&](idem::Reconciliation&) { ++calls; },  // leave: not known yet
+            reconciler_options(1, 0ms, idem::ScopeFilter::exact(scope)));
+    } catch (const idem::config_error&) {
+        SUCCEED("a zero lease is refused");
+        return;
+    }
+    {
+        std::jthread loop([&](std::stop_token stop) { reconciler->run(stop, std::chrono::hours(1)); });
+        std::this_thread::sleep_for(300ms);
+    }
+    CHECK(calls <= 2);  // one sweep per interval (1 h), plus at most one more
+}
