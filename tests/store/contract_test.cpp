@@ -7,6 +7,7 @@
 #include "idem/idem.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -773,6 +774,39 @@ TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are lit
     CHECK(listed(idem::ScopeFilter::exact(base + "a_1")) == std::vector<std::string>{base + "a_1"});
     CHECK(listed(idem::ScopeFilter::exact(base + "a%")).empty());
     CHECK(listed(idem::ScopeFilter::prefix(base + "a")).size() == 5);
+}
+
+// Review control (passes at 503ebc0): the stores agree byte for byte where a collation-aware or
+// space-padding comparison would not — trailing spaces, case, NFC vs NFD, a 4-byte character.
+TEMPLATE_LIST_TEST_CASE("ScopeFilter: trailing spaces, case and Unicode normal forms are distinct scopes "
+                        "in both stores",
+                        "[contract][scope][review]", Backends) {
+    TestType backend;
+    auto& store = backend.make();
+    const std::string base = idem_test::unique_name("bytes");
+    const std::string nfc = base + "\xC3\xA9";       // é, one code point
+    const std::string nfd = base + "e\xCC\x81";      // e + COMBINING ACUTE ACCENT
+    const std::string emoji = base + "\xF0\x9F\x92\xB3";  // U+1F4B3
+    const std::vector<std::string> scopes = {base, base + " ", base + "  ", nfc, nfd, emoji + "x"};
+    std::string upper = base;
+    for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (const auto& scope : scopes) claim_briefly(store, idem::Key(scope, "k"));
+    claim_briefly(store, idem::Key(upper, "k"));
+    std::this_thread::sleep_for(150ms);
+    const auto listed = [&](const idem::ScopeFilter& filter) {
+        auto got = scopes_of(store.list_stale(20, filter));
+        std::sort(got.begin(), got.end());
+        return got;
+    };
+    CHECK(listed(idem::ScopeFilter::exact(base)) == std::vector<std::string>{base});
+    CHECK(listed(idem::ScopeFilter::exact(base + " ")) == std::vector<std::string>{base + " "});
+    CHECK(listed(idem::ScopeFilter::prefix(base + " ")) == std::vector<std::string>{base + " ", base + "  "});
+    CHECK(listed(idem::ScopeFilter::exact(nfc)) == std::vector<std::string>{nfc});
+    CHECK(listed(idem::ScopeFilter::exact(nfd)) == std::vector<std::string>{nfd});
+    CHECK(listed(idem::ScopeFilter::prefix(base + "e")) == std::vector<std::string>{nfd});
+    CHECK(listed(idem::ScopeFilter::prefix(emoji)) == std::vector<std::string>{emoji + "x"});
+    CHECK(listed(idem::ScopeFilter::prefix(base)).size() == scopes.size());
+    CHECK(listed(idem::ScopeFilter::exact(upper)) == std::vector<std::string>{upper});
 }
 
 TEMPLATE_LIST_TEST_CASE("ScopeFilter: an invalid exact scope or prefix is invalid_key, before any I/O",
