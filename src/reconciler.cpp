@@ -49,13 +49,15 @@ Described describe(const std::exception_ptr& thrown) {
     }
 }
 
-// Whether the store will refuse the same decision again: the bytes are over the limit, or the
+// Whether the store will refuse the same decision again: the bytes are over the limit, the
 // database rejects the data itself (22 data exception, 23 integrity constraint, 42 syntax or access
-// rule, 54 program limit — e.g. a row too large). Outages, serialization failures and lock timeouts
-// (08, 40, 55, 57, ...) pass; lease_lost means the key is someone else's now.
+// rule, 54 program limit — e.g. a row too large), or it refuses idem for good (config_error: 42501
+// a missing privilege, 42P01 no table, ... — thrown as config_error, not database_error, so the
+// class test below never sees them). Outages, serialization failures and lock timeouts (08, 40,
+// 55, 57, ...) pass; lease_lost means the key is someone else's now.
 bool will_repeat(Reconciler::Stage stage, const Described& d) {
     if (stage != Reconciler::Stage::save && stage != Reconciler::Stage::release) return false;
-    if (d.type == "response_too_large") return true;
+    if (d.type == "response_too_large" || d.type == "config_error") return true;
     if (d.type != "database_error" || d.sqlstate.size() != 5) return false;
     const std::string_view sqlclass = std::string_view(d.sqlstate).substr(0, 2);
     return sqlclass == "22" || sqlclass == "23" || sqlclass == "42" || sqlclass == "54";

@@ -28,9 +28,9 @@
 // with the next key. When the key is retried depends on whether the failure can repeat:
 //
 //   * Failures that will happen again with the same decision — the result is over the store's
-//     max_result_bytes (response_too_large), or the database refuses the save/release for the data
-//     itself (database_error of SQLSTATE class 22 data, 23 constraint, 42 rule/privilege, 54
-//     limit) — back off: the reconciler extends its lease on the key by `failure_backoff`, so no
+//     max_result_bytes (response_too_large), the database refuses the save/release for the data
+//     itself (database_error of SQLSTATE class 22 data, 23 constraint, 42 rule, 54 limit), or
+//     refuses idem for good (config_error, e.g. 42501 a missing privilege) — back off: the reconciler extends its lease on the key by `failure_backoff`, so no
 //     reconciler, in this process or another, hands the key to a resolver again before then.
 //     The state lives in the row, not in the process: it survives restarts, needs no memory per
 //     key, and the key leaves the head of the oldest-first listing instead of filling every
