@@ -77,8 +77,10 @@ Reconciler::Reconciler(IdempotencyStore& store, Resolver resolver, ReconcilerOpt
     : store_(store), resolver_(std::move(resolver)), options_(std::move(options)) {
     if (!resolver_) throw config_error("idem: Reconciler needs a resolver");
     if (options_.batch == 0) throw config_error("idem: Reconciler batch must be at least 1");
-    if (options_.failure_backoff.count() < 0) {
-        throw config_error("idem: Reconciler failure_backoff must not be negative");
+    if (options_.failure_backoff.count() < 0 || options_.failure_backoff > max_failure_backoff) {
+        // Longer does not fit a store's clock arithmetic (MemoryStore adds it to a nanosecond
+        // time_point; PostgreSQL refuses the interval): it would not back off at all.
+        throw config_error("idem: Reconciler failure_backoff must be between 0 and 100 years");
     }
 }
 

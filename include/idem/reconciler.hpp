@@ -71,8 +71,12 @@ struct ReconcilerOptions {
     ScopeFilter scopes = ScopeFilter::all();
     /// How long a key whose save/release failed in a way that will repeat (see above) is left
     /// alone before it is tried again. Zero: retried when `lease` passes, like any other failure.
+    /// At most max_failure_backoff.
     std::chrono::milliseconds failure_backoff{std::chrono::minutes(15)};
 };
+
+/// The longest ReconcilerOptions::failure_backoff (100 years): what every store can add to its clock.
+inline constexpr std::chrono::milliseconds max_failure_backoff = std::chrono::hours(24 * 365 * 100);
 
 class Reconciliation {
 public:
@@ -150,7 +154,8 @@ public:
         std::vector<Failure> failures;  ///< in the order the keys were handled
     };
 
-    /// Throws config_error without a resolver or with batch 0, or a negative failure_backoff.
+    /// Throws config_error without a resolver or with batch 0, or a failure_backoff that is negative
+    /// or over max_failure_backoff.
     Reconciler(IdempotencyStore& store, Resolver resolver, ReconcilerOptions options = {});
 
     /// One sweep over at most options.batch stale keys. A failure on one key is recorded in the
