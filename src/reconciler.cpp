@@ -63,11 +63,25 @@ bool will_repeat(Reconciler::Stage stage, const Described& d) {
     return sqlclass == "22" || sqlclass == "23" || sqlclass == "42" || sqlclass == "54";
 }
 
+// The observer's detail feeds logs and metrics: the message's first line only, bounded. The lines
+// after it are PostgreSQL's DETAIL/CONTEXT, and "Failing row contains (...)" shows the row's values
+// (the start of the saved response, the phase data); Failure::message keeps the whole text.
+constexpr std::size_t kMaxDetailMessageBytes = 512;
+
+std::string_view first_line_bounded(std::string_view message) {
+    message = message.substr(0, message.find('\n'));
+    if (message.size() <= kMaxDetailMessageBytes) return message;
+    std::size_t end = kMaxDetailMessageBytes;
+    // Not inside a UTF-8 sequence: back up over continuation bytes.
+    while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
+    return message.substr(0, end);
+}
+
 std::string detail_of(std::string_view stage, const Described& d) {
     std::string detail;
     detail.append(stage).append(": ").append(d.type);
     if (!d.sqlstate.empty()) detail.append(" ").append(d.sqlstate);
-    detail.append(": ").append(d.message);
+    detail.append(": ").append(first_line_bounded(d.message));
     return detail;
 }
 

@@ -54,7 +54,8 @@ struct EventInfo {
     std::chrono::nanoseconds duration;  ///< of the call, where one was timed
     std::uint64_t count;                ///< 1, or the number of rows (purged)
     /// reconcile_failed: what failed and why ("save: response_too_large: …"); empty otherwise.
-    /// Valid during on_event only: copy it to keep it.
+    /// One line: the error message's first line, at most 512 bytes of it (the database's DETAIL
+    /// lines, which may show the row's values, are left out). Valid during on_event only.
     std::string_view detail;
 };
 

@@ -137,7 +137,8 @@ public:
         std::string error_type;
         /// PostgreSQL's SQLSTATE when the database produced the error, else empty.
         std::string sqlstate;
-        /// The exception's message.
+        /// The exception's whole message. From PostgreSQL it may include the DETAIL line, which
+        /// for a refused row shows its values (the start of the result): mind where you log it.
         std::string message;
         /// The failure will repeat with the same decision, and the key's lease was extended by
         /// options.failure_backoff: it is not tried again before then.
