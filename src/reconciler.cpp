@@ -182,10 +182,14 @@ void Reconciler::run(std::stop_token stop, std::chrono::milliseconds interval) {
                 const Sweep sweep = run_once();
                 // A full batch means more may be waiting: sweep again at once. Not after a failed
                 // take_over: that key is listed again at once, and sweeping again would spin on it.
+                // Not after a sweep that resolved nothing either: with a lease shorter than a sweep
+                // the keys it left or failed on are stale again at once; each sweep that goes on at
+                // once removes a key, so the loop ends.
                 const bool take_over_failed =
                     std::any_of(sweep.failures.begin(), sweep.failures.end(),
                                 [](const Failure& f) { return f.stage == Stage::take_over; });
-                if (sweep.listed < options_.batch || take_over_failed) break;
+                const bool resolved_any = sweep.saved + sweep.released > 0;
+                if (sweep.listed < options_.batch || take_over_failed || !resolved_any) break;
             }
         } catch (...) {
             // Anything (the store unreachable while listing, std::bad_alloc, a std::system_error):

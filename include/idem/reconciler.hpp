@@ -164,8 +164,9 @@ public:
     /// stale keys propagates.
     Sweep run_once();
 
-    /// Sweeps every `interval` until `stop` is requested; at once again after a full batch in
-    /// which no take_over failed (such a key is listed again at once: no spinning on it). An
+    /// Sweeps every `interval` until `stop` is requested; at once again after a full batch that
+    /// resolved (saved or released) a key and in which no take_over failed (the keys it left or
+    /// failed on may be listed again at once: no spinning on them). An
     /// exception from a sweep (store errors while listing, std::bad_alloc, std::system_error, ...)
     /// does not end the loop: it is reported as Event::reconcile_failed with no key, and the loop
     /// sweeps again next interval — a database restart does not end it.
