@@ -181,7 +181,9 @@ public:
     /// Up to `limit` in-progress keys whose lease has passed, oldest lease first, in the scopes
     /// `scopes` selects (see ScopeFilter: all, one exact scope, or a literal prefix). Listing takes
     /// nothing: take_over() does. PostgresStore: an exact scope is `scope = $n`, routed to one shard
-    /// on Citus; all and prefix are multi-shard reads.
+    /// on Citus; all and prefix are multi-shard reads. A row that cannot be decoded is left out and
+    /// reported to the observer (Event::reconcile_failed with its key); it still counts towards
+    /// `limit`, so a listing may return fewer keys than it was allowed.
     [[nodiscard]] virtual std::vector<StaleKey> list_stale(std::size_t limit,
                                                            const ScopeFilter& scopes = ScopeFilter::all()) = 0;
 

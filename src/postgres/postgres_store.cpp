@@ -796,9 +796,19 @@ std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFi
         std::vector<StaleKey> out;
         const PGresult* r = listed.result.get();
         for (int row = 0; row < PQntuples(r); ++row) {
-            out.push_back(StaleKey{Key(std::string(pg::get_bytes(r, row, pg::kRecordColumns)),
-                                       std::string(pg::get_bytes(r, row, pg::kRecordColumns + 1))),
-                                   parse_record(r, row)});
+            Key key(std::string(pg::get_bytes(r, row, pg::kRecordColumns)),
+                    std::string(pg::get_bytes(r, row, pg::kRecordColumns + 1)));
+            // One row that cannot be decoded (written by a newer idem, or damaged) must not stop
+            // every other stale key from being listed — and so resolved. It is left out and
+            // reported with its key; its clients get corrupt_record from their own claims.
+            try {
+                Record record = parse_record(r, row);
+                out.push_back(StaleKey{std::move(key), std::move(record)});
+            } catch (const corrupt_record& e) {
+                const std::string detail = "list_stale: corrupt_record: " + std::string(detail::without_prefix(e.what())) +
+                                           " (left out of the listing)";
+                emit(Event::reconcile_failed, &key, {}, 1, detail);
+            }
         }
         return out;
     });

@@ -519,7 +519,7 @@ TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain pref
 // batch, so it hands the same key to the resolver (and the provider) in a hot loop, never waiting
 // its interval. Either the constructor refuses such a lease (config_error) or run() does not spin.
 TEST_CASE("reconciler: run() with a zero lease does not spin on the key it leaves",
-          "[lifecycle][reconciler][review]") {
+          "[lifecycle][reconciler]") {
     PostgresBackend backend;
     auto& store = backend.make();
     const auto scope = fresh_scope("zero_lease");

@@ -780,7 +780,7 @@ TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are lit
 // space-padding comparison would not — trailing spaces, case, NFC vs NFD, a 4-byte character.
 TEMPLATE_LIST_TEST_CASE("ScopeFilter: trailing spaces, case and Unicode normal forms are distinct scopes "
                         "in both stores",
-                        "[contract][scope][review]", Backends) {
+                        "[contract][scope]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const std::string base = idem_test::unique_name("bytes");
@@ -1007,7 +1007,7 @@ TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514
 // take_over and extend_lease (which leave the row in progress) still pass.
 TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed off like the other "
           "class 42 refusals",
-          "[contract][reconciler][review]") {
+          "[contract][reconciler]") {
     idem_test::PostgresBackend backend;
     auto& store = backend.make();
     const std::string fn = backend.table() + "_deny_save";
@@ -1050,7 +1050,7 @@ TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed of
 // bytes of the response the resolver saved (here a card number), the fingerprint and the phase data.
 TEST_CASE("Reconciler: the reconcile_failed detail does not carry the row's data from the database "
           "message",
-          "[contract][reconciler][review]") {
+          "[contract][reconciler]") {
     idem_test::PostgresBackend backend;
     auto& store = backend.make();
     auto observer = std::make_shared<RecordingObserver>();
@@ -1083,7 +1083,7 @@ TEST_CASE("Reconciler: the reconcile_failed detail does not carry the row's data
 // for the whole listing: every sweep fails, reported without a key, and no other stale key in the
 // selected scopes is ever resolved. "A failure on one key is recorded ... and the sweep goes on."
 TEST_CASE("Reconciler: one undecodable stale row does not stop the other keys from being resolved",
-          "[contract][reconciler][review]") {
+          "[contract][reconciler]") {
     idem_test::PostgresBackend backend;
     auto& store = backend.make();
     const auto scope = idem_test::fresh_scope("poison");
@@ -1106,10 +1106,17 @@ TEST_CASE("Reconciler: one undecodable stale row does not stop the other keys fr
             r.save_encoded("done");
         },
         options);
+    auto observer = std::make_shared<RecordingObserver>();
+    store.set_observer(observer);
     idem::Reconciler::Sweep sweep;
     CHECK_NOTHROW(sweep = reconciler.run_once());
     CHECK(resolved_good == 1);
     CHECK(store.read(good)->state == idem::RecordState::completed);
+    // The undecodable row is reported with its key, not silently dropped.
+    const auto reported = observer->of(idem::Event::reconcile_failed);
+    REQUIRE(reported.size() == 1);
+    CHECK(reported[0].key == poison);
+    CHECK(reported[0].detail.find("unknown fingerprint algorithm 2") != std::string::npos);
 }
 #endif
 
@@ -1119,7 +1126,7 @@ TEST_CASE("Reconciler: one undecodable stale row does not stop the other keys fr
 // the interval (22008) and the key is not backed off at all. Either way the setting does not do what
 // it says; the constructor checks only for a negative value.
 TEMPLATE_LIST_TEST_CASE("Reconciler: a failure_backoff too long to represent is a config_error",
-                        "[contract][reconciler][review]", Backends) {
+                        "[contract][reconciler]", Backends) {
     TestType backend;
     auto& store = backend.make();
     idem::ReconcilerOptions options;
