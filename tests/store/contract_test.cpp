@@ -961,6 +961,22 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported 
 }
 
 #if defined(IDEM_CONTRACT_POSTGRES)
+namespace {
+
+/// A stale key (claimed briefly, its lease passed) and a Reconciler of its scope only, with a 100 ms
+/// lease: a key the reconciler fails on is listed again 100 ms later unless it was backed off.
+idem::Reconciler stale_key_reconciler(idem::IdempotencyStore& store, const idem::Key& key,
+                                      idem::Reconciler::Resolver resolver) {
+    claim_briefly(store, key);
+    std::this_thread::sleep_for(150ms);
+    idem::ReconcilerOptions options;
+    options.lease = 100ms;
+    options.scopes = idem::ScopeFilter::exact(key.scope());
+    return idem::Reconciler(store, std::move(resolver), options);
+}
+
+}  // namespace
+
 TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514) is reported with "
           "its SQLSTATE and backed off",
           "[contract][reconciler]") {
@@ -973,19 +989,11 @@ TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514
               " ADD CONSTRAINT small_results CHECK (length(result) < 100)");
     const auto scope = idem_test::fresh_scope("refused");
     const idem::Key key(scope, "k");
-    claim_briefly(store, key);
-    std::this_thread::sleep_for(150ms);
     int calls = 0;
-    idem::ReconcilerOptions options;
-    options.lease = 100ms;
-    options.scopes = idem::ScopeFilter::exact(scope);
-    idem::Reconciler reconciler(
-        store,
-        [&](idem::Reconciliation& r) {
-            ++calls;
-            r.save_encoded(std::string(500, 'x'));
-        },
-        options);
+    auto reconciler = stale_key_reconciler(store, key, [&](idem::Reconciliation& r) {
+        ++calls;
+        r.save_encoded(std::string(500, 'x'));
+    });
     const auto s1 = reconciler.run_once();
     REQUIRE(s1.failures.size() == 1);
     CHECK(s1.failures[0].stage == idem::Reconciler::Stage::save);
@@ -1020,19 +1028,11 @@ TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed of
                " FOR EACH ROW EXECUTE FUNCTION " + fn + "()");
     const auto scope = idem_test::fresh_scope("denied");
     const idem::Key key(scope, "k");
-    claim_briefly(store, key);
-    std::this_thread::sleep_for(150ms);
     int calls = 0;
-    idem::ReconcilerOptions options;
-    options.lease = 100ms;
-    options.scopes = idem::ScopeFilter::exact(scope);
-    idem::Reconciler reconciler(
-        store,
-        [&](idem::Reconciliation& r) {
-            ++calls;
-            r.save_encoded("done");
-        },
-        options);
+    auto reconciler = stale_key_reconciler(store, key, [&](idem::Reconciliation& r) {
+        ++calls;
+        r.save_encoded("done");
+    });
     const auto s1 = reconciler.run_once();
     REQUIRE(s1.failures.size() == 1);
     CHECK(s1.failures[0].stage == idem::Reconciler::Stage::save);
@@ -1059,13 +1059,8 @@ TEST_CASE("Reconciler: the reconcile_failed detail does not carry the row's data
         .exec("ALTER TABLE " + backend.table() + " ADD CONSTRAINT small_results CHECK (length(result) < 10)");
     const auto scope = idem_test::fresh_scope("leak");
     const idem::Key key(scope, "k");
-    claim_briefly(store, key);
-    std::this_thread::sleep_for(150ms);
-    idem::ReconcilerOptions options;
-    options.lease = 100ms;
-    options.scopes = idem::ScopeFilter::exact(scope);
-    idem::Reconciler reconciler(
-        store, [&](idem::Reconciliation& r) { r.save_encoded("card=4242424242424242"); }, options);
+    auto reconciler =
+        stale_key_reconciler(store, key, [&](idem::Reconciliation& r) { r.save_encoded("card=4242424242424242"); });
     const auto s1 = reconciler.run_once();
     REQUIRE(s1.failures.size() == 1);
     CHECK(s1.failures[0].sqlstate == "23514");
