@@ -126,6 +126,14 @@ struct StoreStats {
     std::uint64_t retries = 0;            ///< statements retried (broken connection, 40001, 55P03...)
     std::uint64_t connections_opened = 0;
     std::uint64_t connections_discarded = 0;  ///< closed after an error or a failed health check
+    /// Group commit (PostgresStore): shared transactions sent for concurrent claims / saves, the calls
+    /// that went in them, and the largest group seen. A caller that went alone counts as a group of 1.
+    std::uint64_t claim_groups = 0;
+    std::uint64_t grouped_claims = 0;
+    std::uint64_t largest_claim_group = 0;
+    std::uint64_t save_groups = 0;
+    std::uint64_t grouped_saves = 0;
+    std::uint64_t largest_save_group = 0;
 };
 
 class IdempotencyStore {
