@@ -36,7 +36,7 @@ FloorSql floor_sql(const std::string& T) {
     s.select = fmt::format("SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
                            "lease_until, expires_at, phase, phase_data, "
                            "(state = 'in_progress' AND lease_until < now()), "
-                           "(state = 'completed' AND expires_at < now()) FROM {} WHERE scope = $1 AND key = $2",
+                           "(state = 'completed' AND expires_at < now()), now() FROM {} WHERE scope = $1 AND key = $2",
                            T);
     s.save = fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
                          "WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' "

@@ -2,7 +2,7 @@
 //
 // Input: a header byte, then for each column a length byte (0xFF: NULL, 0xFE: a 2-byte length
 // follows, else the length) and that many bytes; a column the input does not reach is NULL.
-//   header bit 0-1: row passed to parse_record (0, 0, 1, -1); bit 2-3: columns (13, 13, 12, 15);
+//   header bit 0-1: row passed to parse_record (0, 0, 1, -1); bit 2-3: columns (14, 14, 13, 16);
 //   bit 4: a second row (a copy of the first).
 // The PGresult is built by hand (PQmakeEmptyPGresult + PQsetResultAttrs, binary format, the real
 // type OIDs) as a SELECT of kRecordColumns columns would return it. parse_record must return a
@@ -34,12 +34,13 @@
 namespace {
 
 constexpr int kCols = idem::pg::kRecordColumns;
-static_assert(kCols == 13, "the fuzz target mirrors the 13 record columns of src/postgres/sql.cpp");
+static_assert(kCols == 14, "the fuzz target mirrors the 14 record columns of src/postgres/sql.cpp");
 
 // Column types of the record, in parse_record's order.
 constexpr Oid kText = 25, kBytea = 17, kInt2 = 21, kInt4 = 23, kInt8 = 20, kTimestamptz = 1184, kBool = 16;
 constexpr Oid kTypes[kCols] = {kText,         kBytea,        kInt2,        kInt8, kInt4,  kBytea, kTimestamptz,
-                               kTimestamptz,  kTimestamptz,  kText,        kBytea, kBool, kBool};
+                               kTimestamptz,  kTimestamptz,  kText,        kBytea, kBool, kBool,
+                               kTimestamptz};
 
 constexpr std::int64_t kEpochShiftUs = 946684800LL * 1000000LL;  // 2000-01-01 in Unix microseconds
 
@@ -99,7 +100,7 @@ bool decodable(const std::vector<Cell>& cells, int ncols, int nrows, int row) {
     if (!cells[1].value || cells[1].value->size() != 32) return false;    // 32-byte digest
     if (!fixed(3, 8) || !fixed(4, 4)) return false;                        // fence int8, attempt int4
     if (*state == "completed" && !cells[5].value) return false;           // completed needs a result
-    for (int c : {6, 7, 8}) {
+    for (int c : {6, 7, 8, 13}) {
         if (!fixed(c, 8)) return false;
     }
     return fixed(11, 1) && fixed(12, 1);
@@ -175,6 +176,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(time_ok(rec->created_at, v(6)), "created_at of %s", idem_fuzz::hex(v(6)).c_str());
         FUZZ_CHECK(time_ok(rec->lease_until, v(7)), "lease_until of %s", idem_fuzz::hex(v(7)).c_str());
         FUZZ_CHECK(time_ok(rec->expires_at, v(8)), "expires_at of %s", idem_fuzz::hex(v(8)).c_str());
+        FUZZ_CHECK(time_ok(rec->read_at, v(13)), "read_at of %s", idem_fuzz::hex(v(13)).c_str());
         FUZZ_CHECK(rec->lease_expired == (v(11)[0] != 0) && rec->expired == (v(12)[0] != 0), "flags");
         if (rec->state == idem::RecordState::completed) FUZZ_CHECK(rec->result.has_value(), "completed without result");
     }

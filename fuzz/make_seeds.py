@@ -98,9 +98,9 @@ TS = struct.pack(">q", 817_000_000_000_000)  # 2025-11-20, microseconds since 20
 
 def row(state=b"completed", fp=b"\x11" * 32, alg=struct.pack(">h", 1), fence=struct.pack(">q", 123456789),
         attempt=struct.pack(">i", 1), result=None, created=TS, lease=TS, expires=TS, phase=None,
-        phase_data=None, lease_expired=b"\x00", expired=b"\x00", header=0, extra=()):
+        phase_data=None, lease_expired=b"\x00", expired=b"\x00", read_at=TS, header=0, extra=()):
     cols = [state, fp, alg, fence, attempt, result, created, lease, expires, phase, phase_data, lease_expired,
-            expired, *extra]
+            expired, read_at, *extra]
     return bytes([header]) + b"".join(col(c) for c in cols)
 
 r1 = responses[1]
@@ -121,7 +121,7 @@ record_seeds = [
     # year ~1685 is exact, not saturated (a bug the fuzzer found); just past each end saturates
     row(state=b"in_progress", lease=struct.pack(">q", -9_000_000_000_000_000),
         created=struct.pack(">q", -10_170_057_636_854_776), expires=struct.pack(">q", 8_276_687_236_854_775)),
-    row(expired=b"\x00\x00", result=r1), row(result=r1, header=2), row(result=r1, header=3),
+    row(expired=b"\x00\x00", result=r1), row(read_at=None, result=r1), row(read_at=b"\x00" * 4, result=r1), row(result=r1, header=2), row(result=r1, header=3),
     row(result=r1, header=0x08), row(result=r1, header=0x0C, extra=(b"scope", b"key")), row(result=r1, header=0x12),
     row(result=r1)[:40],  # truncated: the columns past the end are NULL
 ]

@@ -28,6 +28,7 @@ struct MemoryStore::Impl {
     static Record view(Record record, Clock::time_point now) {
         record.lease_expired = record.state == RecordState::in_progress && record.lease_until < now;
         record.expired = record.state == RecordState::completed && record.expires_at < now;
+        record.read_at = now;
         return record;
     }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "idem/batch.hpp"         // IWYU pragma: export
+#include "idem/cached_store.hpp"  // IWYU pragma: export
 #include "idem/errors.hpp"        // IWYU pragma: export
 #include "idem/execute_once.hpp"  // IWYU pragma: export
 #include "idem/fingerprint.hpp"   // IWYU pragma: export
@@ -11,6 +12,7 @@
 #include "idem/outcome.hpp"       // IWYU pragma: export
 #include "idem/postgres_store.hpp"  // IWYU pragma: export
 #include "idem/reconciler.hpp"    // IWYU pragma: export
+#include "idem/replay_cache.hpp"  // IWYU pragma: export
 #include "idem/response.hpp"      // IWYU pragma: export
 #include "idem/store.hpp"         // IWYU pragma: export
 #include "idem/transaction.hpp"   // IWYU pragma: export

@@ -79,6 +79,11 @@ struct Record {
     std::chrono::system_clock::time_point created_at;
     std::chrono::system_clock::time_point lease_until;
     std::chrono::system_clock::time_point expires_at;
+    /// When the record was read, by the store's clock (PostgresStore: the database's now() of the
+    /// reading transaction; MemoryStore: its clock). expires_at - read_at is the retention left as
+    /// the store stated it, whatever the local clock says (the replay cache relies on it). Left
+    /// at the epoch by a store that does not know it.
+    std::chrono::system_clock::time_point read_at;
     /// As of the read, by the database's clock: the lease has passed (in progress only) / the
     /// retention has passed (completed only).
     bool lease_expired = false;

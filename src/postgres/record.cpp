@@ -67,6 +67,7 @@ void parse_record(const PGresult* r, int row, Record& rec) {
     rec.phase_data = cols.nullable(10);
     rec.lease_expired = cols.be(11, 1) != 0;
     rec.expired = cols.be(12, 1) != 0;
+    rec.read_at = timestamptz_from_pg(static_cast<std::int64_t>(cols.be(13, 8)));
 }
 
 }  // namespace idem::pg

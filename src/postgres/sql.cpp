@@ -49,12 +49,14 @@ TableName TableName::parse(const std::string& name) {
 std::vector<StatementDef> statements(const TableName& t) {
     using namespace oid;
     const std::string& T = t.qualified;
-    // Every column of a record, then the lease/expiry verdict by the database's clock (one clock
-    // for every instance). parse_record reads them in this order.
+    // Every column of a record, then the lease/expiry verdict and the read time by the database's
+    // clock (one clock for every instance; the replay cache measures retention left from read_at).
+    // parse_record reads them in this order. take_over's RETURNING shares this list, so it returns
+    // now() too (see docs/design.md on Citus).
     const std::string record =
         "state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, lease_until, expires_at, "
         "phase, phase_data, (state = 'in_progress' AND lease_until < now()), "
-        "(state = 'completed' AND expires_at < now())";
+        "(state = 'completed' AND expires_at < now()), now()";
     const std::string owned = "scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress'";
     std::vector<StatementDef> defs(kStmtCount);
     // The claim: the database arbitrates with the primary key. DO NOTHING writes no WAL and takes

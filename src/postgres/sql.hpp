@@ -55,7 +55,7 @@ enum Stmt : std::size_t {
 };
 
 /// Columns of a record, in this order, in every statement that returns one (see parse_record).
-inline constexpr int kRecordColumns = 13;
+inline constexpr int kRecordColumns = 14;
 
 /// The LISTEN/NOTIFY channel for "a waited-for key was saved"; the payload names table and key.
 inline constexpr const char* kChannel = "idem_saved";

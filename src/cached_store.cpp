@@ -1,0 +1,94 @@
+#include "idem/cached_store.hpp"
+
+#include <utility>
+
+namespace idem {
+namespace {
+
+// What claim() answers from a cached completed record: the same as the primary would, with no
+// round trip (a completed record answers completed or mismatch, whatever the claim's options).
+Claim from_cache(const Record& record, const Fingerprint& fp) {
+    return Claim{classify(record, fp), 0, record, {}};
+}
+
+bool cacheable(const Claim& c) {
+    return (c.status == ClaimStatus::completed || c.status == ClaimStatus::mismatch) && c.existing &&
+           c.existing->state == RecordState::completed;
+}
+
+}  // namespace
+
+CachedStore::CachedStore(IdempotencyStore& primary, ReplayCacheOptions options)
+    : primary_(primary), cache_(std::move(options)) {}
+
+Claim CachedStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
+    if (const auto hit = cache_.find(key)) return from_cache(*hit, fp);
+    // Taken before the primary is asked, so the entry's expiry never lies past what the database
+    // stated (its read_at is later than this moment).
+    const auto asked_at = cache_.now();
+    Claim c = primary_.claim(key, fp, options);
+    if (cacheable(c)) cache_.insert(key, *c.existing, asked_at);
+    return c;
+}
+
+std::vector<Claim> CachedStore::claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
+                                            const ClaimOptions& options) {
+    std::vector<Claim> out(keys.size());
+    std::vector<std::size_t> misses;
+    std::vector<Key> miss_keys;
+    std::vector<Fingerprint> miss_fps;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (const auto hit = cache_.find(keys[i])) {
+            out[i] = from_cache(*hit, fps[i]);
+        } else {
+            misses.push_back(i);
+            miss_keys.push_back(keys[i]);
+            miss_fps.push_back(fps[i]);
+        }
+    }
+    if (misses.empty()) return out;
+    const auto asked_at = cache_.now();
+    std::vector<Claim> answers = primary_.claim_batch(miss_keys, miss_fps, options);
+    for (std::size_t j = 0; j < misses.size(); ++j) {
+        if (cacheable(answers[j])) cache_.insert(miss_keys[j], *answers[j].existing, asked_at);
+        out[misses[j]] = std::move(answers[j]);
+    }
+    return out;
+}
+
+void CachedStore::save(const Key& key, Fence fence, std::string_view result) { primary_.save(key, fence, result); }
+
+std::vector<SaveStatus> CachedStore::save_batch(std::span<const SaveRequest> saves) {
+    return primary_.save_batch(saves);
+}
+
+void CachedStore::release(const Key& key, Fence fence) { primary_.release(key, fence); }
+
+std::optional<Record> CachedStore::read(const Key& key) { return primary_.read(key); }
+
+void CachedStore::extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) {
+    primary_.extend_lease(key, fence, lease);
+}
+
+void CachedStore::record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) {
+    primary_.record_phase(key, fence, phase, data);
+}
+
+std::optional<Fence> CachedStore::take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
+                                            bool new_attempt) {
+    return primary_.take_over(key, stale_fence, lease, new_attempt);
+}
+
+std::vector<StaleKey> CachedStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
+    return primary_.list_stale(limit, scopes);
+}
+
+std::size_t CachedStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
+    return primary_.purge_expired(batch_size, max_batches);
+}
+
+StoreStats CachedStore::stats() const { return primary_.stats(); }
+
+std::size_t CachedStore::max_result_bytes() const noexcept { return primary_.max_result_bytes(); }
+
+}  // namespace idem
