@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <string_view>
 
 #include "floor.hpp"
 #include "util.hpp"
@@ -88,6 +89,51 @@ void Admin::checkpoint() {
     } catch (const std::exception& e) {
         checkpoint_ok_ = false;
         std::fprintf(stderr, "warning: CHECKPOINT refused (%s); phases run without it\n", e.what());
+    }
+}
+
+namespace {
+
+std::string lsn_text(std::uint64_t lsn) {
+    return fmt::format("{:X}/{:X}", lsn >> 32, lsn & 0xFFFFFFFFu);
+}
+
+}  // namespace
+
+std::uint64_t Admin::wal_lsn() {
+    // The insert position: the end of the last record written, so always where a record begins
+    // (pg_current_wal_lsn, the write position, may fall inside one). pg_lsn as "hi/lo" in hex.
+    const std::string text = exec("SELECT pg_current_wal_insert_lsn()::text");
+    const auto slash = text.find('/');
+    if (slash == std::string::npos) throw std::runtime_error("admin: unexpected LSN '" + text + "'");
+    return (std::stoull(text.substr(0, slash), nullptr, 16) << 32) | std::stoull(text.substr(slash + 1), nullptr, 16);
+}
+
+bool Admin::enable_walinspect() {
+    try {
+        exec("CREATE EXTENSION IF NOT EXISTS pg_walinspect");
+        return true;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "note: no commit counts (pg_walinspect: %s)\n", e.what());
+        return false;
+    }
+}
+
+std::uint64_t Admin::commit_records(std::uint64_t from, std::uint64_t to) {
+    if (to <= from) return 0;
+    // The end is capped at the flushed position: pg_walinspect refuses a "future" LSN, and every
+    // commit a client saw acknowledged is flushed (synchronous_commit = on), with every record
+    // before it. So when not even the first record after `from` is flushed, there was no commit.
+    try {
+        const std::string n = exec(
+            "SELECT CASE WHEN pg_current_wal_flush_lsn() <= $1::pg_lsn THEN 0 ELSE (SELECT coalesce(sum(count), 0) "
+            "FROM pg_get_wal_stats($1::pg_lsn, least($2::pg_lsn, pg_current_wal_flush_lsn()), true) "
+            "WHERE \"resource_manager/record_type\" = 'Transaction/COMMIT') END",
+            {lsn_text(from), lsn_text(to)});
+        return std::stoull(n);
+    } catch (const std::runtime_error& e) {
+        if (std::string_view(e.what()).find("could not find a valid record") != std::string_view::npos) return 0;
+        throw;
     }
 }
 

@@ -37,6 +37,16 @@ public:
     /// Needs superuser or pg_checkpoint; warns once and becomes a no-op when refused.
     void checkpoint();
 
+    /// The WAL write position (pg_current_wal_lsn), as a byte offset.
+    std::uint64_t wal_lsn();
+    /// Makes commit_records() work: CREATE EXTENSION pg_walinspect (contrib; needs superuser).
+    /// Returns false, with a note on stderr, when the server refuses.
+    bool enable_walinspect();
+    /// Transaction commit records written between two WAL positions (pg_walinspect's
+    /// pg_get_wal_stats): the commits that had to reach the disk — read-only transactions write
+    /// none. Exact at once, unlike pg_stat_database (see docs/benchmarks.md).
+    std::uint64_t commit_records(std::uint64_t from, std::uint64_t to);
+
     /// "name=value, ..." of the server settings that matter for these figures.
     std::string server_summary();
     std::string setting(const std::string& name);

@@ -11,6 +11,7 @@
 
 #include <libpq-fe.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +27,10 @@ struct FloorSql {
     std::string save;    ///< idem_save: $1 scope, $2 key, $3 fence, $4 result
     std::vector<Oid> claim_types, select_types, save_types;  ///< as PostgresStore prepares them
     std::string claim_name, select_name, save_name;          ///< idem_claim_<fnv1a(table)>, ...
+    /// The batch statements (claim_batch / save_batch): arrays in, one row per key out.
+    std::string claim_batch, select_batch, save_batch;
+    std::vector<Oid> claim_batch_types, select_batch_types, save_batch_types;
+    std::string claim_batch_name, select_batch_name, save_batch_name;
 };
 FloorSql floor_sql(const std::string& quoted_table);
 
@@ -61,7 +66,43 @@ private:
     void expect_end_and_sync();
     [[noreturn]] void fail(const std::string& what);
 
-    PGconn* conn_;
+    PGconn* conn_ = nullptr;
+    FloorSql sql_;
+    std::uint64_t round_trips_ = 0;
+};
+
+/// The second floor, "ideal grouping": one connection that issues the library's batch statements
+/// by hand for a whole round of calls at once, as perfect group commit would:
+///   claim: INSERT … SELECT FROM unnest(arrays) ON CONFLICT DO NOTHING RETURNING fence | Sync |
+///          SELECT … FROM unnest(scopes, keys) JOIN table | Sync               (one round trip)
+///   save:  UPDATE … FROM unnest(arrays) … RETURNING fence, waiters | Sync    (one round trip)
+/// Keys sorted, as PostgresStore sorts a batch. Not thread-safe.
+class IdealClient {
+public:
+    struct Claimed {
+        std::size_t inserted = 0, completed = 0, in_progress = 0;
+    };
+
+    IdealClient(const std::string& conninfo, const std::string& table);
+    ~IdealClient();
+    IdealClient(const IdealClient&) = delete;
+    IdealClient& operator=(const IdealClient&) = delete;
+
+    /// Claims every key (distinct, sorted) with one fingerprint; fences[i] goes with keys[i].
+    Claimed claim(std::string_view scope, const std::vector<std::string>& keys, std::string_view fingerprint,
+                  std::int16_t alg, const std::vector<std::int64_t>& fences, std::int64_t lease_ms,
+                  std::int64_t retention_s);
+    /// Saves `result` for every key its fence still owns; returns how many were saved.
+    std::size_t save(std::string_view scope, const std::vector<std::string>& keys,
+                     const std::vector<std::int64_t>& fences, std::string_view result);
+
+    [[nodiscard]] std::uint64_t round_trips() const noexcept { return round_trips_; }
+
+private:
+    PGresult* next();
+    [[noreturn]] void fail(const std::string& what);
+
+    PGconn* conn_ = nullptr;
     FloorSql sql_;
     std::uint64_t round_trips_ = 0;
 };
