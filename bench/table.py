@@ -1,30 +1,70 @@
 #!/usr/bin/env python3
-"""Prints the "Latest figures" table of docs/benchmarks.md from idem-bench's --json output.
+"""Prints the figures table of docs/benchmarks.md from idem-bench's --json output.
 
 Usage: bench/table.py FILE.json [FILE2.json ...]
-With several files (repeated runs of the same command) it prints one table per file and then
-one line per (threads, case) with every run's ratio, so the run-to-run spread is visible, the
-pooled ratio (all runs' idem calls / all runs' floor calls: both sides ran equally long) and the
-mean client CPU per call of each side.
+One row per (threads, case): ops/s of every side (floor, ideal grouping, idem, idem + group
+commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
+(mean / max), p99 latency. A side that did not run shows "—".
+With several files (repeated runs of the same command) it prints one table per file and then one
+line per (threads, case) with every run's idem / floor ratio, so the run-to-run spread is visible,
+and the pooled ratio (all runs' idem calls / all runs' floor calls: both sides ran equally long).
 """
 import json
 import sys
+
+DASH = "—"
 
 
 def fmt_int(x):
     return f"{round(x):,}".replace(",", " ") if x >= 10000 else f"{round(x)}"
 
 
+def side(run, name):
+    return run.get("sides", {}).get(name)
+
+
+def ops(run, name):
+    s = side(run, name)
+    return fmt_int(s["ops_per_s"]) if s else DASH
+
+
+def ratio(run, a, b):
+    sa, sb = side(run, a), side(run, b)
+    if not sa or not sb or not sb["ops_per_s"]:
+        return DASH
+    return f"**{sa['ops_per_s'] / sb['ops_per_s']:.2f}**"
+
+
+def per_side(run, names, field, fmt):
+    vals = []
+    for n in names:
+        s = side(run, n)
+        vals.append(fmt(s[field]) if s and s.get(field) is not None else DASH)
+    return " / ".join(vals)
+
+
+def groups(run):
+    s = side(run, "idem_gc")
+    if not s or not s.get("claim_group_max"):
+        return DASH
+    return f"{s['claim_group_mean']:.1f} / {s['claim_group_max']}"
+
+
 def table(runs):
-    print("| threads | case | idem ops/s | floor ops/s | ratio | pgbench tps | idem p50 / p99 µs | "
-          "floor p50 / p99 µs | round trips / call | client CPU µs / call, idem / floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| threads | case | floor ops/s | ideal ops/s | idem ops/s | idem + gc ops/s | idem / floor | "
+          "idem + gc / floor | idem + gc / ideal | commits / call: floor / ideal / idem / idem + gc | "
+          "WAL bytes / call: floor / idem / idem + gc | claim group mean / max | p99 µs: floor / idem / idem + gc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
-        pgb = r.get("pgbench_tps")
-        print(f"| {r['threads']} | {r['case']} | {fmt_int(r['ops_per_s'])} | {fmt_int(r['floor_ops_per_s'])} | "
-              f"**{r['ratio']:.2f}** | {fmt_int(pgb) if pgb else '—'} | "
-              f"{round(r['p50_us'])} / {round(r['p99_us'])} | {round(r['floor_p50_us'])} / {round(r['floor_p99_us'])} | "
-              f"{r['round_trips_per_call']:g} | {r['client_cpu_us_per_call']:.1f} / {r['floor_client_cpu_us_per_call']:.1f} |")
+        if "sides" not in r:
+            sys.exit("table.py: this JSON has no per-side figures (made by an older idem-bench)")
+        print(f"| {r['threads']} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'idem')} | "
+              f"{ops(r, 'idem_gc')} | {ratio(r, 'idem', 'floor')} | {ratio(r, 'idem_gc', 'floor')} | "
+              f"{ratio(r, 'idem_gc', 'ideal')} | "
+              f"{per_side(r, ['floor', 'ideal', 'idem', 'idem_gc'], 'commits_per_call', lambda v: f'{v:.2f}')} | "
+              f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'wal_bytes_per_call', lambda v: f'{round(v)}')} | "
+              f"{groups(r)} | "
+              f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'p99_us', lambda v: f'{round(v)}')} |")
 
 
 def main():
@@ -32,19 +72,19 @@ def main():
         sys.exit(__doc__)
     docs = [json.load(open(p)) for p in sys.argv[1:]]
     for path, d in zip(sys.argv[1:], docs):
-        print(f"{path}: peak RSS {d.get('rss_mb', 0):.1f} MB")
+        print(f"{path}: {d.get('seconds_per_case')} s per case and side, {d.get('rounds')} rounds; "
+              f"peak RSS {d.get('rss_mb', 0):.1f} MB")
+        print()
         table(d["runs"])
         print()
     if len(docs) > 1:
-        print("| threads | case | ratio per run | pooled | CPU µs, idem / floor |")
-        print("|---|---|---|---|---|")
+        print("| threads | case | idem / floor per run | pooled |")
+        print("|---|---|---|---|")
         for i, r in enumerate(docs[0]["runs"]):
             same = [d["runs"][i] for d in docs]
             ratios = " / ".join(f"{x['ratio']:.2f}" for x in same)
             pooled = sum(x["calls"] for x in same) / sum(x["floor_calls"] for x in same)
-            cpu = sum(x["client_cpu_us_per_call"] for x in same) / len(same)
-            floor_cpu = sum(x["floor_client_cpu_us_per_call"] for x in same) / len(same)
-            print(f"| {r['threads']} | {r['case']} | {ratios} | **{pooled:.2f}** | {cpu:.1f} / {floor_cpu:.1f} |")
+            print(f"| {r['threads']} | {r['case']} | {ratios} | **{pooled:.2f}** |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""Draws docs/benchmarks.svg from idem-bench's --json output: ops/s by thread count, one panel per
+case, one line per side (floor, ideal grouping, idem, idem + group commit).
+
+Usage: bench/plot.py FILE.json [OUT.svg|OUT.png]      (default OUT: docs/benchmarks.svg)
+Needs matplotlib (Debian: apt-get install -y python3-matplotlib; hence /usr/bin/python3).
+The SVG is written deterministically (no date, fixed ids), so re-running on the same JSON changes
+nothing in git.
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "idem-bench"
+import matplotlib.pyplot as plt  # noqa: E402
+
+SIDES = [  # JSON side name, legend, style
+    ("floor", "floor (one transaction per call)", {"color": "black", "linestyle": "--", "marker": "o"}),
+    ("ideal", "ideal grouping (by hand)", {"color": "grey", "linestyle": ":", "marker": "s"}),
+    ("idem", "idem", {"color": "tab:blue", "marker": "o"}),
+    ("idem_gc", "idem + group commit", {"color": "tab:orange", "marker": "^"}),
+]
+CASES = ["new", "replay", "conflict", "replay-cached"]
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    data = json.load(open(sys.argv[1]))
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[2] if len(sys.argv) == 3 else os.path.join(here, "..", "docs", "benchmarks.svg")
+    runs = data["runs"]
+    cases = [c for c in CASES if any(r["case"] == c for r in runs)]
+    cases += sorted({r["case"] for r in runs} - set(cases))
+    if not cases:
+        sys.exit("plot.py: no runs in " + sys.argv[1])
+    ncols = min(2, len(cases))
+    nrows = (len(cases) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.4 * nrows + 0.8), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(cases):]:
+        ax.set_visible(False)
+    for ax, case in zip(flat, cases):
+        rows = sorted((r for r in runs if r["case"] == case), key=lambda r: r["threads"])
+        threads = [r["threads"] for r in rows]
+        for side, label, style in SIDES:
+            points = [(r["threads"], r["sides"][side]["ops_per_s"]) for r in rows if side in r.get("sides", {})]
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
+        ax.set_title(case + (" (idem through CachedStore)" if case == "replay-cached" else ""), fontsize=10)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(threads)
+        ax.set_xticklabels([str(t) for t in threads])
+        ax.set_xlabel("threads")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}".replace(",", " ")))
+    for row in axes:
+        row[0].set_ylabel("calls per second")
+    handles, labels = flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False, fontsize=9)
+    seconds, rounds = data.get("seconds_per_case"), data.get("rounds")
+    server = ", ".join(data.get("server", "").split(", ")[:2])
+    fig.suptitle(f"idem-bench: {seconds} s per case and side in {rounds} rounds; {server}", fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.96))
+    fig.savefig(out, metadata={"Date": None} if out.endswith(".svg") else None)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
