@@ -2,6 +2,8 @@
 """Prints the figures table of docs/benchmarks.md from idem-bench's --json output.
 
 Usage: bench/table.py FILE.json [FILE2.json ...]
+       bench/table.py --update-doc DOC.md FILE.json   (replaces the table between DOC's
+                      <!-- figures-table:begin --> and <!-- figures-table:end --> lines)
 One row per (threads, case): ops/s of every side (floor, ideal grouping, idem, idem + group
 commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
 (mean / max), p99 latency. A side that did not run shows "—".
@@ -9,6 +11,8 @@ With several files (repeated runs of the same command) it prints one table per f
 line per (threads, case) with every run's idem / floor ratio, so the run-to-run spread is visible,
 and the pooled ratio (all runs' idem calls / all runs' floor calls: both sides ran equally long).
 """
+import contextlib
+import io
 import json
 import sys
 
@@ -67,8 +71,26 @@ def table(runs):
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'p99_us', lambda v: f'{round(v)}')} |")
 
 
+BEGIN, END = "<!-- figures-table:begin -->", "<!-- figures-table:end -->"
+
+
+def update_doc(doc_path, json_path):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        table(json.load(open(json_path))["runs"])
+    text = open(doc_path).read()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        sys.exit(f"table.py: {doc_path} needs one {BEGIN} line and one {END} line after it")
+    head, rest = text.split(BEGIN)
+    tail = rest.split(END)[1]
+    open(doc_path, "w").write(head + BEGIN + "\n" + out.getvalue() + END + tail)
+    print(f"{doc_path}: table updated from {json_path}")
+
+
 def main():
-    if len(sys.argv) < 2:
+    if len(sys.argv) == 4 and sys.argv[1] == "--update-doc":
+        return update_doc(sys.argv[2], sys.argv[3])
+    if len(sys.argv) < 2 or sys.argv[1].startswith("--"):
         sys.exit(__doc__)
     docs = [json.load(open(p)) for p in sys.argv[1:]]
     for path, d in zip(sys.argv[1:], docs):
