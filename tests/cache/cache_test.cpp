@@ -416,3 +416,23 @@ TEMPLATE_TEST_CASE("execute_once through a CachedStore: one effect per key under
     CHECK(total_replayed > 0);
     CHECK(store.cache().stats().hits > 0);
 }
+
+TEST_CASE("a completed row deleted by hand is replayed from the cache until erase()", "[cache]") {
+    PostgresBackend backend;
+    auto& primary = backend.make();
+    idem::CachedStore store(primary, cache_options(1 << 20, 4));
+    const idem::Key key(fresh_scope("deleted"), "k1");
+    complete(primary, key, "old");
+    REQUIRE(store.claim(key, kFp).status == ClaimStatus::completed);  // cached
+
+    idem_test::PgConn(backend.conninfo())
+        .exec("DELETE FROM " + backend.table() + " WHERE scope = $1 AND key = $2", {key.scope(), key.value()});
+    // The documented staleness: this process does not see the deletion...
+    const auto stale = store.claim(key, kFp);
+    CHECK(stale.status == ClaimStatus::completed);
+    CHECK(stale.existing->result == "old");
+    CHECK_FALSE(primary.read(key));
+    // ...until the operator flushes the entry: the key is new again.
+    CHECK(store.cache().erase(key));
+    CHECK(store.claim(key, kFp).status == ClaimStatus::claimed);
+}
