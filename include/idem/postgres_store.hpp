@@ -88,6 +88,11 @@ struct PostgresOptions {
     /// Past it: response_not_saved.
     std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
     std::string application_name = "idem";
+    /// Group commit: concurrent claim() / save() calls on this store share transactions (one
+    /// statement and one commit for a group of callers; a lone caller goes at once, alone, with
+    /// today's statements). Every caller keeps its own outcome, fence and errors. false: every call
+    /// is its own transaction. See docs/design.md, "Group commit".
+    bool group_commit = true;
 };
 
 class PostgresStore final : public IdempotencyStore {

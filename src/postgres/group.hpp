@@ -1,0 +1,68 @@
+// Group commit: leader/follower combining of concurrent calls into shared transactions (internal).
+//
+// A caller join()s. While fewer than `limit` groups are in flight it leads at once, alone: no timer,
+// no added latency at low load. Otherwise it queues; when a leader finish()es, the whole queue
+// becomes the next group and its first member leads it (the finishing leader does not run it: its
+// own caller would wait one more round trip). The leader sends the group, writes every member's
+// answer, then finish()es, which wakes the members. Members live on their callers' stacks.
+//
+// Invariant: the queue is non-empty only while `limit` groups are in flight, so a group in flight
+// always has a successor ready when the queue is not empty. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+namespace idem::pg {
+
+class Combiner {
+public:
+    struct Member {
+        std::condition_variable cv;
+        enum class State { queued, lead, done } state = State::queued;
+        std::vector<Member*> group;  // set when this member is promoted to lead a queued group
+    };
+
+    explicit Combiner(std::size_t limit) : limit_(limit) {}
+
+    /// Blocks until `me` leads a group (returned, `me` first) or another leader answered it (empty).
+    std::vector<Member*> join(Member& me) {
+        std::unique_lock lock(mutex_);
+        if (in_flight_ < limit_) {
+            ++in_flight_;
+            return {&me};
+        }
+        queue_.push_back(&me);
+        me.cv.wait(lock, [&] { return me.state != Member::State::queued; });
+        if (me.state == Member::State::lead) return std::move(me.group);
+        return {};
+    }
+
+    /// The leader of `group` (group[0]) has answered every member: wakes them, hands the queue on.
+    void finish(const std::vector<Member*>& group) noexcept {
+        std::lock_guard lock(mutex_);
+        for (std::size_t i = 1; i < group.size(); ++i) {
+            group[i]->state = Member::State::done;
+            group[i]->cv.notify_one();
+        }
+        if (queue_.empty()) {
+            --in_flight_;
+            return;
+        }
+        Member* next = queue_.front();
+        next->group = std::move(queue_);
+        queue_.clear();
+        next->state = Member::State::lead;
+        next->cv.notify_one();
+    }
+
+private:
+    const std::size_t limit_;
+    std::mutex mutex_;
+    std::vector<Member*> queue_;
+    std::size_t in_flight_ = 0;
+};
+
+}  // namespace idem::pg
