@@ -3,13 +3,16 @@
 // A caller join()s. While fewer than `limit` groups are in flight it leads at once, alone: no timer,
 // no added latency at low load. Otherwise it queues; when a leader finish()es, the whole queue
 // becomes the next group and its first member leads it (the finishing leader does not run it: its
-// own caller would wait one more round trip). The leader sends the group, writes every member's
+// own caller would wait one more round trip). A queued caller waits at most `patience`
+// (PostgresOptions::pool_wait), then leaves and goes alone. The leader sends the group, writes every member's
 // answer, then finish()es, which wakes the members. Members live on their callers' stacks.
 //
 // Invariant: the queue is non-empty only while `limit` groups are in flight, so a group in flight
 // always has a successor ready when the queue is not empty. Thread-safe.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -21,30 +24,40 @@ class Combiner {
 public:
     struct Member {
         std::condition_variable cv;
-        enum class State { queued, lead, done } state = State::queued;
+        enum class State { queued, lead, answered } state = State::queued;
         std::vector<Member*> group;  // set when this member is promoted to lead a queued group
     };
 
     explicit Combiner(std::size_t limit) : limit_(limit) {}
 
-    /// Blocks until `me` leads a group (returned, `me` first) or another leader answered it (empty).
-    std::vector<Member*> join(Member& me) {
+    enum class Role { lead, answered, alone };
+
+    /// Blocks until `me` leads a group (`group` gets it, `me` first), another leader answered it, or
+    /// it waited `patience` in the queue (groups in flight stuck, e.g. on a lock, or holding every
+    /// pooled connection): then it left the queue and the caller goes on alone, as it would without
+    /// group commit.
+    Role join(Member& me, std::chrono::milliseconds patience, std::vector<Member*>& group) {
         std::unique_lock lock(mutex_);
         if (in_flight_ < limit_) {
             ++in_flight_;
-            return {&me};
+            group.assign(1, &me);
+            return Role::lead;
         }
         queue_.push_back(&me);
-        me.cv.wait(lock, [&] { return me.state != Member::State::queued; });
-        if (me.state == Member::State::lead) return std::move(me.group);
-        return {};
+        if (!me.cv.wait_for(lock, patience, [&] { return me.state != Member::State::queued; })) {
+            queue_.erase(std::find(queue_.begin(), queue_.end(), &me));
+            return Role::alone;
+        }
+        if (me.state == Member::State::answered) return Role::answered;
+        group = std::move(me.group);
+        return Role::lead;
     }
 
     /// The leader of `group` (group[0]) has answered every member: wakes them, hands the queue on.
     void finish(const std::vector<Member*>& group) noexcept {
         std::lock_guard lock(mutex_);
         for (std::size_t i = 1; i < group.size(); ++i) {
-            group[i]->state = Member::State::done;
+            group[i]->state = Member::State::answered;
             group[i]->cv.notify_one();
         }
         if (queue_.empty()) {

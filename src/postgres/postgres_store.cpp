@@ -640,12 +640,18 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
             m.check_process();
             Impl::ClaimMember me;
             me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
-            if (auto group = m.claim_groups->join(me); !group.empty()) {
+            std::vector<pg::Combiner::Member*> group;
+            const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
+            if (role == pg::Combiner::Role::lead) {
                 m.run_claim_group(group);
                 m.claim_groups->finish(group);
             }
             if (me.got == Got::error) std::rethrow_exception(me.error);
             got = me.got;
+            // (a group's failed statement counts as an attempt: going alone after it is a retry)
+            if (got == Got::alone && role != pg::Combiner::Role::alone) {
+                m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+            }
             if (got == Got::plain) res = std::move(me.plain);
         }
         if (got == Got::alone) {
@@ -753,7 +759,8 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         m.check_process();
         Impl::SaveMember me;
         me.key = &key, me.fence = fence, me.result = result;
-        if (auto group = m.save_groups->join(me); !group.empty()) {
+        std::vector<pg::Combiner::Member*> group;
+        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) {
             m.run_save_group(group);
             m.save_groups->finish(group);
         }
@@ -765,6 +772,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
             return;
         }
         group_sent = me.sent;
+        if (group_sent) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
     }
     const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int attempt) {
         Params p;

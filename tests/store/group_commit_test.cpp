@@ -11,6 +11,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -66,6 +67,7 @@ struct Table {
         o.table = name;
         o.pool_size = pool_size;
         o.application_name = app;
+        o.group_commit = true;
         o.lock_timeout = 20s;
         o.statement_timeout = 30s;
         return o;
@@ -410,6 +412,7 @@ TEST_CASE("group commit, several processes x 16 threads on one key and on many k
     const auto start_at = std::chrono::duration_cast<std::chrono::milliseconds>(
                               (std::chrono::system_clock::now() + 1500ms).time_since_epoch())
                               .count();
+    ::setenv("IDEM_TEST_GROUP_COMMIT", "1", 1);  // the workers' stores (support/store_env.hpp)
     std::vector<pid_t> pids;
     for (int p = 0; p < kProcesses; ++p) {
         std::vector<std::string> args = {IDEM_RACE_WORKER, url, t.name, effects, scope, std::to_string(keys),

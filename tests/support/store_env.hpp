@@ -1,8 +1,8 @@
 // tests/support/store_env.hpp — store options the test run chooses through the environment.
 //
-// IDEM_TEST_GROUP_COMMIT=0 turns PostgresOptions::group_commit off (anything else, or unset, keeps
-// the default, on): CTest registers the contract, concurrency, atomicity and fault suites once with
-// each value (tests/CMakeLists.txt, suffix _gc_off), so every guarantee is shown both ways.
+// IDEM_TEST_GROUP_COMMIT=1 turns PostgresOptions::group_commit on, =0 off; unset keeps the default
+// (off). CTest registers the contract, concurrency, atomicity and fault suites a second time with
+// group commit on (tests/CMakeLists.txt, suffix _gc_on), so every guarantee is shown both ways.
 #pragma once
 
 #include <cstdlib>
@@ -12,14 +12,9 @@
 
 namespace idem_test {
 
-[[nodiscard]] inline bool group_commit_from_env() {
-    const char* v = std::getenv("IDEM_TEST_GROUP_COMMIT");
-    return v == nullptr || std::string_view(v) != "0";
-}
-
 /// `options` with the environment's choices applied (helper processes inherit the environment).
 [[nodiscard]] inline idem::PostgresOptions env_options(idem::PostgresOptions options) {
-    options.group_commit = group_commit_from_env();
+    if (const char* v = std::getenv("IDEM_TEST_GROUP_COMMIT")) options.group_commit = std::string_view(v) != "0";
     return options;
 }
 
