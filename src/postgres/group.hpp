@@ -24,7 +24,7 @@ class Combiner {
 public:
     struct Member {
         std::condition_variable cv;
-        enum class State { queued, lead, answered } state = State::queued;
+        enum class State { queued, grouped, lead, answered } state = State::queued;
         std::vector<Member*> group;  // set when this member is promoted to lead a queued group
     };
 
@@ -45,9 +45,12 @@ public:
         }
         queue_.push_back(&me);
         if (!me.cv.wait_for(lock, patience, [&] { return me.state != Member::State::queued; })) {
-            queue_.erase(std::find(queue_.begin(), queue_.end(), &me));
+            queue_.erase(std::find(queue_.begin(), queue_.end(), &me));  // still queued: in no group
             return Role::alone;
         }
+        // In a group now: its leader writes into `me`, so wait for the answer however long it takes
+        // (the group's round trip is bounded by the statement deadline).
+        me.cv.wait(lock, [&] { return me.state != Member::State::grouped; });
         if (me.state == Member::State::answered) return Role::answered;
         group = std::move(me.group);
         return Role::lead;
@@ -65,6 +68,7 @@ public:
             return;
         }
         Member* next = queue_.front();
+        for (Member* m : queue_) m->state = Member::State::grouped;
         next->group = std::move(queue_);
         queue_.clear();
         next->state = Member::State::lead;

@@ -212,6 +212,29 @@ TEST_CASE("claims queued behind groups in flight share one group: each keeps its
           2);
 }
 
+TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goes alone", "[group_commit]") {
+    Table t(require_db());
+    auto options = t.options();
+    options.pool_wait = 200ms;
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("patience");
+    Hold hold(t, scope, store);  // both groups in flight wait on the test's lock
+    std::atomic<bool> done{false};
+    idem::Claim c;
+    std::thread caller([&] {
+        c = store.claim(idem::Key(scope, "free"), kFp);
+        done = true;
+    });
+    // Without the bound it would wait for the hold (released only after this loop).
+    for (int i = 0; i < 1000 && !done; ++i) std::this_thread::sleep_for(10ms);
+    const bool before_release = done;
+    hold.release();
+    caller.join();
+    CHECK(before_release);
+    CHECK(c.status == ClaimStatus::claimed);
+    CHECK(t.rows_with(scope, "free", c.fence) == 1);
+}
+
 TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its own answer",
           "[group_commit]") {
     Table t(require_db());
