@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <unordered_map>
 #include <random>
@@ -13,6 +14,7 @@
 
 #include "../common.hpp"
 #include "connection.hpp"
+#include "group.hpp"
 #include "pool.hpp"
 #include "record.hpp"
 #include "sql.hpp"
@@ -119,8 +121,10 @@ struct PostgresStore::Impl {
     // arithmetic: a shard's fetch_sub of another shard's add still sums exactly).
     struct alignas(64) Counters {
         std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
-            retries{0}, opened{0}, discarded{0};
+            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, save_groups{0},
+            grouped_saves{0};
     };
+    std::atomic<std::uint64_t> largest_claim_group{0}, largest_save_group{0};
     std::array<Counters, 16> counter_shards;
     Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
@@ -279,6 +283,229 @@ struct PostgresStore::Impl {
         });
     }
 
+    // ---- Group commit (docs/design.md, "Group commit") ----
+    // How many groups may be in flight at once, per kind (claims, saves): see docs/design.md for the
+    // figures behind the choice.
+    static constexpr std::size_t kGroupsInFlight = 2;
+    std::unique_ptr<pg::Combiner> claim_groups, save_groups;
+
+    static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
+                           std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
+        groups.fetch_add(1, std::memory_order_relaxed);
+        members.fetch_add(n, std::memory_order_relaxed);
+        for (auto seen = largest.load(std::memory_order_relaxed);
+             n > seen && !largest.compare_exchange_weak(seen, n, std::memory_order_relaxed);) {
+        }
+    }
+
+    // One claim() caller in a group. The leader writes `got` (and what goes with it) for every member
+    // before Combiner::finish; the member reads it after join() returns.
+    struct ClaimMember : pg::Combiner::Member {
+        const Key* key;
+        const Fingerprint* fp;
+        Fence fence;
+        std::chrono::milliseconds lease;
+        std::chrono::seconds retention;
+        Claim* out;  // `found`: the record read is decoded into out->existing
+        enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
+        pg::StepResults plain;      // plain: a group of one ran today's round trip; these are its answers
+        std::exception_ptr error;   // error: what the member's own call throws
+    };
+
+    // Today's claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim.
+    pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
+                                     std::chrono::seconds retention) {
+        return with_connection("claim", [&](pg::Connection& conn, int) {
+            Params ins;
+            add_claim_params(ins, key, fp, fence, lease, retention);
+            Params sel;
+            sel.text(key.scope()).text(key.value());
+            // [INSERT, SELECT | Sync]: one round trip, one implicit transaction; the claim is
+            // committed when the Sync's answer arrives, which run() waits for. The SELECT is its own
+            // statement, so under READ COMMITTED it takes a new snapshot and sees a conflicting
+            // claim that committed while the INSERT waited for it (one statement could not: see
+            // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
+            // One Sync instead of one per statement: one send() and one transaction fewer per claim.
+            const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
+            return run(conn, steps);
+        });
+    }
+
+    // The leader's work: answers every member of `group` (never throws).
+    void run_claim_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        const auto member = [&](std::size_t i) -> ClaimMember& { return static_cast<ClaimMember&>(*group[i]); };
+        note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+        const auto all = [&](ClaimMember::Got got, std::exception_ptr e = nullptr) {
+            for (std::size_t i = 0; i < group.size(); ++i) member(i).got = got, member(i).error = e;
+        };
+        if (group.size() == 1) {  // alone: exactly today's statements
+            ClaimMember& c = member(0);
+            try {
+                c.plain = claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention);
+                c.got = ClaimMember::Got::plain;
+            } catch (...) {
+                c.got = ClaimMember::Got::error, c.error = std::current_exception();
+            }
+            return;
+        }
+        // Rows in key order: concurrent groups (and batches) lock shared keys in one order.
+        std::vector<ClaimMember*> ms(group.size());
+        for (std::size_t i = 0; i < group.size(); ++i) ms[i] = &member(i);
+        std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+        std::optional<pg::Lease> conn;
+        try {
+            conn.emplace(acquire());
+        } catch (...) {
+            // Nothing was sent: each member gets what its own call would have (pool_timeout,
+            // store_unavailable, config_error), without waiting for a connection once more.
+            all(ClaimMember::Got::error, std::current_exception());
+            return;
+        }
+        try {
+            const std::size_t n = ms.size();
+            std::vector<std::string_view> scopes(n), values(n), digests(n);
+            std::vector<std::int16_t> algs(n);
+            std::vector<std::int64_t> fences(n), leases(n), retentions(n);
+            for (std::size_t j = 0; j < n; ++j) {
+                scopes[j] = ms[j]->key->scope();
+                values[j] = ms[j]->key->value();
+                digests[j] = ms[j]->fp->bytes();
+                algs[j] = static_cast<std::int16_t>(ms[j]->fp->algorithm());
+                fences[j] = ms[j]->fence;
+                leases[j] = ms[j]->lease.count();
+                retentions[j] = ms[j]->retention.count();
+            }
+            Params ins, sel;
+            ins.text_array(scopes).text_array(values).bytea_array(digests).int2_array(algs).int8_array(fences)
+                .int8_array(leases).int8_array(retentions);
+            sel.text_array(scopes).text_array(values);
+            // [INSERT … unnest | Sync | SELECT … unnest | Sync]: one round trip; the claims commit
+            // at the first Sync, the read takes its own snapshot (as the single-key path's does).
+            const Step steps[] = {{&defs[pg::kClaimGroupInsert], &ins}, {&defs[pg::kSelectBatch], &sel}};
+            pg::StepResults res = run(**conn, steps);
+            if (!res[0].ok()) {
+                // Nothing of the group committed (a conflict, a cancel, one member's bad bytes...):
+                // every member goes again alone, with its fence, and meets its own outcome.
+                all(ClaimMember::Got::alone);
+                return;
+            }
+            std::unordered_map<Fence, ClaimMember*> by_fence;
+            for (ClaimMember* c : ms) {
+                by_fence.emplace(c->fence, c);
+                c->got = ClaimMember::Got::absent;
+            }
+            const PGresult* r = res[0].result.get();
+            for (int row = 0; row < PQntuples(r); ++row) {
+                if (auto it = by_fence.find(pg::get_int8(r, row, 0)); it != by_fence.end()) {
+                    it->second->got = ClaimMember::Got::won;  // committed at the first Sync
+                }
+            }
+            if (!res[1].ok()) {  // the read failed alone: whoever did not win goes again alone
+                for (ClaimMember* c : ms) {
+                    if (c->got != ClaimMember::Got::won) c->got = ClaimMember::Got::alone;
+                }
+                return;
+            }
+            std::map<std::pair<std::string_view, std::string_view>, int> found;  // (scope, key) → row
+            const PGresult* rows = res[1].result.get();
+            for (int row = 0; row < PQntuples(rows); ++row) {
+                found.emplace(std::pair(pg::get_bytes(rows, row, pg::kRecordColumns),
+                                        pg::get_bytes(rows, row, pg::kRecordColumns + 1)),
+                              row);
+            }
+            for (ClaimMember* c : ms) {
+                if (c->got == ClaimMember::Got::won) continue;
+                auto it = found.find(std::pair(c->key->scope(), c->key->value()));
+                if (it == found.end()) continue;  // absent: released or rolled back in between
+                try {
+                    parse_record(rows, it->second, c->out->existing.emplace());
+                    c->got = ClaimMember::Got::found;
+                } catch (...) {
+                    c->out->existing.reset();
+                    c->got = ClaimMember::Got::error, c->error = std::current_exception();  // corrupt_record
+                }
+            }
+        } catch (const pg::connection_broken&) {
+            // The group may have committed before its answer was lost: each member goes again alone
+            // with its own fence and recognises its row (today's reconnect-safe retry).
+            pool->suspect_idle();
+            all(ClaimMember::Got::alone);
+        } catch (...) {
+            all(ClaimMember::Got::alone);
+        }
+    }
+
+    // One save() caller in a group.
+    struct SaveMember : pg::Combiner::Member {
+        const Key* key;
+        Fence fence;
+        std::string_view result;
+        enum class Got { alone, saved, lost } got = Got::alone;
+        bool waiters = false;  // saved: someone LISTENs for this key
+        bool sent = false;     // alone: the group's statement may have committed this save
+    };
+
+    void run_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
+        std::vector<SaveMember*> ms(group.size());
+        for (std::size_t i = 0; i < group.size(); ++i) ms[i] = static_cast<SaveMember*>(group[i]);
+        std::sort(ms.begin(), ms.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
+        // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
+        // goes alone, after the group, exactly as a concurrent save of it does today.
+        std::vector<SaveMember*> sent;
+        std::unordered_map<Fence, SaveMember*> by_fence;
+        for (std::size_t j = 0; j < ms.size(); ++j) {
+            ms[j]->got = SaveMember::Got::alone;
+            if ((j > 0 && *ms[j]->key == *ms[j - 1]->key) || !by_fence.emplace(ms[j]->fence, ms[j]).second) continue;
+            sent.push_back(ms[j]);
+        }
+        std::optional<pg::Lease> conn;
+        try {
+            conn.emplace(acquire());
+        } catch (...) {
+            return;  // nothing sent: each goes alone (and keeps trying for its save_retry_window)
+        }
+        for (SaveMember* s : sent) s->sent = true;
+        try {
+            pg::StepResults res;
+            if (sent.size() == 1) {  // alone: today's statement
+                Params p;
+                p.text(sent[0]->key->scope()).text(sent[0]->key->value()).int8(sent[0]->fence).bytes(sent[0]->result);
+                res = run_one(**conn, pg::kSave, p);
+            } else {
+                std::vector<std::string_view> scopes, values, results;
+                std::vector<std::int64_t> fences;
+                for (SaveMember* s : sent) {
+                    scopes.push_back(s->key->scope());
+                    values.push_back(s->key->value());
+                    fences.push_back(s->fence);
+                    results.push_back(s->result);
+                }
+                Params p;
+                p.text_array(scopes).text_array(values).int8_array(fences).bytea_array(results);
+                res = run_one(**conn, pg::kSaveBatch, p);
+            }
+            if (!res[0].ok()) return;  // rolled back whole: each goes alone (40001 retried there, ...)
+            for (SaveMember* s : sent) s->got = SaveMember::Got::lost;  // its fence no longer owns the key
+            const PGresult* r = res[0].result.get();
+            if (sent.size() == 1) {
+                if (PQntuples(r) == 1) sent[0]->got = SaveMember::Got::saved, sent[0]->waiters = pg::get_bool(r, 0, 0);
+                return;
+            }
+            for (int row = 0; row < PQntuples(r); ++row) {
+                if (auto it = by_fence.find(pg::get_int8(r, row, 0)); it != by_fence.end()) {
+                    it->second->got = SaveMember::Got::saved;
+                    it->second->waiters = pg::get_bool(r, row, 1);
+                }
+            }
+        } catch (const pg::connection_broken&) {
+            pool->suspect_idle();
+            for (SaveMember* s : sent) s->got = SaveMember::Got::alone;
+        } catch (...) {
+            for (SaveMember* s : sent) s->got = SaveMember::Got::alone;
+        }
+    }
+
 };
 
 PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : impl_(std::make_unique<Impl>()) {
@@ -304,6 +531,9 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
     // Deadlines are kept to within one tick (they are statement_timeout + lock_timeout + 1 s away).
     m.watchdog = std::make_unique<pg::Watchdog>(std::chrono::milliseconds(50));
     m.settings.watchdog = m.watchdog.get();
+    const std::size_t in_flight = std::min(Impl::kGroupsInFlight, m.options.pool_size);
+    m.claim_groups = std::make_unique<pg::Combiner>(in_flight);
+    m.save_groups = std::make_unique<pg::Combiner>(in_flight);
     m.pool = std::make_unique<pg::Pool>(
         m.options.pool_size, m.options.pool_wait, m.options.health_check_after,
         [&m] { return std::make_unique<pg::Connection>(m.settings, m.defs); },
@@ -396,41 +626,66 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
         out.retry_after = {};
     };
     const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
+    using Got = Impl::ClaimMember::Got;
+    // Group commit takes the first attempt only (one round trip); whatever follows (retries, an
+    // expired record, resume, wait) goes alone. Not from inside this store's own in-transaction
+    // effect: that call must not wait behind a group (acquire() says why).
+    bool grouped = m.options.group_commit && in_effect_of != &m;
 
     for (int failures = 0;;) {
-        pg::StepResults res = m.with_connection("claim", [&](pg::Connection& conn, int) {
-            Params ins;
-            claim_params(ins);
-            Params sel;
-            sel.text(key.scope()).text(key.value());
-            // [INSERT, SELECT | Sync]: one round trip, one implicit transaction; the claim is
-            // committed when the Sync's answer arrives, which run() waits for. The SELECT is its own
-            // statement, so under READ COMMITTED it takes a new snapshot and sees a conflicting
-            // claim that committed while the INSERT waited for it (one statement could not: see
-            // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
-            // One Sync instead of one per statement: one send() and one transaction fewer per claim.
-            const Step steps[] = {{&m.defs[pg::kClaimInsert], &ins, false}, {&m.defs[pg::kSelect], &sel}};
-            return m.run(conn, steps);
-        });
-        const StepResult& inserted = res[0];
-        const StepResult& selected = res[1];
-        // ok() holds only when the whole segment committed: an INSERT whose read (or COMMIT) failed
-        // afterwards was rolled back with it and is never taken for a claim.
-        if (inserted.ok() && inserted.rows() == 1) {
+        Got got = Got::alone;
+        pg::StepResults res;
+        if (grouped) {
+            grouped = false;
+            m.check_process();
+            Impl::ClaimMember me;
+            me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
+            std::vector<pg::Combiner::Member*> group;
+            const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
+            if (role == pg::Combiner::Role::lead) {
+                m.run_claim_group(group);
+                m.claim_groups->finish(group);
+            }
+            if (me.got == Got::error) std::rethrow_exception(me.error);
+            got = me.got;
+            // (a group's failed statement counts as an attempt: going alone after it is a retry)
+            if (got == Got::alone && role != pg::Combiner::Role::alone) {
+                m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+            }
+            if (got == Got::plain) res = std::move(me.plain);
+        }
+        if (got == Got::alone) {
+            res = m.claim_round_trip(key, fp, fence, lease, retention);
+            got = Got::plain;
+        }
+        bool conflicted = false;
+        if (got == Got::plain) {
+            const StepResult& inserted = res[0];
+            const StepResult& selected = res[1];
+            // ok() holds only when the whole segment committed: an INSERT whose read (or COMMIT)
+            // failed afterwards was rolled back with it and is never taken for a claim.
+            const StepResult* failure = res.first_failure();
+            if (inserted.ok() && inserted.rows() == 1) {
+                got = Got::won;
+            } else if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
+                // Nothing of this attempt committed. A cancel, a timeout or a shortage is
+                // store_unavailable, a missing privilege config_error: fn is not called either way.
+                // (a failed COMMIT is reported on the read, the segment's last statement: "claim" for both)
+                throw_statement_error(*failure, "claim");
+            } else if (failure == nullptr && selected.rows() == 1) {
+                parse_record(selected.result.get(), 0, out.existing.emplace());
+                got = Got::found;
+            } else {
+                got = Got::absent;
+                conflicted = failure != nullptr;
+            }
+        }
+        if (got == Got::won) {
             claimed();
             return out;
         }
-        const StepResult* failure = res.first_failure();
-        if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
-            // Nothing of this attempt committed. A cancel, a timeout or a shortage is
-            // store_unavailable, a missing privilege config_error: fn is not called either way.
-            // (a failed COMMIT is reported on the read, the segment's last statement: "claim" for both)
-            throw_statement_error(*failure, "claim");
-        }
-
-        if (failure == nullptr && selected.rows() == 1) {
-            Record& record = out.existing.emplace();
-            parse_record(selected.result.get(), 0, record);
+        if (got == Got::found) {
+            Record& record = *out.existing;
             if (record.fence == fence && record.state == RecordState::in_progress) {
                 claimed();  // ours, from an attempt whose answer was lost with its connection
                 return out;
@@ -483,7 +738,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
             return out;
         }
         m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-        if (failure != nullptr) {
+        if (conflicted) {
             thread_local std::minstd_rand jitter{std::random_device{}()};
             std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % (10u * static_cast<unsigned>(failures))));
         }
@@ -498,6 +753,27 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                  std::string(result));
     }
     m.counters().saves.fetch_add(1, std::memory_order_relaxed);
+    // Group commit: the first attempt may share one UPDATE with concurrent saves (see claim()).
+    bool group_sent = false;  // the group's statement may have committed this save before it failed
+    if (m.options.group_commit && in_effect_of != &m) {
+        m.check_process();
+        Impl::SaveMember me;
+        me.key = &key, me.fence = fence, me.result = result;
+        std::vector<pg::Combiner::Member*> group;
+        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) {
+            m.run_save_group(group);
+            m.save_groups->finish(group);
+        }
+        if (me.got == Impl::SaveMember::Got::lost) {
+            throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
+        }
+        if (me.got == Impl::SaveMember::Got::saved) {
+            if (me.waiters) m.wake_waiters(key);
+            return;
+        }
+        group_sent = me.sent;
+        if (group_sent) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+    }
     const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int attempt) {
         Params p;
         p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
@@ -506,7 +782,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         if (res[0].rows() == 1) return pg::get_bool(res[0].result.get(), 0, 0);
         // Not updated: either an earlier attempt of this very save landed before its connection
         // broke (a retry finds its own bytes in place), or the fence lost the key.
-        if (attempt > 1) {
+        if (attempt > 1 || group_sent) {
             auto record = m.select(conn, key);
             if (record && record->fence == fence && record->state == RecordState::completed &&
                 record->result == result) {
@@ -1022,7 +1298,13 @@ StoreStats PostgresStore::stats() const {
         s.retries += c.retries.load();
         s.connections_opened += c.opened.load();
         s.connections_discarded += c.discarded.load();
+        s.claim_groups += c.claim_groups.load();
+        s.grouped_claims += c.grouped_claims.load();
+        s.save_groups += c.save_groups.load();
+        s.grouped_saves += c.grouped_saves.load();
     }
+    s.largest_claim_group = impl_->largest_claim_group.load();
+    s.largest_save_group = impl_->largest_save_group.load();
     return s;
 }
 

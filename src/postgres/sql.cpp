@@ -83,6 +83,18 @@ std::vector<StatementDef> statements(const TableName& t) {
                     "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
                     T),
         {text_array, text_array, bytea_array, int2_array, int8_array, int8, int8}};
+    // Group commit: the claims of concurrent claim() callers, each row with its own lease and
+    // retention (callers may differ), in one statement and one commit.
+    defs[kClaimGroupInsert] = {
+        "idem_claim_group",
+        fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
+                    "expires_at) SELECT u.s, u.k, 'in_progress', u.f, u.a, u.fe, "
+                    "now() + u.l * interval '1 millisecond', now() + u.r * interval '1 second' "
+                    "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[], $6::int8[], "
+                    "$7::int8[]) AS u(s, k, f, a, fe, l, r) "
+                    "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
+                    T),
+        {text_array, text_array, bytea_array, int2_array, int8_array, int8_array, int8_array}};
     defs[kSelectBatch] = {"idem_select_batch",
                           fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
                                       "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",

@@ -27,6 +27,7 @@ enum Stmt : std::size_t {
     kClaimInsert,
     kSelect,
     kClaimBatchInsert,
+    kClaimGroupInsert,
     kSelectBatch,
     kSaveBatch,
     kSave,

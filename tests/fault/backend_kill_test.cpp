@@ -1,6 +1,7 @@
 // Fault scenario 1 — backends killed: pg_terminate_backend on random idem connections, 20 rounds,
 // under load from 8 client threads. Guarantee: no duplicate effect, every answer byte-identical to
 // the stored response, the pool heals, keys in doubt are resolved by one reconciler sweep.
+#include "store_env.hpp"
 #include "fault.hpp"
 
 using namespace fault;
@@ -15,7 +16,7 @@ TEST_CASE("scenario 1: backends terminated under load", "[fault][backend_kill]")
     options.application_name = idem_test::unique_name("idem_fault_kill");
     options.statement_timeout = 5s;
     options.lock_timeout = 1s;
-    idem::PostgresStore store(url, options);
+    idem::PostgresStore store(url, idem_test::env_options(options));
     store.ensure_schema();
 
     History history;

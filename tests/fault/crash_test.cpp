@@ -5,6 +5,7 @@
 // must be able to DETECT loss (reported, not failed: whether a given crash loses anything is up to
 // timing). Needs the cluster of scripts/with-postgres.sh (IDEM_PG_DATA ...): otherwise WARN and
 // skip.
+#include "store_env.hpp"
 #include "fault.hpp"
 
 using namespace fault;
@@ -122,7 +123,7 @@ TEST_CASE("scenario 2: PostgreSQL killed (kill -9) mid-load and restarted", "[fa
     options.statement_timeout = 3s;
     options.lock_timeout = 1s;
     options.pool_wait = 2s;
-    idem::PostgresStore store(url, options);
+    idem::PostgresStore store(url, idem_test::env_options(options));
     store.ensure_schema();
     std::minstd_rand rng(static_cast<unsigned>(::getpid()));
 
@@ -232,7 +233,7 @@ TEST_CASE("after a restart, the first call succeeds (no retry into dead pooled c
     options.table = table.name();
     options.pool_size = 8;
     options.connect_timeout = 2s;
-    idem::PostgresStore store(url, options);
+    idem::PostgresStore store(url, idem_test::env_options(options));
     store.ensure_schema();
     // Open all 8 connections (8 concurrent reads), then leave them idle.
     {

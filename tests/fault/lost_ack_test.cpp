@@ -4,6 +4,7 @@
 // connection) recognises its own committed write, so the caller is told the one true outcome, a
 // later retry replays the same bytes, and the effect runs exactly once. Needs the Unix socket of
 // scripts/with-postgres.sh's cluster (IDEM_PG_HOST/IDEM_PG_PORT).
+#include "store_env.hpp"
 #include "fault.hpp"
 #include "proxy.hpp"
 
@@ -40,7 +41,7 @@ TEST_CASE("scenario 3: acknowledgements lost on the wire", "[fault][lost_ack]") 
     options.statement_timeout = 3s;
     options.lock_timeout = 1s;
     options.application_name = "idem_fault_lost_ack";
-    idem::PostgresStore store(proxied_url(proxy), options);
+    idem::PostgresStore store(proxied_url(proxy), idem_test::env_options(options));
     store.ensure_schema(); // through the proxy too
 
     const std::string scope = idem_test::unique_name(prepared ? "ack_p" : "ack_u");
@@ -119,7 +120,7 @@ TEST_CASE("scenario 3: acknowledgements lost on the wire", "[fault][lost_ack]") 
     {
         auto narrow = options;
         narrow.save_retry_window = 300ms;
-        idem::PostgresStore short_window(proxied_url(proxy), narrow);
+        idem::PostgresStore short_window(proxied_url(proxy), idem_test::env_options(narrow));
         once(short_window, "save-all-lost", kSave, -narrow.claim_attempts, Proxy::Mode::after_reply,
              Told::response_not_saved);
     }

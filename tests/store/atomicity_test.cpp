@@ -5,6 +5,7 @@
 // the library says about itself. Also: a store in a fork()ed child, permanent misconfigurations,
 // and a store called from inside its own in-transaction effect. (In-transaction mode after a
 // restart: disruptive_test.cpp.) Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
+#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
 #include "threads.hpp"
@@ -55,7 +56,7 @@ public:
           admin_(url_) {
         idem::PostgresOptions o;
         o.table = table_;
-        idem::PostgresStore(url_, o).ensure_schema();
+        idem::PostgresStore(url_, idem_test::env_options(o)).ensure_schema();
         // (USAGE on schema public comes from PUBLIC. No GRANT on the schema: a change to
         // pg_namespace resets every cached plan in every session, which would disturb the plan-cache
         // tests running alongside.)
@@ -156,7 +157,7 @@ TEST_CASE("a claim whose record read is refused is never claimed (no SELECT on o
           "[postgres][atomicity]") {
     Fixture fx(require_db());
     fx.grant_all_but_select_of("phase_data");
-    idem::PostgresStore store(fx.role_url(), fx.options());
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options()));
     std::atomic<int> effects{0};
     const auto scope = idem_test::unique_name("perm");
     for (int i = 0; i < 3; ++i) {  // the same key again: it must not be "claimed" a second time either
@@ -191,7 +192,7 @@ TEST_CASE("a role's statement_timeout cancelling the claim's read: store_unavail
         options.statement_timeout = 1s;
         options.lock_timeout = 500ms;
     }
-    idem::PostgresStore store(fx.role_url(), options);
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(options));
     std::atomic<int> effects{0};
     const auto scope = idem_test::unique_name("sto");
     for (int i = 0; i < 2; ++i) {
@@ -212,7 +213,7 @@ TEST_CASE("an error raised by the claim's read (out of memory): store_unavailabl
     Fixture fx(require_db());
     fx.grant_all();
     fx.gate_reads("RAISE EXCEPTION 'simulated' USING ERRCODE = 'out_of_memory';");
-    idem::PostgresStore store(fx.role_url(), fx.options());
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options()));
     std::atomic<int> effects{0};
     const auto key = idem::Key(idem_test::unique_name("oom"), "k1");
     CHECK_THROWS_AS(run(store, key, effects), idem::store_unavailable);
@@ -229,7 +230,7 @@ TEST_CASE("a claim whose COMMIT fails (deferred constraint) reports the database
                     "RAISE EXCEPTION 'refused at commit' USING ERRCODE = 'check_violation'; END $$");
     fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON " + fx.table() +
                     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fx.table() + "_gate()");
-    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options(1)));
     std::atomic<int> effects{0};
     const auto key = idem::Key(idem_test::unique_name("commit"), "k1");
     try {
@@ -252,7 +253,7 @@ TEST_CASE("a cancel storm against the store's backends: every claimed answer has
     // A short pause in every read widens the window in which a cancel lands after the INSERT.
     fx.gate_reads("PERFORM pg_sleep(0.002);");
     auto options = fx.options(4);
-    idem::PostgresStore store(fx.role_url(), options);
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(options));
     const auto scope = idem_test::unique_name("storm");
     constexpr int kThreads = 4, kKeys = 150;
 
@@ -313,7 +314,7 @@ TEST_CASE("in-transaction mode: a claim whose read is refused never runs the eff
           "[postgres][atomicity][transaction]") {
     Fixture fx(require_db());
     fx.grant_all_but_select_of("phase_data");
-    idem::PostgresStore store(fx.role_url(), fx.options());
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options()));
     int effects = 0;
     const auto key = idem::Key(idem_test::unique_name("tx"), "k1");
     CHECK_THROWS_AS(idem::execute_once_in_transaction(store, key, fp_of(1),
@@ -343,7 +344,7 @@ TEST_CASE("claim_batch: won claims are kept when only the read fails, released w
         auto options = fx.options();
         options.statement_timeout = 2s;  // generous: the INSERT before the read must finish in time
         options.lock_timeout = 1s;
-        idem::PostgresStore store(fx.role_url(), options);
+        idem::PostgresStore store(fx.role_url(), idem_test::env_options(options));
         const auto claims = store.claim_batch(keys, fps);
         REQUIRE(claims.size() == keys.size());
         for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -354,11 +355,11 @@ TEST_CASE("claim_batch: won claims are kept when only the read fails, released w
     SECTION("one key already taken, the read is refused: the batch throws and leaves nothing in progress") {
         {
             idem::PostgresOptions o = fx.options();
-            idem::PostgresStore owner(fx.url(), o);
+            idem::PostgresStore owner(fx.url(), idem_test::env_options(o));
             REQUIRE(owner.claim(keys[3], fps[3]).status == idem::ClaimStatus::claimed);
         }
         fx.grant_all_but_select_of("phase_data");
-        idem::PostgresStore store(fx.role_url(), fx.options());
+        idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options()));
         CHECK_THROWS_AS(store.claim_batch(keys, fps), idem::config_error);
         CHECK(fx.rows() == 1);  // only the key that was taken before
     }
@@ -370,7 +371,7 @@ TEST_CASE("a store called from inside its own in-transaction effect with a pool 
     fx.grant_all();
     auto options = fx.options(1);
     options.pool_wait = 5s;
-    idem::PostgresStore store(fx.role_url(), options);
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(options));
     const auto scope = idem_test::unique_name("nested");
     const auto started = std::chrono::steady_clock::now();
     try {
@@ -415,7 +416,7 @@ TEST_CASE("permanent misconfiguration is a config_error, not store_unavailable",
     SECTION("the table does not exist: the message says to call ensure_schema()") {
         idem::PostgresOptions o;
         o.table = idem_test::unique_name("idem_missing");
-        idem::PostgresStore store(url, o);
+        idem::PostgresStore store(url, idem_test::env_options(o));
         try {
             (void)run(store, key, effects);
             FAIL("no error");
@@ -429,7 +430,7 @@ TEST_CASE("permanent misconfiguration is a config_error, not store_unavailable",
         Fixture fx(url);
         idem::PostgresOptions o = fx.options();
         o.table = idem_test::unique_name("idem_nocreate");
-        idem::PostgresStore store(fx.role_url(), o);
+        idem::PostgresStore store(fx.role_url(), idem_test::env_options(o));
         try {
             store.ensure_schema();
             FAIL("no error");
@@ -444,7 +445,7 @@ TEST_CASE("permanent misconfiguration is a config_error, not store_unavailable",
 TEST_CASE("an unreachable server is store_unavailable with one idem: prefix", "[postgres][errors]") {
     idem::PostgresOptions o;
     o.connect_timeout = 2s;
-    idem::PostgresStore store("host=/nonexistent-idem-dir port=1 dbname=x", o);
+    idem::PostgresStore store("host=/nonexistent-idem-dir port=1 dbname=x", idem_test::env_options(o));
     std::atomic<int> effects{0};
     try {
         (void)run(store, idem::Key("scope", "k"), effects);
@@ -474,8 +475,7 @@ TEST_CASE("several hosts: config_error only when every host refuses for good", "
     // reached are in its message too)
     SECTION("the first host is down (restarting), the second says no such database: an outage") {
         idem::PostgresStore store(url + " host=/nonexistent-idem-dir," + host + " port=1," + port + " dbname=" +
-                                      nosuchdb,
-                                  o);
+                                      nosuchdb, idem_test::env_options(o));
         CHECK_THROWS_AS(run(store, key, effects), idem::store_unavailable);
         try {
             (void)run(store, key, effects);
@@ -486,8 +486,7 @@ TEST_CASE("several hosts: config_error only when every host refuses for good", "
     }
     SECTION("the first host says no such database: config_error") {
         idem::PostgresStore store(url + " host=" + host + "," + host + " port=" + port + "," + port +
-                                      " dbname=" + nosuchdb,
-                                  o);
+                                      " dbname=" + nosuchdb, idem_test::env_options(o));
         try {
             (void)run(store, key, effects);
             FAIL("no error");
@@ -505,7 +504,7 @@ TEST_CASE("a backend terminated while a new connection prepares: retried on a fr
     auto options = fx.options(2);
     options.lock_timeout = 10s;  // generous: the PREPARE waits on our lock until we terminate it
     options.statement_timeout = 20s;
-    idem::PostgresStore store(fx.role_url(), options);
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(options));
     PgConn locker(fx.url());
     locker.exec("BEGIN");
     locker.exec("LOCK TABLE " + fx.table() + " IN ACCESS EXCLUSIVE MODE");
@@ -543,7 +542,7 @@ TEST_CASE("fork(): a child cannot use the parent's store, and destroying it ther
     Fixture fx(require_db());
     fx.grant_all();
     auto options = fx.options(2);
-    auto store = std::make_unique<idem::PostgresStore>(fx.role_url(), options);
+    auto store = std::make_unique<idem::PostgresStore>(fx.role_url(), idem_test::env_options(options));
     const auto scope = idem_test::unique_name("fork");
     std::atomic<int> effects{0};
     REQUIRE(run(*store, idem::Key(scope, "before"), effects) == Outcome::executed);
@@ -623,7 +622,7 @@ TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): t
     fx.grant_all();
     fail_commit(fx, "23514", "k5");
     // One connection: a pipeline that lost its place after the failed COMMIT would show in the next call.
-    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options(1)));
     const auto scope = idem_test::unique_name("bcommit");
     std::vector<idem::Key> keys;
     std::vector<idem::Fingerprint> fps;
@@ -660,7 +659,7 @@ TEST_CASE("a claim whose COMMIT fails once with a serialization failure is retri
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "40001", "", 1);
-    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options(1)));
     std::atomic<int> effects{0};
     const auto key = idem::Key(idem_test::unique_name("ser"), "k1");
     CHECK(run(store, key, effects) == Outcome::executed);
@@ -676,7 +675,7 @@ TEST_CASE("claim_batch whose INSERT's COMMIT fails once with a serialization fai
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "40001", "", 1);
-    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options(1)));
     const auto scope = idem_test::unique_name("bser");
     std::vector<idem::Key> keys{idem::Key(scope, "a"), idem::Key(scope, "b"), idem::Key(scope, "c")};
     std::vector<idem::Fingerprint> fps{fp_of(1), fp_of(2), fp_of(3)};
@@ -703,7 +702,7 @@ TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back,
                     "'check_violation'; END IF; RETURN NULL; END $$");
     fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT OR UPDATE ON " + fx.table() +
                     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fx.table() + "_gate()");
-    idem::PostgresStore store(fx.role_url(), fx.options(1));
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options(1)));
     int effects = 0;
     const auto key = idem::Key(idem_test::unique_name("txc"), "k1");
     try {
@@ -731,7 +730,7 @@ TEST_CASE("fork() inside an in-transaction effect: the child going on never spea
     const std::string side = fx.table() + "_side";
     fx.admin().exec("CREATE TABLE " + side + " (who text)");
     fx.admin().exec("GRANT INSERT, SELECT ON " + side + " TO " + fx.role());
-    idem::PostgresStore store(fx.role_url(), fx.options(2));
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options(2)));
     const auto key = idem::Key(idem_test::unique_name("txfork"), "k1");
     const pid_t parent = getpid();
     int child_status = -1;
@@ -846,7 +845,7 @@ TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is
     {
         idem::PostgresOptions o;
         o.connect_timeout = 2s;
-        idem::PostgresStore store(role_url, o);
+        idem::PostgresStore store(role_url, idem_test::env_options(o));
         try {
             (void)run(store, idem::Key("hba", "k"), effects);
             outcome = "no error";
@@ -873,7 +872,7 @@ TEST_CASE("claim_batch that throws after taking over a stale key does not delete
     const auto scope = idem_test::unique_name("btake");
     const idem::Key stale(scope, "a"), expired(scope, "b");
     {
-        idem::PostgresStore owner(fx.url(), fx.options());
+        idem::PostgresStore owner(fx.url(), idem_test::env_options(fx.options()));
         // An earlier worker claimed "a", reached a recovery point (it charged), then died.
         idem::ClaimOptions short_lease;
         short_lease.lease = 50ms;
@@ -893,7 +892,7 @@ TEST_CASE("claim_batch that throws after taking over a stale key does not delete
     fx.admin().exec("CREATE TRIGGER gate BEFORE UPDATE ON " + fx.table() + " FOR EACH ROW EXECUTE FUNCTION " +
                     fx.table() + "_gate()");
     std::this_thread::sleep_for(200ms);  // the lease of "a" passes
-    idem::PostgresStore store(fx.role_url(), fx.options());
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options()));
     const std::vector<idem::Key> keys{stale, expired};
     const std::vector<idem::Fingerprint> fps{fp_of(1), fp_of(2)};
     idem::ClaimOptions resume;
@@ -921,7 +920,7 @@ TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: e
     const std::string mode = GENERATE(as<std::string>{}, "batch", "transaction");
     CAPTURE(how, mode);
     auto options = fx.options(4);
-    idem::PostgresStore store(fx.role_url(), options);
+    idem::PostgresStore store(fx.role_url(), idem_test::env_options(options));
     const auto scope = idem_test::unique_name("storm2");
     constexpr int kThreads = 4, kKeys = 40;
 

@@ -4,6 +4,7 @@
 // private table (dropped afterwards), so test binaries and test cases never see each other's keys.
 #pragma once
 
+#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "test_env.hpp"
 
@@ -87,7 +88,7 @@ public:
         options.max_retry_after = config.max_retry_after;
         options.default_lease = config.default_lease;
         options.application_name = "idem_contract_test";
-        auto store = std::make_unique<idem::PostgresStore>(conninfo_, options);
+        auto store = std::make_unique<idem::PostgresStore>(conninfo_, idem_test::env_options(options));
         if (!created_) {
             store->ensure_schema();
             created_ = true;

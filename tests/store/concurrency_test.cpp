@@ -2,6 +2,7 @@
 // PostgreSQL. The effect records itself in an `effects` table over its own connection, so "exactly
 // once" is checked by the database, not only by counters in this process. Needs
 // IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
+#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
 
@@ -97,7 +98,7 @@ void rethrow_first(const std::vector<std::exception_ptr>& errors) {
 TEST_CASE("64 threads, one key, one start: the effect runs exactly once", "[concurrency]") {
     const auto url = require_db();
     Tables tables(url);
-    idem::PostgresStore store(url, tables.options(16));
+    idem::PostgresStore store(url, idem_test::env_options(tables.options(16)));
     store.ensure_schema();
     const auto scope = idem_test::unique_name("one");
     const idem::Key key(scope, "the-key");
@@ -168,7 +169,7 @@ TEST_CASE("64 threads, one key, one start: the effect runs exactly once", "[conc
 TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concurrency]") {
     const auto url = require_db();
     Tables tables(url);
-    idem::PostgresStore store(url, tables.options(16));
+    idem::PostgresStore store(url, idem_test::env_options(tables.options(16)));
     store.ensure_schema();
     const auto scope = idem_test::unique_name("many");
     const auto fp = idem::fingerprint("POST /transfers"s);
@@ -268,7 +269,7 @@ TEST_CASE("4 processes x 8 threads race on 200 keys: one effect row per key",
     const auto url = require_db();
     Tables tables(url);
     {
-        idem::PostgresStore store(url, tables.options(1));
+        idem::PostgresStore store(url, idem_test::env_options(tables.options(1)));
         store.ensure_schema(); // the workers run it again, all at once
     }
     const auto scope = idem_test::unique_name("procs");

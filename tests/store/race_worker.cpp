@@ -13,6 +13,7 @@
 //   P <key>           in progress during the race
 //   F <key> <body>    the final replay of the second pass
 // Exit status 0 when every call went as the contract says, 1 otherwise (the reason on stderr).
+#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
 
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
         options.table = table;
         options.pool_size = static_cast<std::size_t>(thread_count);
         options.application_name = "idem_race_worker";
-        idem::PostgresStore store(conninfo, options);
+        idem::PostgresStore store(conninfo, idem_test::env_options(options));
         store.ensure_schema(); // every process at once: must be harmless
         const auto fp = idem::fingerprint(std::string("race"), std::string(scope));
 

@@ -1,0 +1,462 @@
+// Group commit (PostgresOptions::group_commit): concurrent claim() / save() callers share one
+// statement and one commit, and each still gets exactly its own outcome, fence and error. Groups are
+// forced to form by holding the groups in flight on a lock that the test's own session holds, so
+// that the next callers must queue; everything is checked against what the database holds.
+// Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
+#include "idem/idem.hpp"
+#include "pg.hpp"
+#include "threads.hpp"
+
+#include <array>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <spawn.h>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+using namespace std::chrono_literals;
+using namespace std::string_literals;
+using idem::ClaimStatus;
+using idem_test::PgConn;
+
+namespace {
+
+std::string require_db() {
+    const auto url = idem_test::database_url();
+    if (url.empty())
+        FAIL(idem_test::kNoDatabaseMessage);
+    return url;
+}
+
+const idem::Fingerprint kFp = idem::fingerprint("POST /group"s);
+
+/// A private idem table (dropped at the end) and a superuser session to look at it.
+struct Table {
+    std::string url;
+    std::string name = idem_test::unique_name("idem_gc");
+    std::string app = idem_test::unique_name("idem_gc_app");
+    PgConn admin;
+
+    explicit Table(std::string u) : url(std::move(u)), admin(url) {
+        idem::PostgresStore(url, options()).ensure_schema();
+    }
+    ~Table() {
+        try {
+            PgConn conn(url);
+            conn.exec("DROP TABLE IF EXISTS " + name);
+            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name});
+        } catch (...) {
+        }
+    }
+    Table(const Table&) = delete;
+    Table& operator=(const Table&) = delete;
+
+    /// Long lock and statement timeouts: a group held on the test's lock must not give up.
+    [[nodiscard]] idem::PostgresOptions options(std::size_t pool_size = 16) const {
+        idem::PostgresOptions o;
+        o.table = name;
+        o.pool_size = pool_size;
+        o.application_name = app;
+        o.group_commit = true;
+        o.lock_timeout = 20s;
+        o.statement_timeout = 30s;
+        return o;
+    }
+
+    /// Rows of `key` holding `fence` (0 or 1).
+    long long rows_with(const std::string& scope, const std::string& key, idem::Fence fence) {
+        return admin.scalar("SELECT count(*) FROM " + name + " WHERE scope = $1 AND key = $2 AND fence = $3",
+                            {scope, key, std::to_string(fence)});
+    }
+
+    /// Waits until `n` of the store's backends wait on a lock (the groups the test holds in flight).
+    void await_lock_waiters(int n) {
+        for (int i = 0; i < 3000; ++i) {
+            if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                             "AND wait_event_type = 'Lock'",
+                             {app}) >= n)
+                return;
+            std::this_thread::sleep_for(10ms);
+        }
+        FAIL("the held groups never waited on the test's lock");
+    }
+};
+
+/// Holds `blockers` (two keys) so that the two groups allowed in flight wait on the test's own
+/// uncommitted rows of them: every caller that arrives meanwhile queues for the next group.
+/// `release()` rolls back, and the held claims win.
+class Hold {
+public:
+    Hold(Table& t, const std::string& scope, idem::PostgresStore& store) : blocker_(t.url) {
+        blocker_.exec("BEGIN");
+        for (const char* k : {"blocker-1", "blocker-2"}) {
+            blocker_.exec("INSERT INTO " + t.name +
+                              " (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, expires_at) "
+                              "VALUES ($1, $2, 'in_progress', '\\x00', 1, 1, now(), now() + interval '1 day')",
+                          {scope, k});
+        }
+        for (std::size_t b = 0; b < 2; ++b) {
+            held_.emplace_back([&store, scope, b, this] {
+                try {
+                    held_claims_[b] = store.claim(idem::Key(scope, "blocker-" + std::to_string(b + 1)), kFp);
+                } catch (...) {  // seen by the test's row count
+                }
+            });
+        }
+        t.await_lock_waiters(2);
+    }
+    ~Hold() { release(); }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+    void release() {
+        if (released_) return;
+        released_ = true;
+        blocker_.exec("ROLLBACK");
+        for (auto& th : held_) th.join();
+    }
+
+private:
+    PgConn blocker_;
+    std::vector<std::thread> held_;
+    std::array<idem::Claim, 2> held_claims_;
+    bool released_ = false;
+};
+
+/// Starts `n` threads running body(i), waits long enough for them to queue behind a Hold, releases
+/// it, then joins them.
+template <class Body>
+void queue_behind(Hold& hold, int n, Body body) {
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        threads.emplace_back([&, i] {
+            try {
+                body(i);
+            } catch (...) {
+                errors[static_cast<std::size_t>(i)] = std::current_exception();
+            }
+        });
+    }
+    // Generous: only two of the callers need to have queued for a group of two to form.
+    std::this_thread::sleep_for(1500ms);
+    hold.release();
+    for (auto& th : threads) th.join();
+    for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("claims queued behind groups in flight share one group: each keeps its outcome, fence, lease",
+          "[group_commit]") {
+    Table t(require_db());
+    idem::PostgresStore store(t.url, t.options());
+    const auto scope = idem_test::unique_name("claims");
+    constexpr int kDistinct = 12, kSame = 8;
+    std::vector<idem::Claim> claims(kDistinct + kSame);
+    {
+        Hold hold(t, scope, store);
+        queue_behind(hold, kDistinct + kSame, [&](int i) {
+            // Distinct keys, each with its own lease and retention; then 8 callers on one key.
+            idem::ClaimOptions o;
+            o.lease = std::chrono::milliseconds(10'000 + 1000 * i);
+            o.retention = std::chrono::seconds(3600 + i);
+            const std::string k = i < kDistinct ? "k" + std::to_string(i) : "same";
+            claims[static_cast<std::size_t>(i)] = store.claim(idem::Key(scope, k), kFp, o);
+        });
+    }
+    const auto stats = store.stats();
+    INFO("groups " << stats.claim_groups << ", grouped claims " << stats.grouped_claims << ", largest "
+                   << stats.largest_claim_group);
+    CHECK(stats.largest_claim_group > 1);  // a group did form
+    CHECK(stats.grouped_claims == stats.claims);
+    for (int i = 0; i < kDistinct; ++i) {
+        const auto& c = claims[static_cast<std::size_t>(i)];
+        const std::string k = "k" + std::to_string(i);
+        CAPTURE(k);
+        REQUIRE(c.status == ClaimStatus::claimed);
+        CHECK(t.rows_with(scope, k, c.fence) == 1);
+        // Per-member lease and retention, by the database's clock.
+        CHECK(t.admin.scalar("SELECT (extract(epoch FROM lease_until - created_at) * 1000)::bigint FROM " + t.name +
+                                 " WHERE scope = $1 AND key = $2",
+                             {scope, k}) == 10'000 + 1000 * i);
+        CHECK(t.admin.scalar("SELECT extract(epoch FROM expires_at - created_at)::bigint FROM " + t.name +
+                                 " WHERE scope = $1 AND key = $2",
+                             {scope, k}) == 3600 + i);
+    }
+    // Duplicates (most of them in one group): exactly one wins, the others see it in progress.
+    int won = 0, busy = 0;
+    idem::Fence winner = 0;
+    for (int i = kDistinct; i < kDistinct + kSame; ++i) {
+        const auto& c = claims[static_cast<std::size_t>(i)];
+        if (c.status == ClaimStatus::claimed) ++won, winner = c.fence;
+        if (c.status == ClaimStatus::in_progress) ++busy;
+    }
+    CHECK(won == 1);
+    CHECK(busy == kSame - 1);
+    CHECK(t.rows_with(scope, "same", winner) == 1);
+    // The held claims won once the test's rows were rolled back.
+    CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%'", {scope}) ==
+          2);
+}
+
+TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goes alone", "[group_commit]") {
+    Table t(require_db());
+    auto options = t.options();
+    options.pool_wait = 200ms;
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("patience");
+    Hold hold(t, scope, store);  // both groups in flight wait on the test's lock
+    std::atomic<bool> done{false};
+    idem::Claim c;
+    std::thread caller([&] {
+        c = store.claim(idem::Key(scope, "free"), kFp);
+        done = true;
+    });
+    // Without the bound it would wait for the hold (released only after this loop).
+    for (int i = 0; i < 1000 && !done; ++i) std::this_thread::sleep_for(10ms);
+    const bool before_release = done;
+    hold.release();
+    caller.join();
+    CHECK(before_release);
+    CHECK(c.status == ClaimStatus::claimed);
+    CHECK(t.rows_with(scope, "free", c.fence) == 1);
+}
+
+TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its own answer",
+          "[group_commit]") {
+    Table t(require_db());
+    auto options = t.options();
+    options.max_result_bytes = 64;
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("saves");
+    constexpr int kSavers = 12;
+    std::vector<idem::Fence> fences;
+    for (int i = 0; i < kSavers; ++i) {
+        const auto c = store.claim(idem::Key(scope, "k" + std::to_string(i)), kFp);
+        REQUIRE(c.status == ClaimStatus::claimed);
+        fences.push_back(c.fence);
+    }
+    // Hold two saves in flight on row locks the test's session holds.
+    std::vector<idem::Fence> blockers;
+    for (const char* k : {"blocker-1", "blocker-2"}) blockers.push_back(store.claim(idem::Key(scope, k), kFp).fence);
+    PgConn locker(t.url);
+    locker.exec("BEGIN");
+    locker.exec("SELECT 1 FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%' FOR UPDATE", {scope});
+    std::vector<std::thread> held;
+    for (int b = 0; b < 2; ++b) {
+        held.emplace_back([&, b] { store.save(idem::Key(scope, "blocker-" + std::to_string(b + 1)), blockers[static_cast<std::size_t>(b)], "held"); });
+    }
+    t.await_lock_waiters(2);
+    const auto before = store.stats();
+
+    // Saver 0: a result over max_result_bytes (refused before any I/O, alone); saver 1: a fence that
+    // does not own its key (lease_lost, alone in its group); saver 2 twice with the same fence (one
+    // saves, the second finds it completed: lease_lost, as two concurrent saves today); the rest save.
+    std::vector<std::string> outcome(kSavers + 1);
+    std::vector<std::thread> savers;
+    for (int i = 0; i <= kSavers; ++i) {
+        savers.emplace_back([&, i] {
+            const int k = i == kSavers ? 2 : i;
+            const idem::Fence fence = fences[static_cast<std::size_t>(k)] + (i == 1 ? 1 : 0);
+            const std::string body = i == 0 ? std::string(65, 'x') : "body-" + std::to_string(k);
+            try {
+                store.save(idem::Key(scope, "k" + std::to_string(k)), fence, body);
+                outcome[static_cast<std::size_t>(i)] = "saved";
+            } catch (const idem::response_too_large&) {
+                outcome[static_cast<std::size_t>(i)] = "too_large";
+            } catch (const idem::lease_lost&) {
+                outcome[static_cast<std::size_t>(i)] = "lease_lost";
+            }
+        });
+    }
+    std::this_thread::sleep_for(1500ms);
+    locker.exec("COMMIT");
+    for (auto& th : held) th.join();
+    for (auto& th : savers) th.join();
+
+    const auto stats = store.stats();
+    INFO("save groups " << stats.save_groups << ", grouped " << stats.grouped_saves << ", largest "
+                        << stats.largest_save_group);
+    CHECK(stats.largest_save_group > 1);
+    CHECK(stats.grouped_saves - before.grouped_saves == kSavers);  // saver 0 never got to a group
+    CHECK(outcome[0] == "too_large");
+    CHECK(outcome[1] == "lease_lost");
+    CHECK(((outcome[2] == "saved") != (outcome[kSavers] == "saved")));
+    CHECK(((outcome[2] == "lease_lost") != (outcome[kSavers] == "lease_lost")));
+    for (int i = 3; i < kSavers; ++i) CHECK(outcome[static_cast<std::size_t>(i)] == "saved");
+    // What the database holds: every saved body byte for byte, the refused keys still in progress.
+    for (int i = 0; i < kSavers; ++i) {
+        const auto rec = store.read(idem::Key(scope, "k" + std::to_string(i)));
+        REQUIRE(rec);
+        CAPTURE(i);
+        if (i < 2) {
+            CHECK(rec->state == idem::RecordState::in_progress);
+        } else {
+            CHECK(rec->state == idem::RecordState::completed);
+            CHECK(rec->result == "body-" + std::to_string(i));
+        }
+    }
+}
+
+TEST_CASE("group commit under a cancel storm: no key claimed twice, every claim committed",
+          "[group_commit][atomicity]") {
+    Table t(require_db());
+    auto options = t.options(8);
+    options.lock_timeout = 1s;
+    options.statement_timeout = 5s;
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("storm");
+    constexpr int kThreads = 16, kKeys = 60;
+    std::atomic<bool> stop{false};
+    std::atomic<long long> cancels{0};
+    std::thread canceller([&] {
+        PgConn admin(t.url);
+        while (!stop) {
+            cancels += admin.exec("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name = $1 AND state = 'active'",
+                                  {t.app})
+                           .rows();
+        }
+    });
+    std::mutex mutex;
+    std::map<std::string, std::vector<idem::Fence>> claimed;
+    std::atomic<int> unavailable{0};
+    idem_test::run_threads(kThreads, [&](int th) {
+        for (int i = 0; i < kKeys; ++i) {
+            const std::string k = "k" + std::to_string((i * 7 + th * 37) % kKeys);  // every thread, every key
+            try {
+                const auto c = store.claim(idem::Key(scope, k), kFp);
+                if (c.status == ClaimStatus::claimed) {
+                    std::lock_guard lock(mutex);
+                    claimed[k].push_back(c.fence);
+                }
+            } catch (const idem::store_unavailable&) {
+                ++unavailable;
+            }
+        }
+    });
+    stop = true;
+    canceller.join();
+    const auto stats = store.stats();
+    INFO("cancels " << cancels << ", unavailable " << unavailable << ", largest group " << stats.largest_claim_group);
+    CHECK(cancels > 0);
+    int anomalies = 0;
+    for (const auto& [k, fences] : claimed) {
+        anomalies += static_cast<int>(fences.size()) - 1;
+        for (idem::Fence f : fences) anomalies += t.rows_with(scope, k, f) == 1 ? 0 : 1;
+    }
+    CHECK(anomalies == 0);
+    CHECK(static_cast<long long>(claimed.size()) ==
+          t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1", {scope}));
+}
+
+TEST_CASE("group commit with backends terminated: members retry with their own fences and find their rows",
+          "[group_commit][backend_kill]") {
+    Table t(require_db());
+    auto options = t.options(8);
+    options.lock_timeout = 1s;
+    options.statement_timeout = 5s;
+    options.claim_attempts = 20;  // so that a retry, not the bound, decides every claim
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("kill");
+    constexpr int kThreads = 16, kKeys = 40;
+    std::atomic<bool> stop{false};
+    std::atomic<long long> kills{0};
+    std::thread killer([&] {
+        PgConn admin(t.url);
+        while (!stop) {
+            kills += admin.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE application_name = $1 AND state = 'active' ORDER BY random() LIMIT 1",
+                                {t.app})
+                         .rows();
+            std::this_thread::sleep_for(20ms);
+        }
+    });
+    // Each key has one claimer: any answer but `claimed` means a retry did not recognise its row.
+    std::mutex mutex;
+    std::map<std::string, idem::Fence> claimed;
+    std::atomic<int> not_claimed{0}, unavailable{0};
+    idem_test::run_threads(kThreads, [&](int th) {
+        for (int i = 0; i < kKeys; ++i) {
+            const std::string k = "t" + std::to_string(th) + "-" + std::to_string(i);
+            try {
+                const auto c = store.claim(idem::Key(scope, k), kFp);
+                if (c.status != ClaimStatus::claimed) {
+                    ++not_claimed;
+                    continue;
+                }
+                std::lock_guard lock(mutex);
+                claimed[k] = c.fence;
+            } catch (const idem::store_unavailable&) {
+                ++unavailable;
+            }
+        }
+    });
+    stop = true;
+    killer.join();
+    const auto stats = store.stats();
+    INFO("kills " << kills << ", unavailable " << unavailable << ", retries " << stats.retries
+                  << ", largest group " << stats.largest_claim_group);
+    CHECK(kills > 0);
+    CHECK(not_claimed == 0);
+    int anomalies = 0;
+    for (const auto& [k, f] : claimed) anomalies += t.rows_with(scope, k, f) == 1 ? 0 : 1;
+    CHECK(anomalies == 0);
+}
+
+TEST_CASE("group commit, several processes x 16 threads on one key and on many keys: one effect per key",
+          "[group_commit][processes]") {
+    const auto url = require_db();
+    Table t(url);
+    const std::string effects = idem_test::unique_name("idem_gc_effects");
+    PgConn admin(url);
+    admin.exec("CREATE TABLE " + effects +
+               " (scope text NOT NULL, key text NOT NULL, pid int NOT NULL, tid int NOT NULL, "
+               "at timestamptz NOT NULL DEFAULT clock_timestamp())");
+    idem_test::DropTable drop_effects(url, effects);
+    const int keys = GENERATE(1, 150);
+    const auto scope = idem_test::unique_name("procs");
+    constexpr int kProcesses = 3, kThreads = 16;
+    const auto dir = std::filesystem::temp_directory_path() / idem_test::unique_name("idem_gc_race");
+    std::filesystem::create_directories(dir);
+    const auto start_at = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              (std::chrono::system_clock::now() + 1500ms).time_since_epoch())
+                              .count();
+    ::setenv("IDEM_TEST_GROUP_COMMIT", "1", 1);  // the workers' stores (support/store_env.hpp)
+    std::vector<pid_t> pids;
+    for (int p = 0; p < kProcesses; ++p) {
+        std::vector<std::string> args = {IDEM_RACE_WORKER, url, t.name, effects, scope, std::to_string(keys),
+                                         std::to_string(kThreads), std::to_string(start_at),
+                                         (dir / ("w" + std::to_string(p))).string()};
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_t pid = 0;
+        REQUIRE(::posix_spawn(&pid, IDEM_RACE_WORKER, nullptr, nullptr, argv.data(), environ) == 0);
+        pids.push_back(pid);
+    }
+    for (pid_t pid : pids) {
+        int status = 0;
+        REQUIRE(::waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);  // each worker checked every answer it got
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    CAPTURE(keys);
+    CHECK(admin.scalar("SELECT count(*) FROM " + effects + " WHERE scope = $1", {scope}) == keys);
+    CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + effects + " WHERE scope = $1", {scope}) == keys);
+}
