@@ -88,9 +88,9 @@ struct FingerprintPolicy {
     Body body = Body::bytes;
     /// Header fields covered too (every line of each, in order; a missing header differs from an
     /// empty one).
-    std::vector<std::string> headers;
+    std::vector<std::string> headers{};
     /// When set, replaces all of the above (throwing from it propagates out of respond()).
-    std::function<Fingerprint(const Request&)> custom;
+    std::function<Fingerprint(const Request&)> custom{};
 };
 
 /// Which forms of the Idempotency-Key value a route accepts.
@@ -109,7 +109,7 @@ enum class Disposition {
 
 /// Per-route storage policy: what a response's status means. Factories for the usual rules.
 struct StoragePolicy {
-    std::function<Disposition(const Response&)> classify;
+    std::function<Disposition(const Response&)> classify{};
 
     /// Stripe's rule (the default): every response is stored and replayed, 402 and 5xx included.
     [[nodiscard]] static StoragePolicy store_all();
@@ -135,16 +135,16 @@ struct Problem {
 
 /// Everything one route decides. Designated initialisers read well: Route{.key_required = false}.
 struct Route {
-    FingerprintPolicy fingerprint;
+    FingerprintPolicy fingerprint{};
     KeyForm key_form = KeyForm::sf_string;
     /// Missing header: 400 when true; when false the handler just runs, without idempotency.
     bool key_required = true;
-    StoragePolicy storage;
+    StoragePolicy storage{};
     /// Lease, retention (per route) and waiting instead of 409 — passed to execute_once.
-    ClaimOptions claim;
+    ClaimOptions claim{};
     /// When not empty, executed and replayed responses carry this header with the retention in
     /// seconds (claim.retention, else `advertised_retention`).
-    std::string retention_header;
+    std::string retention_header{};
     std::chrono::seconds advertised_retention{std::chrono::hours(24)};
     /// Retry-After of a 503 for an unreachable store, and of a 503 for an unknown outcome.
     std::chrono::seconds unavailable_retry_after{1};
@@ -152,9 +152,9 @@ struct Route {
     /// The "type" of the idempotency problems (400 / 409 / 422): documentation for the client.
     std::string problem_type = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
     /// Renders a problem; empty: application/problem+json. Retry-After is added afterwards.
-    std::function<Response(const Problem&)> render_problem;
+    std::function<Response(const Problem&)> render_problem{};
     /// Told one line for each 5xx answer made from an error (what happened, with the key).
-    std::function<void(std::string_view)> log;
+    std::function<void(std::string_view)> log{};
 };
 
 /// Thrown by a handler: the effect certainly did not happen. The key is released and `response`
