@@ -580,7 +580,13 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     } catch (const invalid_key&) {
         return invalid("The key must be 1 to 255 bytes of UTF-8 without control characters.");
     }
-    a.fp = fingerprint(request, route.fingerprint);
+    try {
+        a.fp = fingerprint(request, route.fingerprint);
+    } catch (const not_performed& rejected) {  // a custom fingerprint refusing the request
+        a.key.reset();
+        a.answer = rejected.response();
+        return a;
+    }
     if (!a.fp) {
         a.key.reset();
         a.answer = problem_response(route, plain_problem(400, "invalid_json_body", "Bad Request",

@@ -29,7 +29,7 @@
 //
 // Errors: respond() throws nothing of idem's: every idem error becomes a response (Route::log hears
 // of each one that is a 5xx). std::bad_alloc and exceptions from Route's own callbacks
-// (fingerprint.custom, storage, render_problem) propagate.
+// (fingerprint.custom — except not_performed —, storage, render_problem) propagate.
 //
 // Thread-safety: respond() is as thread-safe as the store; a Route is read-only while in use.
 #pragma once
@@ -89,7 +89,9 @@ struct FingerprintPolicy {
     /// Header fields covered too (every line of each, in order; a missing header differs from an
     /// empty one).
     std::vector<std::string> headers{};
-    /// When set, replaces all of the above (throwing from it propagates out of respond()).
+    /// When set, replaces all of the above. It may validate the request: throwing
+    /// idem::http::not_performed sends its response (a 400) and claims nothing; any other
+    /// exception propagates out of respond().
     std::function<Fingerprint(const Request&)> custom{};
 };
 

@@ -49,7 +49,10 @@ public:
         routes_["/optional"].key_required = false;
         routes_["/json"].fingerprint.body = http::FingerprintPolicy::Body::canonical_json;
         routes_["/headers"].fingerprint.headers = {"X-Tenant"};
-        routes_["/custom"].fingerprint.custom = [](const http::Request& r) { return idem::fingerprint(r.body); };
+        routes_["/custom"].fingerprint.custom = [](const http::Request& r) {
+            if (r.body == "reject") throw http::not_performed(idem::Response{400, "unreadable body"});
+            return idem::fingerprint(r.body);
+        };
         routes_["/unknown5xx"].storage = http::StoragePolicy::server_errors_unknown();
         routes_["/success-only"].storage = http::StoragePolicy::success_only();
         http::Route& retention = routes_["/retention"];
@@ -546,6 +549,15 @@ const std::vector<Row>& table() {
              const std::string body(kMaxResult * 2, 'b');
              CHECK(e.post("/orders", quoted(k), body).status == 201);
              CHECK(e.post("/orders", quoted(k), body).replayed());
+             CHECK(e.service->runs(k) == 1);
+         }},
+        {"R38", "a custom fingerprint may refuse the request (400) before anything is claimed", false,
+         [](Env& e) {
+             const auto k = e.key("R38");
+             const Wire w = e.post("/custom", quoted(k), "reject");
+             CHECK((w.status == 400 && w.body == "unreadable body"));
+             CHECK(e.state("/custom", k).empty());
+             CHECK(e.post("/custom", quoted(k), "fine").status == 201);
              CHECK(e.service->runs(k) == 1);
          }},
         // --- over the wire only -------------------------------------------------------------------
