@@ -557,11 +557,7 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     };
     const std::size_t lines = request.count("Idempotency-Key");
     if (lines == 0) {
-        if (!route.key_required) return a;
-        a.answer = problem_response(route, idempotency_problem(route, 400, "missing_idempotency_key",
-                                                               "Idempotency-Key is missing",
-                                                               "This operation is idempotent and it requires correct "
-                                                               "usage of Idempotency Key."));
+        if (route.key_required) a.answer = missing_key(route);
         return a;
     }
     if (lines > 1) return invalid("Send exactly one Idempotency-Key header.");
@@ -595,6 +591,22 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     return a;
 }
 
+Response classify(const Route& route, Response produced) {
+    switch (route.storage(produced)) {
+        case Disposition::store: break;
+        case Disposition::release: throw not_performed(std::move(produced), "released by the storage policy");
+        case Disposition::unknown: throw unknown_response{std::move(produced)};
+    }
+    return produced;
+}
+
+Response missing_key(const Route& route) {
+    return problem_response(route, idempotency_problem(route, 400, "missing_idempotency_key",
+                                                       "Idempotency-Key is missing",
+                                                       "This operation is idempotent and it requires correct usage of "
+                                                       "Idempotency Key."));
+}
+
 void advertise(Response& response, const Route& route) {
     if (route.retention_header.empty()) return;
     const auto seconds = route.claim.retention.value_or(route.advertised_retention);
@@ -619,7 +631,7 @@ Response answer(Result<Response>&& result, const Route& route) {
                                                        "different payloads of this operation."));
 }
 
-Response answer_error(IdempotencyStore& store, const Key* key, const Route& route) {
+Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
     const auto unknown = [&](const std::string& why) {
         tell(route, "idem::http: outcome unknown, the key stays in progress: " + why, key);
         return problem_response(route,
@@ -662,6 +674,7 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
         tell(route, std::string("idem::http: ") + e.what(), key);
         return in_progress(route, std::chrono::seconds(1));
     } catch (const response_not_saved& e) {
+        if (rolled_back) return internal(std::string("rolled back, key free: ") + e.what());
         // The effect ran and returned: its response is the truth, even though it is not stored.
         tell(route, std::string("idem::http: response sent but not stored: ") + e.what(), key);
         try {
@@ -684,10 +697,10 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
     } catch (const std::bad_alloc&) {
         throw;
     } catch (const std::exception& e) {
-        if (key == nullptr) return internal(std::string("handler threw: ") + e.what());
+        if (key == nullptr || rolled_back) return internal(std::string("handler threw (nothing kept): ") + e.what());
         return unknown(std::string("handler threw: ") + e.what());
     } catch (...) {
-        if (key == nullptr) return internal("handler threw a non-standard exception");
+        if (key == nullptr || rolled_back) return internal("handler threw a non-standard exception (nothing kept)");
         return unknown("handler threw a non-standard exception");
     }
 }

@@ -198,15 +198,23 @@ struct Admission {
     std::optional<Fingerprint> fp;
 };
 [[nodiscard]] Admission admit(const Request& request, std::string_view scope, const Route& route);
+/// The 400 for a request without Idempotency-Key.
+[[nodiscard]] Response missing_key(const Route& route);
 
 /// Carries a response the storage policy called "unknown" out of execute_once (key kept).
 struct unknown_response {
     Response response;
 };
 
+/// The storage policy's verdict on a handler's response: returns it (store) or throws (release:
+/// not_performed; unknown: unknown_response).
+[[nodiscard]] Response classify(const Route& route, Response produced);
+
 [[nodiscard]] Response answer(Result<Response>&& result, const Route& route);
 /// Maps the exception in flight (std::current_exception) to a response; `key` may be null.
-[[nodiscard]] Response answer_error(IdempotencyStore& store, const Key* key, const Route& route);
+/// `rolled_back`: in-transaction mode, where an exception means the effect was rolled back.
+[[nodiscard]] Response answer_error(IdempotencyStore& store, const Key* key, const Route& route,
+                                    bool rolled_back = false);
 /// Adds the retention header to an executed / replayed response when the route asks for it.
 void advertise(Response& response, const Route& route);
 
@@ -242,13 +250,7 @@ template <class Handler>
         auto result = execute_once(
             store, *admission.key, *admission.fp,
             [&](Context& context) -> Response {
-                Response produced = idem::detail::invoke_effect(handler, context);
-                switch (route.storage(produced)) {
-                    case Disposition::store: break;
-                    case Disposition::release: throw not_performed(std::move(produced), "released by the storage policy");
-                    case Disposition::unknown: throw detail::unknown_response{std::move(produced)};
-                }
-                return produced;
+                return detail::classify(route, idem::detail::invoke_effect(handler, context));
             },
             route.claim);
         return detail::answer(std::move(result), route);

@@ -20,6 +20,7 @@
 #include "http_support.hpp"
 #include "idem/http.hpp"
 #include "idem/http/httplib.hpp"
+#include "idem/http/transaction.hpp"
 #include "idem/postgres_store.hpp"
 #include "pg.hpp"
 #include "test_env.hpp"
@@ -42,8 +43,11 @@ std::string quoted(const std::string& key) { return "\"" + key + "\""; }
 /// The routes under test. Each counts its handler's runs per key (or per body without a key).
 class Service {
 public:
-    Service(idem::PostgresStore& store, idem::PostgresStore& down, idem::PostgresStore& misconfigured)
-        : store_(store), down_(down), misconfigured_(misconfigured) {
+    Service(idem::PostgresStore& store, idem::PostgresStore& down, idem::PostgresStore& misconfigured,
+            std::string effects_table)
+        : effects(std::move(effects_table)), store_(store), down_(down), misconfigured_(misconfigured) {
+        routes_["/tx"].key_required = false;  // ignored: in-transaction mode always needs the key
+        routes_["/tx-slow"].claim.transaction_lock_wait = 1ms;
         http::Route& token = routes_["/token"];
         token.key_form = http::KeyForm::sf_string_or_token;
         routes_["/optional"].key_required = false;
@@ -76,6 +80,15 @@ public:
         const http::Route& route = routes_[path];  // default Route for the plain paths
         idem::PostgresStore& store = path == "/down" ? down_ : path == "/misconfigured" ? misconfigured_ : store_;
         const std::string scope = "conformance:" + path;
+        if (path.starts_with("/tx")) {
+            return http::respond_in_transaction(store_, request, scope, route, [&](idem::Transaction& tx) {
+                const int n = count(tx.key().value());
+                tx.exec("INSERT INTO " + effects + " (key) VALUES ($1)", {tx.key().value()});
+                if (path == "/tx-throw") throw std::runtime_error("the effect failed");
+                if (path == "/tx-slow") wait_at_gate();
+                return idem::Response{201, "tx " + std::to_string(n), {{"X-Tx", "1"}}};
+            });
+        }
         return http::respond(store, request, scope, route, [&](idem::Context& context) {
             const std::string who = path == "/optional" ? std::string(request.body) : context.key().value();
             const int n = count(who);
@@ -132,15 +145,21 @@ private:
             store_.save(context.key(), fence.value(), idem::codec<idem::Response>::encode({201, "from the reconciler"}));
             return {201, "from the handler", {}};
         }
-        if (path == "/slow") {
-            std::unique_lock lock(mutex_);
-            ++waiting_;
-            gate_.wait(lock, [&] { return gate_open_; });
-            --waiting_;
-        }
+        if (path == "/slow") wait_at_gate();
         return {201, body, {{"Content-Type", "application/json"}, {"X-Order", std::to_string(n)}}};
     }
 
+    void wait_at_gate() {
+        std::unique_lock lock(mutex_);
+        ++waiting_;
+        gate_.wait(lock, [&] { return gate_open_; });
+        --waiting_;
+    }
+
+public:
+    const std::string effects;  // the in-transaction routes' table of effects
+
+private:
     idem::PostgresStore& store_;
     idem::PostgresStore& down_;
     idem::PostgresStore& misconfigured_;
@@ -176,6 +195,9 @@ struct Env {
     [[nodiscard]] std::string state(const std::string& path, const std::string& key) const {
         auto r = db->exec("SELECT state FROM idem_keys WHERE scope = $1 AND key = $2", {"conformance:" + path, key});
         return r.rows() == 0 ? std::string() : r.text(0, 0);
+    }
+    [[nodiscard]] long long effects(const std::string& key) const {
+        return db->scalar("SELECT count(*) FROM " + service->effects + " WHERE key = $1", {key});
     }
     [[nodiscard]] long long rows_with_prefix(const std::string& prefix) const {
         return db->scalar("SELECT count(*) FROM idem_keys WHERE key LIKE $1", {prefix + "%"});
@@ -560,6 +582,48 @@ const std::vector<Row>& table() {
              CHECK(e.post("/custom", quoted(k), "fine").status == 201);
              CHECK(e.service->runs(k) == 1);
          }},
+        // --- in-transaction mode (idem/http/transaction.hpp) ------------------------------------
+        {"T01", "in-transaction: the effect and the stored response commit together; replayed byte for byte", false,
+         [](Env& e) {
+             const auto k = e.key("T01");
+             const Wire first = e.post("/tx", quoted(k));
+             CHECK((first.status == 201 && first.body == "tx 1" && first.header("X-Tx") == "1"));
+             const Wire again = e.post("/tx", quoted(k));
+             CHECK((again.status == 201 && again.body == first.body && again.replayed()));
+             CHECK(e.effects(k) == 1);
+             CHECK(e.service->runs(k) == 1);
+         }},
+        {"T02", "in-transaction with transaction_lock_wait: a duplicate while the transaction is open gets 409 "
+                "+ Retry-After at once",
+         false,
+         [](Env& e) {
+             const auto k = e.key("T02");
+             e.service->close_gate();
+             std::thread first([&] { (void)e.post("/tx-slow", quoted(k)); });
+             while (e.service->waiting() == 0) std::this_thread::sleep_for(1ms);
+             const auto t0 = std::chrono::steady_clock::now();
+             const Wire dup = e.post("/tx-slow", quoted(k));
+             const auto took = std::chrono::steady_clock::now() - t0;
+             e.service->open_gate();
+             first.join();
+             CHECK(is_problem(dup, 409, "in_progress"));
+             CHECK(!dup.header("Retry-After").empty());
+             CHECK(took < 2s);  // the store's lock_timeout (1 s) x claim_attempts (3) is what waiting costs
+             CHECK(e.service->runs(k) == 1);
+             CHECK(e.effects(k) == 1);
+             CHECK(e.post("/tx-slow", quoted(k)).replayed());
+         }},
+        {"T03", "in-transaction: a handler that throws rolls everything back (500), the key is free again", false,
+         [](Env& e) {
+             const auto k = e.key("T03");
+             CHECK(is_problem(e.post("/tx-throw", quoted(k)), 500, "internal_error"));
+             CHECK(e.state("/tx-throw", k).empty());
+             CHECK(e.effects(k) == 0);
+             CHECK(is_problem(e.post("/tx-throw", quoted(k)), 500, "internal_error"));
+             CHECK(e.service->runs(k) == 2);
+         }},
+        {"T04", "in-transaction: the key is always required (400)", false,
+         [](Env& e) { CHECK(is_problem(e.post("/tx", std::nullopt, "T04" + e.name), 400, "missing_idempotency_key")); }},
         // --- over the wire only -------------------------------------------------------------------
         {"H01", "a 10 MB Idempotency-Key header: cpp-httplib answers 400 itself, nothing runs", true,
          [](Env& e) {
@@ -619,7 +683,10 @@ TEST_CASE("Idempotency-Key conformance: every row, through the neutral API and o
     idem::PostgresStore misconfigured(url, missing_options);
     idem_test::PgConn db(url);
 
-    Service service(store, down, misconfigured);
+    const std::string effects = idem_test::unique_name("http_tx_effects");
+    db.exec("CREATE TABLE " + effects + " (key text NOT NULL)");
+    idem_test::DropTable drop_effects(url, effects);
+    Service service(store, down, misconfigured, effects);
     http_test::Server server([&](const httplib::Request& req, httplib::Response& res) {
         http::httplib::send(service.dispatch(http::httplib::view(req)), res);
     });
