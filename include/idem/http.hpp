@@ -246,17 +246,18 @@ template <class Handler>
             return detail::answer_error(store, nullptr, route);
         }
     }
+    std::optional<Result<Response>> result;
     try {
-        auto result = execute_once(
+        result.emplace(execute_once(
             store, *admission.key, *admission.fp,
             [&](Context& context) -> Response {
                 return detail::classify(route, idem::detail::invoke_effect(handler, context));
             },
-            route.claim);
-        return detail::answer(std::move(result), route);
+            route.claim));
     } catch (...) {
         return detail::answer_error(store, &*admission.key, route);
     }
+    return detail::answer(std::move(*result), route);
 }
 
 }  // namespace idem::http

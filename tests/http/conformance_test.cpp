@@ -77,7 +77,9 @@ public:
 
     idem::Response dispatch(const http::Request& request) {
         const std::string path(request.target.substr(0, request.target.find('?')));
-        const http::Route& route = routes_[path];  // default Route for the plain paths
+        static const http::Route plain;  // the routes not configured in the constructor
+        const auto found = routes_.find(path);
+        const http::Route& route = found == routes_.end() ? plain : found->second;
         idem::PostgresStore& store = path == "/down" ? down_ : path == "/misconfigured" ? misconfigured_ : store_;
         const std::string scope = "conformance:" + path;
         if (path.starts_with("/tx")) {

@@ -25,6 +25,8 @@
 // Thread-safety: as respond().
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -39,15 +41,16 @@ template <class Handler>
     detail::Admission admission = detail::admit(request, scope, route);
     if (admission.answer) return std::move(*admission.answer);
     if (!admission.key) return detail::missing_key(route);
+    std::optional<Result<Response>> result;
     try {
-        auto result = execute_once_in_transaction(
+        result.emplace(execute_once_in_transaction(
             store, *admission.key, *admission.fp,
             [&](Transaction& tx) -> Response { return detail::classify(route, std::invoke(handler, tx)); },
-            route.claim);
-        return detail::answer(std::move(result), route);
+            route.claim));
     } catch (...) {
         return detail::answer_error(store, &*admission.key, route, true);
     }
+    return detail::answer(std::move(*result), route);
 }
 
 }  // namespace idem::http
