@@ -13,6 +13,7 @@
 // --listen must be a loopback address; port 0 picks a free port. The one line written to stdout is
 // "listening on http://HOST:PORT"; everything else goes to stderr.
 #include "gateway.hpp"
+#include "idem/http/httplib.hpp"
 #include "idem/idem.hpp"
 #include "payment.hpp"
 
@@ -33,7 +34,6 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <strings.h>
 #include <sys/socket.h>
 #include <thread>
 
@@ -199,33 +199,43 @@ void reply_retry(httplib::Response& res, int status, const std::string& body, mi
     reply(res, status, body);
 }
 
-void reply_stored(httplib::Response& res, const idem::Response& stored, bool replayed) {
-    res.status = stored.status;
-    std::string content_type = kJson;
-    for (const auto& [name, value] : stored.headers) {
-        if (strcasecmp(name.c_str(), "Content-Type") == 0)
-            content_type = value;
-        else
-            res.set_header(name, value);
-    }
-    if (replayed)
-        res.set_header("Idempotent-Replayed", "true");
-    res.set_content(stored.body, content_type);
-}
-
 // ------------------------------------------------------------------------------------- the service
 
 struct Service {
     idem::PostgresStore& store;
     payments::FakeGateway& gateway;
     payments::RateLimiter* limiter; // null: no rate limit
-    idem::ClaimOptions claim_options;
-    milliseconds lease;
+    idem::http::Route route;        // the Idempotency-Key rules (make_route)
     milliseconds charge_start_budget;
 
     void post_payment(const httplib::Request& req, httplib::Response& res) const;
     void get_charges(const httplib::Request& req, httplib::Response& res) const;
 };
+
+// What idem::http does for POST /payments: keys as the draft's "…" or bare (clients send UUIDs),
+// the body validated (400, nothing claimed) and fingerprinted by the fields it says, so JSON member
+// order and whitespace do not matter; errors as this API's {"error": code} bodies.
+idem::http::Route make_route(const idem::ClaimOptions& claim, milliseconds lease) {
+    idem::http::Route route;
+    route.key_form = idem::http::KeyForm::sf_string_or_token;
+    route.claim = claim;
+    route.fingerprint.custom = [](const idem::http::Request& request) {
+        std::string problem;
+        const auto payment = payments::parse_payment_request(request.body, problem);
+        if (!payment) {
+            throw idem::http::not_performed(
+                idem::Response{400, payments::error_body("invalid_request", problem), {{"Content-Type", kJson}}});
+        }
+        return payments::payment_fingerprint(*payment);
+    };
+    route.unknown_retry_after = idem::http::retry_after_seconds(lease);
+    route.render_problem = [](const idem::http::Problem& p) {
+        const std::string detail = p.status < 500 ? p.detail : std::string();
+        return idem::Response{p.status, payments::error_body(p.code, detail), {{"Content-Type", kJson}}};
+    };
+    route.log = [](std::string_view line) { log(line); };
+    return route;
+}
 
 void Service::post_payment(const httplib::Request& req, httplib::Response& res) const {
     // 1. Who is paying. The account scopes every key: one account never sees another's keys.
@@ -246,106 +256,28 @@ void Service::post_payment(const httplib::Request& req, httplib::Response& res) 
             return reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
         }
     }
-    // 3. The key. Missing, empty, too long, not UTF-8 or with control characters: 400.
-    const std::size_t key_count = req.get_header_value_count("Idempotency-Key");
-    if (key_count == 0) {
-        return reply(
-            res, 400,
-            payments::error_body("missing_idempotency_key", "send an Idempotency-Key header"));
-    }
-    if (key_count > 1) {
-        return reply(
-            res, 400,
-            payments::error_body("invalid_idempotency_key", "send exactly one Idempotency-Key"));
-    }
-    std::optional<idem::Key> key;
-    try {
-        key.emplace(payments::payment_scope(*account), req.get_header_value("Idempotency-Key"));
-    } catch (const idem::invalid_key&) {
-        return reply(res, 400,
-                     payments::error_body("invalid_idempotency_key",
-                                          "1..255 bytes of UTF-8 without control characters"));
-    }
-    // 4. The body, validated before the claim: a 400 never consumes the key.
-    std::string problem;
-    const auto payment = payments::parse_payment_request(req.body, problem);
-    if (!payment)
-        return reply(res, 400, payments::error_body("invalid_request", problem));
-    const idem::Fingerprint fp = payments::payment_fingerprint(*payment);
-
-    // 5. At most once per key. The effect never starts a charge later than charge_start_budget
-    //    after the request arrived, so the reconciler knows when "no charge yet" means "never".
+    // 3.-5. The key (400), the body (400; the route's fingerprint validates it), then at most once
+    //    per key. The effect never starts a charge later than charge_start_budget after the request
+    //    arrived, so the reconciler knows when "no charge yet" means "never".
     const auto deadline = Clock::now() + charge_start_budget;
-    try {
-        auto result = idem::execute_once(
-            store, *key, fp,
-            [&]() -> idem::Response {
-                const payments::Charge charge = gateway.charge({.account = *account,
-                                                                .idempotency_key = key->value(),
-                                                                .payment = &*payment,
-                                                                .deadline = deadline});
-                return payments::charge_response(charge);
-            },
-            claim_options);
-        switch (result.outcome()) {
-        case idem::Outcome::executed:
-            return reply_stored(res, result.response(), false);
-        case idem::Outcome::replayed:
-            return reply_stored(res, result.response(), true);
-        case idem::Outcome::in_progress:
-            return reply_retry(
-                res, 409,
-                payments::error_body("in_progress",
-                                     "a request with this key is still being processed"),
-                result.retry_after());
-        case idem::Outcome::mismatch:
-            return reply(res, 422,
-                         payments::error_body("idempotency_key_reused",
-                                              "this key was used with a different request"));
-        }
-    } catch (const payments::GatewayNotCharged& e) {
-        // Nothing charged and the key released: the client may retry with the same key.
-        log("key '", key->value(), "' of account ", *account,
-            ": not charged (key released): ", e.what());
-        return reply_retry(res, 503, payments::error_body("gateway_unavailable"), 1s);
-    } catch (const payments::GatewayTimeout& e) {
-        // The charge may exist. The key stays in progress until the reconciler learns the truth.
-        log("key '", key->value(), "' of account ", *account,
-            ": outcome unknown (key kept in progress): ", e.what());
-        return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
-    } catch (const idem::response_not_saved& e) {
-        // The charge happened; its answer is not stored yet (the reconciler will store the same
-        // bytes).
-        log("response not saved: ", e.what());
+    idem::http::httplib::serve(store, req, res, payments::payment_scope(*account), route, [&](idem::Context& ctx) {
+        std::string problem;
+        const auto payment = payments::parse_payment_request(req.body, problem); // valid: fingerprinted
         try {
-            return reply_stored(res, idem::codec<idem::Response>::decode(e.encoded_result()),
-                                false);
-        } catch (const idem::error&) {
-            return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
+            return payments::charge_response(gateway.charge({.account = *account,
+                                                             .idempotency_key = ctx.key().value(),
+                                                             .payment = &*payment,
+                                                             .deadline = deadline}));
+        } catch (const payments::GatewayNotCharged& e) {
+            // Nothing charged: the key is released and the client may retry with the same key.
+            // (GatewayTimeout is not caught: the charge may exist, the key stays in progress for the
+            // reconciler and the client gets 503 outcome_unknown.)
+            log("key '", ctx.key().value(), "' of account ", *account, ": not charged (key released): ", e.what());
+            idem::Response unavailable{503, payments::error_body("gateway_unavailable"), {{"Content-Type", kJson}}};
+            unavailable.headers.emplace_back("Retry-After", "1");
+            throw idem::http::not_performed(std::move(unavailable));
         }
-    } catch (const idem::lease_lost&) {
-        // Another instance's reconciler settled or released the key meanwhile: answer what it
-        // stored.
-        try {
-            if (auto record = store.read(*key);
-                record && record->state == idem::RecordState::completed && record->result) {
-                return reply_stored(res, idem::codec<idem::Response>::decode(*record->result),
-                                    true);
-            }
-        } catch (const idem::error& e) {
-            log("read after lease_lost: ", e.what());
-        }
-        return reply_retry(res, 409, payments::error_body("in_progress"), 1s);
-    } catch (const idem::store_unavailable& e) {
-        log("store unavailable: ", e.what());
-        return reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
-    } catch (const idem::outcome_unknown& e) {
-        log("outcome unknown: ", e.what());
-        return reply_retry(res, 503, payments::error_body("outcome_unknown"), lease);
-    } catch (const idem::error& e) {
-        log("idem error: ", e.what(), e.sqlstate().empty() ? "" : " [" + e.sqlstate() + "]");
-        return reply(res, 500, payments::error_body("internal_error"));
-    }
+    });
 }
 
 void Service::get_charges(const httplib::Request& req, httplib::Response& res) const {
@@ -503,8 +435,8 @@ int main(int argc, char** argv) {
 
         idem::ClaimOptions claim_options;
         claim_options.lease = options.lease;
-        const Service service{store,         gateway,       limiter ? &*limiter : nullptr,
-                              claim_options, options.lease, kChargeStartBudget};
+        const Service service{store, gateway, limiter ? &*limiter : nullptr,
+                              make_route(claim_options, options.lease), kChargeStartBudget};
 
         HttpServer server;
         const std::size_t threads = options.threads;

@@ -56,6 +56,11 @@ struct ClaimOptions {
     /// Wait instead of in_progress (opt-in): wait up to this long for the running attempt to save
     /// its result, woken by LISTEN/NOTIFY, and replay it. Zero answers in_progress at once.
     std::chrono::milliseconds wait{0};
+    /// In-transaction mode only (execute_once_in_transaction, PostgresStore): how long a duplicate
+    /// waits on the row lock of a transaction still open for its key. Unset: up to
+    /// PostgresOptions::lock_timeout per attempt, claim_attempts attempts, then in_progress. Set
+    /// (e.g. 1 ms): one attempt under this lock_timeout, then in_progress at once (HTTP's 409).
+    std::optional<std::chrono::milliseconds> transaction_lock_wait{};
 };
 
 enum class RecordState { in_progress, completed };

@@ -12,7 +12,9 @@
 //
 // * A duplicate arriving while the first transaction is open waits on its row lock at most
 //   PostgresOptions::lock_timeout (then retries up to claim_attempts, then answers in_progress);
-//   one arriving after the commit is replayed; after a rollback it runs itself.
+//   with ClaimOptions::transaction_lock_wait set (e.g. 1 ms) it answers in_progress at once, so an
+//   HTTP service can send 409 without holding a thread and a pooled connection (idem/http/transaction.hpp).
+//   One arriving after the commit is replayed; after a rollback it runs itself.
 // * fn throws (anything) → everything is rolled back — claim and effect together — and the
 //   exception is rethrown; the key is free again.
 // * The COMMIT's answer lost with the connection → outcome_unknown (it may or may not have

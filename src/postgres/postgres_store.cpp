@@ -1132,25 +1132,39 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     // The claim: BEGIN; claim; read. Nothing commits before the effect has run, so a pooled
     // connection found dead (a restart or failover since its last use) is simply replaced, as the
     // other entry points do (claim_attempts in all).
+    // transaction_lock_wait: the claim's INSERT alone runs under that lock_timeout (set_config,
+    // local to the transaction), which is back to the session's before fn runs.
+    static const pg::StatementDef set_lock_wait{"", "SELECT set_config('lock_timeout', $1, true)", {pg::oid::text}};
+    static const pg::StatementDef reset_lock_wait{"", "SET LOCAL lock_timeout TO DEFAULT", {}};
+    const auto& lock_wait = options.transaction_lock_wait;
+    const std::size_t shift = lock_wait ? 1 : 0;  // the claim's results move one step down
     for (int failures = 0, broken = 0;;) {
         if (!conn) conn.emplace(m.acquire());
         try {
-            Params none, ins, sel;
+            Params none, ins, sel, wait_ms;
             add_claim_params(ins, key, fp, fence, lease, retention);
             sel.text(key.scope()).text(key.value());
+            const std::string wait_text = lock_wait ? std::to_string(std::max<std::int64_t>(1, lock_wait->count())) + "ms" : "";
+            wait_ms.text(wait_text);
             // One round trip, one open transaction (READ COMMITTED: the SELECT still takes its own
             // snapshot). SET LOCAL enable_seqscan = on: fn's own statements are planned as the user
             // expects; idem's lookups need the session's off only (see connection.cpp).
-            const Step steps[] = {{&m.defs[pg::kBegin], &none, false},
+            const Step plain[] = {{&m.defs[pg::kBegin], &none, false},
                                   {&m.defs[pg::kClaimInsert], &ins, false},
                                   {&m.defs[pg::kSelect], &sel, false},
                                   {&m.defs[pg::kSeqscanLocalOn], &none, true}};
-            auto res = m.run(**conn, steps);
+            const Step waiting[] = {{&m.defs[pg::kBegin], &none, false},
+                                    {&set_lock_wait, &wait_ms, false},
+                                    {&m.defs[pg::kClaimInsert], &ins, false},
+                                    {&m.defs[pg::kSelect], &sel, false},
+                                    {&reset_lock_wait, &none, false},
+                                    {&m.defs[pg::kSeqscanLocalOn], &none, true}};
+            auto res = lock_wait ? m.run(**conn, waiting) : m.run(**conn, plain);
             // Any failure aborted the transaction: the INSERT's row is not ours, whatever it said.
             const StepResult* failure = res.first_failure();
-            bool won = failure == nullptr && res[1].rows() == 1;
-            if (failure == nullptr && !won && res[2].rows() == 1) {
-                Record record = parse_record(res[2].result.get(), 0);
+            bool won = failure == nullptr && res[1 + shift].rows() == 1;
+            if (failure == nullptr && !won && res[2 + shift].rows() == 1) {
+                Record record = parse_record(res[2 + shift].result.get(), 0);
                 if (record.expired) {
                     const Step reclaim[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
                                             {&m.defs[pg::kReclaimExpired], &ins, false},
@@ -1179,6 +1193,10 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             rollback();
             if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
                 throw_statement_error(*failure, failure == &res[0] ? "begin" : "claim");
+            }
+            if (lock_wait && failure != nullptr && failure->sqlstate() == "55P03") {
+                // Another open transaction holds the key: answer at once instead of waiting.
+                return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
             }
             // Lock timeout on a concurrent open transaction, or the row vanished: bounded retry.
             if (++failures >= m.options.claim_attempts) {

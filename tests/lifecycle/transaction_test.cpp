@@ -8,9 +8,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "idem/transaction.hpp"
 #include "lifecycle.hpp"
+#include "threads.hpp"
 
 using namespace lifecycle;
 using namespace std::string_literals;
@@ -163,4 +165,71 @@ TEST_CASE("in-transaction mode: commit together, roll back together, duplicates,
         CHECK(runs == 1);
         CHECK(effects.count(admin, key) == 1);
     }
+}
+
+TEST_CASE("in-transaction mode, transaction_lock_wait: duplicates answer in_progress at once instead of "
+          "waiting on the open transaction's row lock",
+          "[lifecycle][transaction]") {
+    PostgresBackend backend;
+    // A long lock_timeout and one attempt: a duplicate that waited on the lock would take 3 s.
+    auto& store = backend.make_pg(knobs(8, "idem_lifecycle_test", 3000ms, 1));
+    const auto scope = fresh_scope("txnowait");
+    const auto fp = idem::fingerprint("POST /orders"s, 4200);
+    const idem::Key key(scope, "order-nowait");
+    idem::ClaimOptions at_once;
+    at_once.transaction_lock_wait = 1ms;
+    std::atomic<int> runs{0};
+
+    // The winner's own statements run under the session's lock_timeout, not the short one.
+    std::latch in_effect(1);
+    std::promise<void> answered;
+    auto answered_signal = answered.get_future();
+    std::optional<idem::Result<Response>> first;
+    std::string first_error, winner_lock_timeout;
+    std::thread a([&] {
+        try {
+            first.emplace(idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction& tx) {
+                ++runs;
+                winner_lock_timeout = tx.exec("SHOW lock_timeout").rows.at(0).at(0).value_or("");
+                in_effect.count_down();
+                (void)answered_signal.wait_for(30s);
+                return Response{201, "A's order"};
+            }, at_once));
+        } catch (const std::exception& ex) {
+            first_error = ex.what();
+            in_effect.count_down();
+        }
+    });
+    in_effect.wait();
+    constexpr int kDuplicates = 6;
+    std::vector<std::optional<idem::Result<Response>>> dups(kDuplicates);
+    std::vector<double> took(kDuplicates);
+    idem_test::run_threads(kDuplicates, [&](int t) {
+        const auto t0 = SteadyClock::now();
+        dups[static_cast<std::size_t>(t)].emplace(idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+            ++runs;
+            return Response{500, "duplicate ran"};
+        }, at_once));
+        took[static_cast<std::size_t>(t)] = ms(SteadyClock::now() - t0);
+    });
+    answered.set_value();
+    a.join();
+    REQUIRE(first_error.empty());
+    REQUIRE(first);
+    CHECK(first->outcome() == Outcome::executed);
+    CHECK(winner_lock_timeout == "3s");
+    for (int t = 0; t < kDuplicates; ++t) {
+        REQUIRE(dups[static_cast<std::size_t>(t)]);
+        CHECK(dups[static_cast<std::size_t>(t)]->outcome() == Outcome::in_progress);
+        CHECK(dups[static_cast<std::size_t>(t)]->retry_after().count() > 0);
+        INFO("duplicate " << t << " answered after " << took[static_cast<std::size_t>(t)] << " ms");
+        CHECK(took[static_cast<std::size_t>(t)] < 2000.0);  // not the 3 s lock_timeout
+    }
+    CHECK(runs == 1);
+    const auto after = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+        ++runs;
+        return Response{500, "duplicate ran"};
+    }, at_once);
+    CHECK(after.outcome() == Outcome::replayed);
+    CHECK(runs == 1);
 }

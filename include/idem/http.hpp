@@ -1,0 +1,263 @@
+// idem/http.hpp — the Idempotency-Key header's rules for any HTTP framework.
+//
+//   idem::http::Route orders;                                  // per route, made once
+//   idem::Response answer = idem::http::respond(store, request, "acct_42:POST /orders", orders,
+//                                               [&] { return idem::Response{201, create_order()}; });
+//
+// respond() implements draft-ietf-httpapi-idempotency-key-header-07 around execute_once: it reads
+// the Idempotency-Key header, fingerprints the request, runs the handler at most once per key and
+// returns the response to send. docs/http.md lists every rule, the draft section it comes from and
+// the test that covers it. In short:
+//
+//   missing key (route.key_required) → 400; malformed key, or several Idempotency-Key lines → 400;
+//   first request → the handler's response (stored, see StoragePolicy); a repeat → the stored status,
+//   headers and body byte for byte plus `Idempotent-Replayed: true`; the key still in flight → 409 +
+//   Retry-After; the key reused with another request → 422; store unreachable → 503 + Retry-After
+//   (handler not called); the handler threw (outcome unknown, key kept for the reconciler) → 503 +
+//   Retry-After; a misconfiguration or an undecodable record → 500. Every error body is an RFC 9457
+//   problem (application/problem+json) unless the route renders its own (Route::render_problem).
+//
+// The request is a view: Request holds string_views into the framework's request, which must
+// outlive the call. An adapter fills it (idem/http/httplib.hpp for cpp-httplib; docs/http.md shows
+// any other framework in ten lines).
+//
+// The handler returns idem::Response and may take an idem::Context& (as with execute_once). To say
+// "certainly not performed" (validation failed, rate limited) it throws idem::http::not_performed
+// carrying the response to send: the key is released and that response is sent, not stored.
+// Anything else it throws leaves the outcome unknown: the key stays in progress until a Reconciler
+// settles it, and the client gets 503.
+//
+// Errors: respond() throws nothing of idem's: every idem error becomes a response (Route::log hears
+// of each one that is a 5xx). std::bad_alloc and exceptions from Route's own callbacks
+// (fingerprint.custom — except not_performed —, storage, render_problem) propagate.
+//
+// Thread-safety: respond() is as thread-safe as the store; a Route is read-only while in use.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "idem/errors.hpp"
+#include "idem/execute_once.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
+#include "idem/response.hpp"
+#include "idem/store.hpp"
+
+namespace idem::http {
+
+/// One header field line as received. Names compare case-insensitively.
+struct Header {
+    std::string_view name;
+    std::string_view value;
+};
+
+/// A framework-neutral view of a request. Every field line is listed, in order, duplicates kept.
+struct Request {
+    std::string_view method;
+    std::string_view target;  ///< request target as sent: path and query
+    std::vector<Header> headers;
+    std::string_view body;
+    /// False when the adapter cannot see header values as sent (cpp-httplib 0.11 percent-decodes
+    /// them): a key holding '%' is then refused with 400, since a decode may have changed it.
+    bool exact_header_values = true;
+
+    /// How many field lines carry `name`.
+    [[nodiscard]] std::size_t count(std::string_view name) const noexcept;
+    /// The first field line's value for `name`.
+    [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const noexcept;
+};
+
+/// What the request fingerprint covers (a reused key with another fingerprint gets 422).
+/// Default: method, target and body bytes.
+struct FingerprintPolicy {
+    enum class Body {
+        bytes,           ///< the body as sent
+        canonical_json,  ///< RFC 8259 JSON, object members sorted, insignificant whitespace dropped;
+                         ///< an empty body stays empty; anything not strict JSON (or duplicate
+                         ///< member names, nesting over 64) → 400 before the key is claimed
+    };
+    Body body = Body::bytes;
+    /// Header fields covered too (every line of each, in order; a missing header differs from an
+    /// empty one).
+    std::vector<std::string> headers{};
+    /// When set, replaces all of the above. It may validate the request: throwing
+    /// idem::http::not_performed sends its response (a 400) and claims nothing; any other
+    /// exception propagates out of respond().
+    std::function<Fingerprint(const Request&)> custom{};
+};
+
+/// Which forms of the Idempotency-Key value a route accepts.
+enum class KeyForm {
+    sf_string,           ///< the draft's form: a Structured Field String, `"abc"` (RFC 8941 §3.3.3)
+    sf_string_or_token,  ///< also the bare value Stripe-style clients send: `abc` (no DQUOTE first,
+                         ///< no ',' — a comma means two lines were folded into one)
+};
+
+/// What the handler's response means for the key.
+enum class Disposition {
+    store,    ///< performed: store it and replay it to every repeat
+    release,  ///< not performed: release the key (the same key may run again); response not stored
+    unknown,  ///< outcome unknown: keep the key in progress for the reconciler; response sent as is
+};
+
+/// Per-route storage policy: what a response's status means. Factories for the usual rules.
+struct StoragePolicy {
+    std::function<Disposition(const Response&)> classify{};
+
+    /// Stripe's rule (the default): every response is stored and replayed, 402 and 5xx included.
+    [[nodiscard]] static StoragePolicy store_all();
+    /// Every response stored except 5xx, kept as outcome unknown for the reconciler.
+    [[nodiscard]] static StoragePolicy server_errors_unknown();
+    /// Checkout.com's rule: 2xx stored, every other response releases the key. Only for handlers
+    /// whose non-2xx answers certainly performed nothing.
+    [[nodiscard]] static StoragePolicy success_only();
+
+    [[nodiscard]] Disposition operator()(const Response& response) const {
+        return classify ? classify(response) : Disposition::store;
+    }
+};
+
+/// An error answer before rendering (RFC 9457 members plus a short machine code).
+struct Problem {
+    int status = 500;
+    std::string type;    ///< a URI; "about:blank" when only the status matters
+    std::string title;
+    std::string detail;
+    std::string code;    ///< e.g. "idempotency_key_missing", stable (docs/http.md lists them)
+};
+
+/// Everything one route decides. Designated initialisers read well: Route{.key_required = false}.
+struct Route {
+    FingerprintPolicy fingerprint{};
+    KeyForm key_form = KeyForm::sf_string;
+    /// Missing header: 400 when true; when false the handler just runs, without idempotency.
+    bool key_required = true;
+    StoragePolicy storage{};
+    /// Lease, retention (per route) and waiting instead of 409 — passed to execute_once.
+    ClaimOptions claim{};
+    /// When not empty, executed and replayed responses carry this header with the retention in
+    /// seconds (claim.retention, else `advertised_retention`).
+    std::string retention_header{};
+    std::chrono::seconds advertised_retention{std::chrono::hours(24)};
+    /// Retry-After of a 503 for an unreachable store, and of a 503 for an unknown outcome.
+    std::chrono::seconds unavailable_retry_after{1};
+    std::chrono::seconds unknown_retry_after{1};
+    /// The "type" of the idempotency problems (400 / 409 / 422): documentation for the client.
+    std::string problem_type = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
+    /// Renders a problem; empty: application/problem+json. Retry-After is added afterwards.
+    std::function<Response(const Problem&)> render_problem{};
+    /// Told one line for each 5xx answer made from an error (what happened, with the key).
+    std::function<void(std::string_view)> log{};
+};
+
+/// Thrown by a handler: the effect certainly did not happen. The key is released and `response`
+/// (a 429, a validation 400, ...) is sent without being stored.
+class not_performed : public idem::not_performed {
+public:
+    explicit not_performed(Response response, const std::string& why = "not performed")
+        : idem::not_performed(why), response_(std::move(response)) {}
+    [[nodiscard]] const Response& response() const noexcept { return response_; }
+
+private:
+    Response response_;
+};
+
+/// Whole seconds for Retry-After: `wait` rounded up, at least 1.
+[[nodiscard]] std::chrono::seconds retry_after_seconds(std::chrono::milliseconds wait) noexcept;
+
+/// Parses an Idempotency-Key field value; nullopt if it is not of `form` (RFC 8941 String, with any
+/// parameters ignored, or a bare value). Does not check idem::Key's rules.
+[[nodiscard]] std::optional<std::string> parse_key(std::string_view field_value, KeyForm form);
+
+/// The canonical form of a JSON text (see FingerprintPolicy::Body::canonical_json); nullopt if
+/// `json` is not strict RFC 8259 JSON.
+[[nodiscard]] std::optional<std::string> canonical_json(std::string_view json);
+
+/// The fingerprint `policy` gives `request`; nullopt when the body is not the JSON it asks for.
+[[nodiscard]] std::optional<Fingerprint> fingerprint(const Request& request, const FingerprintPolicy& policy);
+
+/// The response for a problem, as `route` renders it (problem+json by default).
+[[nodiscard]] Response problem_response(const Route& route, Problem problem,
+                                        std::optional<std::chrono::seconds> retry_after = std::nullopt);
+
+namespace detail {
+
+/// The route's verdict on a request before anything is claimed.
+struct Admission {
+    std::optional<Response> answer;  ///< set: send this (400, 500) and stop
+    std::optional<Key> key;          ///< empty with no answer: no key, run without idempotency
+    std::optional<Fingerprint> fp;
+};
+[[nodiscard]] Admission admit(const Request& request, std::string_view scope, const Route& route);
+/// The 400 for a request without Idempotency-Key.
+[[nodiscard]] Response missing_key(const Route& route);
+
+/// Carries a response the storage policy called "unknown" out of execute_once (key kept).
+struct unknown_response {
+    Response response;
+};
+
+/// The storage policy's verdict on a handler's response: returns it (store) or throws (release:
+/// not_performed; unknown: unknown_response).
+[[nodiscard]] Response classify(const Route& route, Response produced);
+
+[[nodiscard]] Response answer(Result<Response>&& result, const Route& route);
+/// Maps the exception in flight (std::current_exception) to a response; `key` may be null.
+/// `rolled_back`: in-transaction mode, where an exception means the effect was rolled back.
+[[nodiscard]] Response answer_error(IdempotencyStore& store, const Key* key, const Route& route,
+                                    bool rolled_back = false);
+/// Adds the retention header to an executed / replayed response when the route asks for it.
+void advertise(Response& response, const Route& route);
+
+}  // namespace detail
+
+/// Runs `handler` at most once for the request's key under `scope` and returns what to send.
+/// `scope` is the key's scope (tenant + route, e.g. "acct_42:POST /orders"); an invalid scope is
+/// a programming error answered 500.
+template <class Handler>
+[[nodiscard]] Response respond(IdempotencyStore& store, const Request& request, std::string_view scope,
+                               const Route& route, Handler&& handler) {
+    detail::Admission admission = detail::admit(request, scope, route);
+    if (admission.answer) return std::move(*admission.answer);
+    if (!admission.key) {
+        // No key and none required: a plain request.
+        try {
+            Response plain = [&] {
+                if constexpr (std::is_invocable_v<Handler&>) {
+                    return std::invoke(handler);
+                } else {
+                    // No claim: the context's store calls answer lease_lost.
+                    const Key none{std::string(scope), "-"};
+                    Context context(store, none, 0, nullptr);
+                    return std::invoke(handler, context);
+                }
+            }();
+            return plain;
+        } catch (...) {
+            return detail::answer_error(store, nullptr, route);
+        }
+    }
+    std::optional<Result<Response>> result;
+    try {
+        result.emplace(execute_once(
+            store, *admission.key, *admission.fp,
+            [&](Context& context) -> Response {
+                return detail::classify(route, idem::detail::invoke_effect(handler, context));
+            },
+            route.claim));
+    } catch (...) {
+        return detail::answer_error(store, &*admission.key, route);
+    }
+    return detail::answer(std::move(*result), route);
+}
+
+}  // namespace idem::http
