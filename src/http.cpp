@@ -471,8 +471,9 @@ StoragePolicy StoragePolicy::success_only() {
 }
 
 std::chrono::seconds retry_after_seconds(std::chrono::milliseconds wait) noexcept {
+    // Rounded up without (ms + 999), which overflows for milliseconds::max().
     const auto ms = std::max<std::int64_t>(0, wait.count());
-    return std::chrono::seconds(std::max<std::int64_t>(1, (ms + 999) / 1000));
+    return std::chrono::seconds(std::max<std::int64_t>(1, ms / 1000 + (ms % 1000 != 0 ? 1 : 0)));
 }
 
 std::optional<std::string> parse_key(std::string_view field_value, KeyForm form) {
@@ -534,7 +535,9 @@ Response problem_response(const Route& route, Problem problem, std::optional<std
         body += '}';
         out.headers.emplace_back("Content-Type", "application/problem+json");
     }
-    if (retry_after) out.headers.emplace_back("Retry-After", std::to_string(retry_after->count()));
+    if (retry_after) {
+        out.headers.emplace_back("Retry-After", std::to_string(std::max<std::int64_t>(1, retry_after->count())));
+    }
     return out;
 }
 
@@ -591,7 +594,19 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     return a;
 }
 
+static bool sendable(const Response& response) noexcept {
+    const auto clean = [](std::string_view s) { return s.find_first_of(std::string_view("\r\n\0", 3)) == s.npos; };
+    return std::all_of(response.headers.begin(), response.headers.end(),
+                       [&](const auto& h) { return clean(h.first) && clean(h.second); });
+}
+
+Response checked(Response produced) {
+    if (!sendable(produced)) throw unsendable_response{};
+    return produced;
+}
+
 Response classify(const Route& route, Response produced) {
+    produced = checked(std::move(produced));
     switch (route.storage(produced)) {
         case Disposition::store: break;
         case Disposition::release: throw not_performed(std::move(produced), "released by the storage policy");
@@ -632,13 +647,20 @@ Response answer(Result<Response>&& result, const Route& route) {
 }
 
 Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
+    const auto unavailable_503 = [&](const std::string& line, const char* code, const char* detail,
+                                     std::chrono::seconds retry_after) {
+        tell(route, "idem::http: " + line, key);
+        return problem_response(route, plain_problem(503, code, "Service Unavailable", detail), retry_after);
+    };
     const auto unknown = [&](const std::string& why) {
-        tell(route, "idem::http: outcome unknown, the key stays in progress: " + why, key);
-        return problem_response(route,
-                                plain_problem(503, "outcome_unknown", "Service Unavailable",
-                                              "The outcome of this request is not known yet; retry with the same "
-                                              "Idempotency-Key."),
-                                route.unknown_retry_after);
+        return unavailable_503("outcome unknown, the key stays in progress: " + why, "outcome_unknown",
+                               "The outcome of this request is not known yet; retry with the same Idempotency-Key.",
+                               route.unknown_retry_after);
+    };
+    const auto unavailable = [&](const std::string& why) {
+        return unavailable_503(why, "store_unavailable",
+                               "The idempotency store is unavailable; retry with the same Idempotency-Key.",
+                               route.unavailable_retry_after);
     };
     const auto internal = [&](const std::string& why) {
         tell(route, "idem::http: " + why, key);
@@ -647,19 +669,40 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
     try {
         throw;
     } catch (const not_performed& e) {
-        return e.response();  // released (key) or plain (no key): sent, not stored
+        // released (key) or plain (no key): sent, not stored
+        if (!sendable(e.response())) return internal("not_performed carries a header with CR, LF or NUL");
+        return e.response();
     } catch (const unknown_response& u) {
         tell(route, "idem::http: the storage policy kept a " + std::to_string(u.response.status) +
-                        " as outcome unknown",
+                        (rolled_back ? " as outcome unknown: rolled back, key free" : " as outcome unknown"),
              key);
         return u.response;
+    } catch (const unsendable_response&) {
+        const std::string why = "the handler's response has a header name or value with CR, LF or NUL: not sent";
+        if (key == nullptr) return internal(why);
+        if (rolled_back) return internal(why + ", rolled back, key free");
+        // The effect ran: the key stays in progress for the reconciler.
+        return internal(why + ", not stored, the key stays in progress (outcome unknown)");
+    } catch (const handler_error& e) {
+        // An idem error thrown while the handler ran (Context::record_phase, extend_lease, its own
+        // idem calls): the effect may have happened, so it is not the claim's store error.
+        const std::string why = std::string("handler threw: ") + e.what() +
+                                (e.sqlstate.empty() ? std::string() : " [" + e.sqlstate + "]");
+        if (key == nullptr) return internal(why + " (no key, nothing kept)");
+        if (rolled_back && e.unavailable) return unavailable(why + " (rolled back, key free)");
+        if (rolled_back) return internal(why + " (rolled back, key free)");
+        return unknown(why);
     } catch (const idem::not_performed& e) {
-        tell(route, std::string("idem::http: not performed (key released): ") + e.what(), key);
-        return problem_response(route,
-                                plain_problem(503, "not_performed", "Service Unavailable",
-                                              "The request was not performed; retry with the same Idempotency-Key."),
-                                route.unavailable_retry_after);
+        return unavailable_503(std::string("not performed (key released): ") + e.what(), "not_performed",
+                               "The request was not performed; retry with the same Idempotency-Key.",
+                               route.unavailable_retry_after);
     } catch (const lease_lost& e) {
+        if (key == nullptr) {
+            // No claim behind the Context (Route::key_required = false and no key was sent).
+            return internal(std::string("context used without a key (record_phase / extend_lease on a "
+                                        "request without Idempotency-Key): ") +
+                            e.what());
+        }
         // Another attempt (a reconciler) owns the key now: answer what it stored, if it has.
         if (key != nullptr) {
             try {
@@ -685,12 +728,7 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
     } catch (const outcome_unknown& e) {
         return unknown(e.what());
     } catch (const store_unavailable& e) {
-        tell(route, std::string("idem::http: store unavailable, handler not called: ") + e.what(), key);
-        return problem_response(route,
-                                plain_problem(503, "store_unavailable", "Service Unavailable",
-                                              "The idempotency store is unavailable; retry with the same "
-                                              "Idempotency-Key."),
-                                route.unavailable_retry_after);
+        return unavailable(std::string("store unavailable, handler not called: ") + e.what());
     } catch (const error& e) {
         // config_error, corrupt_record, database_error, invalid_key: no retry heals these.
         return internal(e.what() + (e.sqlstate().empty() ? std::string() : " [" + e.sqlstate() + "]"));

@@ -10,11 +10,14 @@
 // the test that covers it. In short:
 //
 //   missing key (route.key_required) → 400; malformed key, or several Idempotency-Key lines → 400;
-//   first request → the handler's response (stored, see StoragePolicy); a repeat → the stored status,
-//   headers and body byte for byte plus `Idempotent-Replayed: true`; the key still in flight → 409 +
+//   first request → the handler's response (stored, see StoragePolicy); a repeat → the stored status
+//   and body byte for byte, the same headers (in the framework's order), plus
+//   `Idempotent-Replayed: true`; the key still in flight → 409 +
 //   Retry-After; the key reused with another request → 422; store unreachable → 503 + Retry-After
-//   (handler not called); the handler threw (outcome unknown, key kept for the reconciler) → 503 +
-//   Retry-After; a misconfiguration or an undecodable record → 500. Every error body is an RFC 9457
+//   (handler not called); the handler threw — an idem error included — or the storage policy threw
+//   (outcome unknown, key kept for the reconciler) → 503 + Retry-After; a handler's response with
+//   CR, LF or NUL in a header → 500, not stored nor sent, key kept; a misconfiguration or an
+//   undecodable record → 500. Every error body is an RFC 9457
 //   problem (application/problem+json) unless the route renders its own (Route::render_problem).
 //
 // The request is a view: Request holds string_views into the framework's request, which must
@@ -27,9 +30,13 @@
 // Anything else it throws leaves the outcome unknown: the key stays in progress until a Reconciler
 // settles it, and the client gets 503.
 //
+// Keyless requests (route.key_required = false, no header): the handler runs plainly; a Context it
+// uses has no claim behind it, so record_phase / extend_lease there answer 500.
+//
 // Errors: respond() throws nothing of idem's: every idem error becomes a response (Route::log hears
 // of each one that is a 5xx). std::bad_alloc and exceptions from Route's own callbacks
-// (fingerprint.custom — except not_performed —, storage, render_problem) propagate.
+// (fingerprint.custom — except not_performed —, render_problem, log) propagate; a throwing storage
+// policy is not one of them: the effect has run, so it is 503 outcome_unknown with the key kept.
 //
 // Thread-safety: respond() is as thread-safe as the store; a Route is read-only while in use.
 #pragma once
@@ -39,6 +46,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -148,7 +156,8 @@ struct Route {
     /// seconds (claim.retention, else `advertised_retention`).
     std::string retention_header{};
     std::chrono::seconds advertised_retention{std::chrono::hours(24)};
-    /// Retry-After of a 503 for an unreachable store, and of a 503 for an unknown outcome.
+    /// Retry-After of a 503 for an unreachable store, and of a 503 for an unknown outcome (sent as
+    /// at least 1).
     std::chrono::seconds unavailable_retry_after{1};
     std::chrono::seconds unknown_retry_after{1};
     /// The "type" of the idempotency problems (400 / 409 / 422): documentation for the client.
@@ -206,6 +215,37 @@ struct unknown_response {
     Response response;
 };
 
+/// A handler's response with CR, LF or NUL in a header name or value: never stored nor sent.
+struct unsendable_response {};
+
+/// An idem error (other than lease_lost) thrown while the handler ran — by Context::record_phase,
+/// extend_lease or the handler's own idem calls. The effect may have happened: it is mapped like
+/// an unknown outcome (rolled back in in-transaction mode), never like a failed claim.
+class handler_error : public std::runtime_error {
+public:
+    explicit handler_error(const error& e)
+        : std::runtime_error(e.what()),
+          sqlstate(e.sqlstate()),
+          unavailable(dynamic_cast<const store_unavailable*>(&e) != nullptr) {}
+    std::string sqlstate;
+    bool unavailable;
+};
+
+/// Runs the handler `f`, turning the idem errors it throws into handler_error.
+template <class F>
+decltype(auto) run_handler(F&& f) {
+    try {
+        return std::forward<F>(f)();
+    } catch (const lease_lost&) {
+        throw;
+    } catch (const error& e) {
+        throw handler_error(e);
+    }
+}
+
+/// The response as is; throws unsendable_response when a header holds CR, LF or NUL.
+[[nodiscard]] Response checked(Response produced);
+
 /// The storage policy's verdict on a handler's response: returns it (store) or throws (release:
 /// not_performed; unknown: unknown_response).
 [[nodiscard]] Response classify(const Route& route, Response produced);
@@ -231,17 +271,16 @@ template <class Handler>
     if (!admission.key) {
         // No key and none required: a plain request.
         try {
-            Response plain = [&] {
+            return detail::checked(detail::run_handler([&] {
                 if constexpr (std::is_invocable_v<Handler&>) {
                     return std::invoke(handler);
                 } else {
-                    // No claim: the context's store calls answer lease_lost.
+                    // No claim: the context's store calls answer lease_lost (500, see answer_error).
                     const Key none{std::string(scope), "-"};
                     Context context(store, none, 0, nullptr);
                     return std::invoke(handler, context);
                 }
-            }();
-            return plain;
+            }));
         } catch (...) {
             return detail::answer_error(store, nullptr, route);
         }
@@ -251,7 +290,8 @@ template <class Handler>
         result.emplace(execute_once(
             store, *admission.key, *admission.fp,
             [&](Context& context) -> Response {
-                return detail::classify(route, idem::detail::invoke_effect(handler, context));
+                return detail::classify(
+                    route, detail::run_handler([&] { return idem::detail::invoke_effect(handler, context); }));
             },
             route.claim));
     } catch (...) {

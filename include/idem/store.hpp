@@ -60,6 +60,8 @@ struct ClaimOptions {
     /// waits on the row lock of a transaction still open for its key. Unset: up to
     /// PostgresOptions::lock_timeout per attempt, claim_attempts attempts, then in_progress. Set
     /// (e.g. 1 ms): one attempt under this lock_timeout, then in_progress at once (HTTP's 409).
+    /// Must be shorter than PostgresOptions::statement_timeout, else the call throws config_error
+    /// before any I/O (the statement timeout would cancel the wait: an error, not in_progress).
     std::optional<std::chrono::milliseconds> transaction_lock_wait{};
 };
 

@@ -1114,6 +1114,11 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     const Key& key, const Fingerprint& fp, const ClaimOptions& options,
     const std::function<std::string(Transaction&)>& effect) {
     Impl& m = *impl_;
+    // A lock wait the statement timeout cuts short would cancel the claim (57014) instead of
+    // answering in_progress: refused before any I/O.
+    if (options.transaction_lock_wait && *options.transaction_lock_wait >= m.options.statement_timeout) {
+        throw config_error("idem: ClaimOptions::transaction_lock_wait must be shorter than the store's statement_timeout");
+    }
     m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);

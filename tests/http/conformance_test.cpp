@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,9 +49,14 @@ public:
         : effects(std::move(effects_table)), store_(store), down_(down), misconfigured_(misconfigured) {
         routes_["/tx"].key_required = false;  // ignored: in-transaction mode always needs the key
         routes_["/tx-slow"].claim.transaction_lock_wait = 1ms;
+        routes_["/tx-lockwait"].claim.transaction_lock_wait = 5s;  // = the store's statement_timeout
         http::Route& token = routes_["/token"];
         token.key_form = http::KeyForm::sf_string_or_token;
         routes_["/optional"].key_required = false;
+        routes_["/optional-phase"].key_required = false;
+        routes_["/policy-throws"].storage.classify = [](const idem::Response&) -> http::Disposition {
+            throw std::logic_error("policy bug");
+        };
         routes_["/json"].fingerprint.body = http::FingerprintPolicy::Body::canonical_json;
         routes_["/headers"].fingerprint.headers = {"X-Tenant"};
         routes_["/custom"].fingerprint.custom = [](const http::Request& r) {
@@ -69,10 +75,13 @@ public:
         routes_["/down"].unavailable_retry_after = 3s;
         routes_["/lease-lost"].claim.lease = 50ms;  // passed by the time the "reconciler" looks
         routes_["/throw"].unknown_retry_after = 2s;
-        routes_["/throw"].log = [this](std::string_view line) {
-            std::lock_guard lock(mutex_);
-            logged_.emplace_back(line);
-        };
+        routes_["/throw-db"].unknown_retry_after = 0s;  // answered as 1
+        for (const char* logging : {"/throw", "/throw-db", "/throw-down", "/bad-header"}) {
+            routes_[logging].log = [this](std::string_view line) {
+                std::lock_guard lock(mutex_);
+                logged_.emplace_back(line);
+            };
+        }
     }
 
     idem::Response dispatch(const http::Request& request) {
@@ -92,7 +101,7 @@ public:
             });
         }
         return http::respond(store, request, scope, route, [&](idem::Context& context) {
-            const std::string who = path == "/optional" ? std::string(request.body) : context.key().value();
+            const std::string who = path.starts_with("/optional") ? std::string(request.body) : context.key().value();
             const int n = count(who);
             return handle(path, n, context);
         });
@@ -139,6 +148,12 @@ private:
         if (path == "/ratelimit") throw http::not_performed(idem::Response{429, "slow down", {{"Retry-After", "7"}}});
         if (path == "/notperformed") throw idem::not_performed("provider refused the connection");
         if (path == "/throw") throw std::runtime_error("provider timed out");
+        // idem errors from the handler's own store calls, after its effect may have happened
+        if (path == "/throw-db") throw idem::database_error("idem: record_phase: statement timeout", "57014");
+        if (path == "/throw-down") throw idem::store_unavailable("idem: extend_lease: cannot connect");
+        if (path == "/optional-phase") context.record_phase("charged");
+        if (path == "/bad-header") return {201, "made", {{"X-Split", "a\r\nSet-Cookie: evil=1"}}};
+        if (path == "/bad-header-nul") return {201, "made", {{"X-\0Nul"s, "v"}}};
         if (path == "/big") return {201, std::string(kMaxResult + 1, 'x'), {}};
         if (path == "/lease-lost") {
             // A reconciler takes the key over and saves its own answer while this attempt runs.
@@ -575,6 +590,53 @@ const std::vector<Row>& table() {
              CHECK(e.post("/orders", quoted(k), body).replayed());
              CHECK(e.service->runs(k) == 1);
          }},
+        {"R39", "handler throws an idem error (database_error, store_unavailable from its Context calls): "
+                "503 outcome_unknown, key kept, Retry-After at least 1",
+         false,
+         [](Env& e) {
+             for (const std::string path : {"/throw-db", "/throw-down"}) {
+                 INFO(path);
+                 const auto k = e.key("R39") + path;
+                 const Wire w = e.post(path, quoted(k));
+                 CHECK(is_problem(w, 503, "outcome_unknown"));
+                 CHECK(w.header("Retry-After") == "1");
+                 CHECK(e.state(path, k) == "in_progress");
+                 CHECK(is_problem(e.post(path, quoted(k)), 409, "in_progress"));
+                 CHECK(e.service->runs(k) == 1);
+                 bool told = false;
+                 for (const auto& line : e.service->logged()) {
+                     told = told || (line.find(k) != std::string::npos && line.find("outcome unknown") != std::string::npos);
+                 }
+                 CHECK(told);
+             }
+         }},
+        {"R40", "a storage policy that throws: 503 outcome_unknown, key kept (the effect ran)", false,
+         [](Env& e) {
+             const auto k = e.key("R40");
+             CHECK(is_problem(e.post("/policy-throws", quoted(k)), 503, "outcome_unknown"));
+             CHECK(e.state("/policy-throws", k) == "in_progress");
+             CHECK(e.service->runs(k) == 1);
+         }},
+        {"R41", "a response header with CR, LF or NUL: 500, neither stored nor sent, key kept in progress", false,
+         [](Env& e) {
+             for (const std::string path : {"/bad-header", "/bad-header-nul"}) {
+                 INFO(path);
+                 const auto k = e.key("R41") + path;
+                 const Wire w = e.post(path, quoted(k));
+                 CHECK(is_problem(w, 500, "internal_error"));
+                 CHECK(w.header("Set-Cookie").empty());
+                 CHECK(w.header("X-Split").empty());
+                 CHECK(e.state(path, k) == "in_progress");
+                 CHECK(is_problem(e.post(path, quoted(k)), 409, "in_progress"));
+                 CHECK(e.service->runs(k) == 1);
+             }
+         }},
+        {"R42", "no key on an optional-key route, and the handler uses its Context: 500 (no claim behind it)", false,
+         [](Env& e) {
+             const std::string body = "optional-phase-" + e.run_id + e.name;
+             CHECK(is_problem(e.post("/optional-phase", std::nullopt, body), 500, "internal_error"));
+             CHECK(e.service->runs(body) == 1);
+         }},
         {"R38", "a custom fingerprint may refuse the request (400) before anything is claimed", false,
          [](Env& e) {
              const auto k = e.key("R38");
@@ -623,6 +685,13 @@ const std::vector<Row>& table() {
              CHECK(e.effects(k) == 0);
              CHECK(is_problem(e.post("/tx-throw", quoted(k)), 500, "internal_error"));
              CHECK(e.service->runs(k) == 2);
+         }},
+        {"T05", "in-transaction: transaction_lock_wait not below statement_timeout is refused (500), nothing runs",
+         false,
+         [](Env& e) {
+             const auto k = e.key("T05");
+             refused(e, e.post("/tx-lockwait", quoted(k)), 500, "internal_error", "/tx-lockwait", k);
+             CHECK(e.effects(k) == 0);
          }},
         {"T04", "in-transaction: the key is always required (400)", false,
          [](Env& e) { CHECK(is_problem(e.post("/tx", std::nullopt, "T04" + e.name), 400, "missing_idempotency_key")); }},
@@ -739,4 +808,8 @@ TEST_CASE("Idempotency-Key parsing and JSON canonical form (no database)", "[htt
     CHECK(http::retry_after_seconds(1000ms).count() == 1);
     CHECK(http::retry_after_seconds(1001ms).count() == 2);
     CHECK(http::retry_after_seconds(-5ms).count() == 1);
+    CHECK(http::retry_after_seconds(std::chrono::milliseconds::max()).count() ==
+          std::chrono::milliseconds::max().count() / 1000 + 1);
+    const http::Route route;
+    for (const auto wait : {0s, -3s}) CHECK(http::problem_response(route, {}, wait).headers.back().second == "1");
 }

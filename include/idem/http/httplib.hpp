@@ -40,10 +40,12 @@ namespace idem::http::httplib {
     return out;
 }
 
-/// Writes `response` into `res`: status, every header (in order), the body as is.
+/// Writes `response` into `res`: status, every header, the body as is. cpp-httplib sends headers
+/// sorted by name (their order is the framework's), and set_header drops one holding CR or LF;
+/// respond() has already refused such a response (500), so only a hand-made one can lose a header.
 inline void send(const Response& response, ::httplib::Response& res) {
     res.status = response.status;
-    for (const auto& [name, value] : response.headers) res.headers.emplace(name, value);
+    for (const auto& [name, value] : response.headers) res.set_header(name, value);
     res.body = response.body;
 }
 
