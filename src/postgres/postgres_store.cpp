@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <map>
 #include <unordered_map>
 #include <random>
@@ -53,6 +55,44 @@ void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fe
         .int8(fence)
         .int8(lease.count())
         .int8(retention.count());
+}
+
+// A member's own copy of a group's exception, message and all. Each member rethrows, catches and
+// destroys its exception on its own thread; an exception object, or a std::runtime_error message,
+// shared between threads is reference-counted inside libstdc++, out of ThreadSanitizer's sight
+// (seen: races reported on the vptr, then on the message buffer).
+template <class E>
+std::exception_ptr fresh(const E& x) {
+    return std::make_exception_ptr(E(std::string(x.what()), std::string(x.sqlstate())));
+}
+
+std::exception_ptr own_copy(const std::exception_ptr& e) {
+    if (!e) return e;
+    try {
+        std::rethrow_exception(e);
+    } catch (const pg::connection_broken& x) {
+        return fresh(x);
+    } catch (const pool_timeout& x) {
+        return fresh(x);
+    } catch (const store_unavailable& x) {
+        return fresh(x);
+    } catch (const config_error& x) {
+        return fresh(x);
+    } catch (const database_error& x) {
+        return fresh(x);
+    } catch (const corrupt_record& x) {
+        return fresh(x);
+    } catch (const lease_lost& x) {
+        return fresh(x);
+    } catch (const error& x) {
+        return fresh(x);
+    } catch (const std::bad_alloc&) {
+        return std::make_exception_ptr(std::bad_alloc());
+    } catch (const std::exception& x) {
+        return std::make_exception_ptr(std::runtime_error(std::string(x.what())));
+    } catch (...) {
+        return std::make_exception_ptr(std::runtime_error("idem: unknown exception in a claim group"));
+    }
 }
 
 std::string notify_payload(const pg::TableName& t, const Key& key) {
@@ -336,7 +376,7 @@ struct PostgresStore::Impl {
         const auto member = [&](std::size_t i) -> ClaimMember& { return static_cast<ClaimMember&>(*group[i]); };
         note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
         const auto all = [&](ClaimMember::Got got, std::exception_ptr e = nullptr) {
-            for (std::size_t i = 0; i < group.size(); ++i) member(i).got = got, member(i).error = e;
+            for (std::size_t i = 0; i < group.size(); ++i) member(i).got = got, member(i).error = own_copy(e);
         };
         if (group.size() == 1) {  // alone: exactly today's statements
             ClaimMember& c = member(0);
@@ -344,7 +384,7 @@ struct PostgresStore::Impl {
                 c.plain = claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention);
                 c.got = ClaimMember::Got::plain;
             } catch (...) {
-                c.got = ClaimMember::Got::error, c.error = std::current_exception();
+                c.got = ClaimMember::Got::error, c.error = own_copy(std::current_exception());
             }
             return;
         }
@@ -422,7 +462,7 @@ struct PostgresStore::Impl {
                     c->got = ClaimMember::Got::found;
                 } catch (...) {
                     c->out->existing.reset();
-                    c->got = ClaimMember::Got::error, c->error = std::current_exception();  // corrupt_record
+                    c->got = ClaimMember::Got::error, c->error = own_copy(std::current_exception());  // corrupt_record
                 }
             }
         } catch (const pg::connection_broken&) {
