@@ -1,12 +1,13 @@
--- idem schema version 1: what PostgresStore::ensure_schema() runs, in one transaction.
--- Citus: distribute the table by scope (SELECT create_distributed_table('idem_keys', 'scope')).
+-- idem schema version 1: what PostgresStore::ensure_schema() runs, in one transaction, one
+-- statement at a time. Citus: PostgresStore::distribute() (docs/scale-out.md), or by hand
+-- SELECT create_distributed_table('idem_keys', 'scope').
 CREATE TABLE IF NOT EXISTS "idem_schema_version" (
     table_name  text PRIMARY KEY,
     version     integer NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE TABLE IF NOT EXISTS "idem_keys" (
-    scope            text COLLATE "C" NOT NULL,   -- tenant/account/endpoint; part of the key
+    scope            text COLLATE "C" NOT NULL,   -- tenant/account/endpoint, part of the key
     key              text COLLATE "C" NOT NULL,   -- the client's Idempotency-Key, verbatim
     state            text NOT NULL CHECK (state IN ('in_progress', 'completed')),
     fingerprint      bytea NOT NULL,              -- digest of the request

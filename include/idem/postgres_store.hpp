@@ -24,6 +24,10 @@
 // * Prepared statements per connection by default; behind PgBouncer < 1.21 in transaction pooling
 //   mode set prepared_statements=false and session_options=false (see docs/reliability.md).
 //   ClaimOptions::wait (LISTEN/NOTIFY) needs a session: not through a transaction-mode pooler.
+// * Citus: distribute() shards the table by scope or key, inspect() reports the layout and the
+//   settings the shards miss (lock_timeout on the role). On a distributed table a claim runs in an
+//   explicit BEGIN … COMMIT (same round trip), batches and groups use one-shard statements, and
+//   purge_expired does without SKIP LOCKED. docs/scale-out.md.
 // * synchronous_commit is left as the server has it (on by default): a claim the caller acts on must
 //   survive a crash. Do not turn it off for idem's table.
 //
@@ -52,7 +56,9 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "idem/store.hpp"
 
@@ -103,6 +109,23 @@ struct PostgresOptions {
     bool group_commit = false;
 };
 
+/// The distribution column of idem's table on a Citus cluster (docs/scale-out.md): `scope` keeps a
+/// tenant's keys on one shard (batches and co-located tables stay on one node), `key` spreads a hot
+/// tenant over every shard.
+enum class DistributeBy { scope, key };
+
+/// What PostgresStore::inspect() found about the database a store serves.
+struct Deployment {
+    bool citus = false;         ///< the citus extension is installed in the database
+    std::string citus_version;  ///< the extension's version (e.g. "13.2-1"); empty without Citus
+    bool coordinator = true;    ///< false: connected to a Citus worker node
+    /// The table's distribution column; none: not distributed (plain PostgreSQL, a local table).
+    std::optional<DistributeBy> distributed_by;
+    /// What a service should log (or refuse to start on), each with its fix: e.g. idem's
+    /// lock_timeout not in force on the Citus workers (session settings do not reach the shards).
+    std::vector<std::string> warnings;
+};
+
 class PostgresStore final : public IdempotencyStore {
 public:
     /// `conninfo` is a libpq connection string or URI. Nothing connects until first use.
@@ -114,8 +137,21 @@ public:
 
     /// Creates or upgrades the table and its index. Idempotent and safe to run from several
     /// processes at once (serialised by an advisory lock); records the schema version in
-    /// idem_schema_version. The SQL it runs is docs/schema.sql.
+    /// idem_schema_version. The SQL it runs is docs/schema.sql, one statement at a time. Throws
+    /// config_error on a Citus worker node (run it against the coordinator).
     void ensure_schema();
+
+    /// Citus: distributes the table over the cluster by `by` (create_distributed_table; existing
+    /// rows move to the shards). Idempotent; call it after ensure_schema(), on the coordinator.
+    /// Throws config_error without the citus extension, on a worker node, when the table does not
+    /// exist, or when it is already distributed by the other column.
+    void distribute(DistributeBy by);
+
+    /// Asks the database how the table is deployed (Citus or not, coordinator or worker,
+    /// distribution column) and checks that the settings idem relies on reach the shards; call it
+    /// at start-up and log `warnings`. Several round trips on a connection of its own.
+    /// Throws store_unavailable / config_error as a connect does.
+    [[nodiscard]] Deployment inspect();
 
     /// The schema version this build of idem writes and expects.
     [[nodiscard]] static int schema_version() noexcept;

@@ -10,7 +10,9 @@
 #include <new>
 #include <stdexcept>
 #include <map>
+#include <deque>
 #include <unordered_map>
+#include <unordered_set>
 #include <random>
 #include <thread>
 
@@ -165,6 +167,13 @@ struct PostgresStore::Impl {
             grouped_saves{0};
     };
     std::atomic<std::uint64_t> largest_claim_group{0}, largest_save_group{0};
+    // purge_expired met a Citus-distributed table (sql.cpp, kPurgeDistributed).
+    std::atomic<bool> purge_distributed{false};
+    // How the table is laid out, as far as this store knows: shapes the batch and group statements
+    // (docs/scale-out.md). Found on the first batch or group (one catalog query), or by inspect()
+    // and distribute(); kUnknown until then.
+    enum Distribution : int { kUnknown, kPlain, kByScope, kByKey };
+    std::atomic<int> distribution{kUnknown};
     std::array<Counters, 16> counter_shards;
     Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
@@ -175,6 +184,25 @@ struct PostgresStore::Impl {
     pg::StepResults run(pg::Connection& conn, std::span<const Step> steps) {
         counters().round_trips.fetch_add(1, std::memory_order_relaxed);
         return conn.run(steps, deadline());
+    }
+
+    // Steps that open a transaction block of their own ([BEGIN, …, COMMIT | Sync]). After a failed
+    // statement, the Sync leaves an explicit block open in the failed state (unlike an implicit
+    // transaction, which it ends): roll it back, or the pooled connection would answer 25P02 to
+    // whoever uses it next. A connection where even that fails is discarded.
+    pg::StepResults run_block(pg::Connection& conn, std::span<const Step> steps) {
+        pg::StepResults res = run(conn, steps);
+        if (PQtransactionStatus(conn.native()) != PQTRANS_IDLE) {
+            Params none;
+            const Step rollback{&defs[pg::kRollback], &none};
+            try {
+                if (!conn.run(std::span(&rollback, 1), deadline())[0].ok()) conn.mark_broken();
+            } catch (const pg::connection_broken&) {
+                conn.mark_broken();
+            }
+            if (PQtransactionStatus(conn.native()) != PQTRANS_IDLE) conn.mark_broken();
+        }
+        return res;
     }
 
     pg::StepResults run_one(pg::Connection& conn, pg::Stmt stmt, Params& params) {
@@ -276,7 +304,11 @@ struct PostgresStore::Impl {
             p.text(key.scope()).text(key.value()).int8(stale).int8(fresh).int8(lease.count()).int4(new_attempt ? 1 : 0);
             auto res = run_one(conn, pg::kTakeOver, p);
             if (!res[0].ok()) throw_statement_error(res[0], "take_over");
-            if (res[0].rows() == 1) return parse_record(res[0].result.get(), 0);
+            if (res[0].rows() == 1) {
+                Record taken = parse_record(res[0].result.get(), 0);
+                taken.read_at = taken.lease_until - lease;  // the statement's now() (sql.cpp, kTakeOver)
+                return taken;
+            }
             if (attempt > 1) {
                 auto record = select(conn, key);
                 if (record && record->fence == fresh) return record;
@@ -323,6 +355,233 @@ struct PostgresStore::Impl {
         });
     }
 
+    // ---- Statements for many keys: claim_batch, save_batch and groups share them ----
+    // Plain PostgreSQL: one array statement for all rows. A Citus-distributed table: statements that
+    // each stay on one shard (an array statement joins the table with unnest() and spans every
+    // shard; measured 10-20x slower), the writes inside BEGIN/COMMIT so that they commit together.
+
+    // The table's layout (see `distribution`); asked once per store, on a pooled connection, and
+    // like a connection's set-up not counted in stats().round_trips. A failed question is not
+    // remembered: the batch goes with arrays, which work everywhere, and asks next time.
+    int layout(pg::Connection& conn) {
+        const int known = distribution.load(std::memory_order_relaxed);
+        if (known != kUnknown) return known;
+        const auto ask = [&](pg::Stmt stmt, Params& p) {
+            const Step step{&defs[stmt], &p};
+            return conn.run(std::span(&step, 1), deadline());
+        };
+        Params none;
+        auto citus = ask(pg::kCitusInstalled, none);
+        if (!citus[0].ok() || citus[0].rows() != 1) return kPlain;
+        int found = kPlain;
+        if (pg::get_bool(citus[0].result.get(), 0, 0)) {
+            Params p;
+            p.text(table.qualified);
+            auto column = ask(pg::kDistributionColumn, p);
+            if (!column[0].ok()) return kPlain;
+            if (column[0].rows() == 1) {
+                const std::string_view c = pg::get_bytes(column[0].result.get(), 0, 0);
+                found = c == "scope" ? kByScope : c == "key" ? kByKey : kPlain;
+            }
+        }
+        distribution.store(found, std::memory_order_relaxed);
+        return found;
+    }
+
+    // The step whose error is the segment [begin, end)'s: the statement that failed (the others
+    // were skipped or rolled back with it); -1 when the segment committed.
+    static int segment_failure(const pg::StepResults& res, std::size_t begin, std::size_t end) noexcept {
+        int first = -1;
+        for (std::size_t i = begin; i < end; ++i) {
+            if (res[i].failed) return static_cast<int>(i);
+            if (!res[i].ok() && first < 0) first = static_cast<int>(i);
+        }
+        return first;
+    }
+
+    struct ClaimRow {
+        std::string_view scope, key, digest;
+        std::int16_t alg;
+        Fence fence;
+        std::int64_t lease_ms, retention_s;
+    };
+    using RowRef = std::pair<const PGresult*, int>;
+    using KeyRef = std::pair<std::string_view, std::string_view>;  // (scope, key)
+    struct ClaimAnswers {
+        pg::StepResults res;
+        // The first failed statement of the claims (index in res), -1 when every claim segment
+        // committed; row_failed says whose segment it was: nothing of a failed segment committed.
+        int write_failure = -1;
+        std::vector<bool> row_failed;
+        int read_failure = -1;          // index in res: the read failed (claims may have committed)
+        std::unordered_set<Fence> won;  // fences the INSERTs returned: committed at their Sync
+        std::map<KeyRef, RowRef> found; // rows read, by (scope, key); views into `res`
+    };
+
+    // Claims `rows` (sorted by key, keys distinct) and reads what stands at each key afterwards,
+    // one round trip: [claims | Sync | read | Sync] on one node. On a distributed table every claim
+    // segment stays on one shard — one per scope (by scope: [BEGIN, INSERT…, COMMIT | Sync]) or one
+    // per key (by key: [INSERT | Sync]) — so that none is a multi-shard (two-phase) commit, whose
+    // outcome a broken connection would leave in doubt until Citus recovers it. Throws
+    // connection_broken.
+    ClaimAnswers claim_rows(pg::Connection& conn, std::span<const ClaimRow> rows) {
+        const std::size_t n = rows.size();
+        const int shape = layout(conn);
+        std::deque<Params> params;  // stable addresses: the steps point at them
+        std::vector<Step> steps;
+        std::vector<std::size_t> first_step_of;  // per row: where its segment starts in steps
+        Params none;
+        // Scopes in order with the rows of each (rows are sorted by (scope, key)).
+        std::vector<std::pair<std::size_t, std::size_t>> scope_ranges;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i == 0 || rows[i].scope != rows[i - 1].scope) scope_ranges.emplace_back(i, i);
+            scope_ranges.back().second = i + 1;
+        }
+        bool blocks = false;
+        if (shape == kPlain) {
+            bool uniform = true;
+            std::vector<std::string_view> scopes(n), keys(n), digests(n);
+            std::vector<std::int16_t> algs(n);
+            std::vector<std::int64_t> fences(n), leases(n), retentions(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                const ClaimRow& r = rows[i];
+                scopes[i] = r.scope, keys[i] = r.key, digests[i] = r.digest, algs[i] = r.alg, fences[i] = r.fence;
+                leases[i] = r.lease_ms, retentions[i] = r.retention_s;
+                uniform = uniform && r.lease_ms == rows[0].lease_ms && r.retention_s == rows[0].retention_s;
+            }
+            Params& ins = params.emplace_back();
+            ins.text_array(scopes).text_array(keys).bytea_array(digests).int2_array(algs).int8_array(fences);
+            if (uniform) {
+                ins.int8(rows[0].lease_ms).int8(rows[0].retention_s);
+            } else {
+                ins.int8_array(leases).int8_array(retentions);
+            }
+            steps.push_back({&defs[uniform ? pg::kClaimBatchInsert : pg::kClaimGroupInsert], &ins});
+            first_step_of.assign(n, 0);
+            Params& sel = params.emplace_back();
+            sel.text_array(scopes).text_array(keys);
+            steps.push_back({&defs[pg::kSelectBatch], &sel});
+        } else {
+            const auto insert = [&](const ClaimRow& r) {
+                Params& ins = params.emplace_back();
+                ins.text(r.scope).text(r.key).bytes(r.digest).int2(r.alg).int8(r.fence).int8(r.lease_ms).int8(r.retention_s);
+                steps.push_back({&defs[pg::kClaimInsert], &ins, false});
+            };
+            first_step_of.resize(n);
+            for (auto [begin, end] : scope_ranges) {
+                // by key: each row alone; by scope: the scope's rows in one block (one shard)
+                for (std::size_t from = begin; from < end;) {
+                    const std::size_t to = shape == kByScope ? end : from + 1;
+                    const bool block = to - from > 1;
+                    blocks = blocks || block;
+                    for (std::size_t i = from; i < to; ++i) first_step_of[i] = steps.size();
+                    if (block) steps.push_back({&defs[pg::kBegin], &none, false});
+                    for (std::size_t i = from; i < to; ++i) insert(rows[i]);
+                    if (block) steps.push_back({&defs[pg::kCommit], &none, false});
+                    steps.back().sync_after = true;
+                    from = to;
+                }
+            }
+            for (auto [begin, end] : scope_ranges) {
+                std::vector<std::string_view> keys;
+                for (std::size_t i = begin; i < end; ++i) keys.push_back(rows[i].key);
+                Params& sel = params.emplace_back();
+                sel.text(rows[begin].scope).text_array(keys);
+                steps.push_back({&defs[pg::kSelectScopeKeys], &sel, false});
+            }
+            steps.back().sync_after = true;
+        }
+        const std::size_t write_steps = steps.size() - (shape == kPlain ? 1 : scope_ranges.size());
+        ClaimAnswers a;
+        a.res = blocks ? run_block(conn, steps) : run(conn, steps);
+        a.write_failure = segment_failure(a.res, 0, write_steps);
+        a.read_failure = segment_failure(a.res, write_steps, a.res.size());
+        a.row_failed.assign(n, false);
+        // A segment committed iff its first statement is ok() (ok() means "and the rest of the
+        // segment committed"). After a failed block, later segments fail as well (25P02 until the
+        // ROLLBACK): none of them committed either.
+        for (std::size_t i = 0; i < n; ++i) a.row_failed[i] = !a.res[first_step_of[i]].ok();
+        for (std::size_t i = 0; i < write_steps; ++i) {
+            if (!a.res[i].ok()) continue;  // its segment rolled back
+            const PGresult* r = a.res[i].result.get();
+            if (r == nullptr || PQnfields(r) != 1) continue;  // BEGIN / COMMIT
+            for (int row = 0; row < PQntuples(r); ++row) a.won.insert(pg::get_int8(r, row, 0));
+        }
+        if (a.read_failure >= 0) return a;
+        for (std::size_t i = write_steps; i < a.res.size(); ++i) {
+            const PGresult* r = a.res[i].result.get();
+            for (int row = 0; row < PQntuples(r); ++row) {
+                a.found.emplace(KeyRef(pg::get_bytes(r, row, pg::kRecordColumns), pg::get_bytes(r, row, pg::kRecordColumns + 1)),
+                                RowRef(r, row));
+            }
+        }
+        return a;
+    }
+
+    struct SaveRow {
+        std::string_view scope, key, result;
+        Fence fence;
+    };
+    struct SaveAnswers {
+        pg::StepResults res;
+        int failure = -1;                        // index in res: the first failed statement
+        std::vector<bool> row_failed;            // its segment failed: this row was not saved
+        std::unordered_map<Fence, bool> saved;   // fence → waiters, for every row saved
+    };
+
+    // Saves `rows` (sorted by key; keys and fences distinct), one round trip: one UPDATE for all on
+    // one node (one transaction). On a distributed table one single-statement segment per scope
+    // (by scope) or per key (by key), each on one shard and committed on its own (never a
+    // two-phase commit; a failed segment fails only its rows). Throws connection_broken.
+    SaveAnswers save_rows(pg::Connection& conn, std::span<const SaveRow> rows) {
+        const std::size_t n = rows.size();
+        const int shape = layout(conn);
+        std::deque<Params> params;
+        std::vector<Step> steps;
+        std::vector<std::size_t> step_of(n);  // per row: its statement
+        const auto statement = [&](pg::Stmt stmt, std::size_t from, std::size_t to) {
+            std::vector<std::string_view> scopes, keys, results;
+            std::vector<std::int64_t> fences;
+            for (std::size_t i = from; i < to; ++i) {
+                scopes.push_back(rows[i].scope), keys.push_back(rows[i].key), results.push_back(rows[i].result);
+                fences.push_back(rows[i].fence);
+                step_of[i] = steps.size();
+            }
+            Params& p = params.emplace_back();
+            if (stmt == pg::kSaveBatch) p.text_array(scopes);
+            if (stmt == pg::kSaveScoped) p.text(rows[from].scope);
+            if (stmt == pg::kSaveReturningFence) {
+                p.text(rows[from].scope).text(rows[from].key).int8(rows[from].fence).bytes(rows[from].result);
+            } else {
+                p.text_array(keys).int8_array(fences).bytea_array(results);
+            }
+            steps.push_back({&defs[stmt], &p});
+        };
+        if (shape == kPlain) {
+            statement(pg::kSaveBatch, 0, n);
+        } else {
+            for (std::size_t begin = 0; begin < n;) {
+                std::size_t end = begin + 1;
+                if (shape == kByScope) {
+                    while (end < n && rows[end].scope == rows[begin].scope) ++end;
+                }
+                statement(shape == kByScope ? pg::kSaveScoped : pg::kSaveReturningFence, begin, end);
+                begin = end;
+            }
+        }
+        SaveAnswers a;
+        a.res = run(conn, steps);
+        a.failure = segment_failure(a.res, 0, a.res.size());
+        a.row_failed.resize(n);
+        for (std::size_t i = 0; i < n; ++i) a.row_failed[i] = !a.res[step_of[i]].ok();
+        for (const StepResult& step : a.res) {
+            if (!step.ok()) continue;
+            const PGresult* r = step.result.get();
+            for (int row = 0; row < PQntuples(r); ++row) a.saved.emplace(pg::get_int8(r, row, 0), pg::get_bool(r, row, 1));
+        }
+        return a;
+    }
+
     // ---- Group commit (docs/design.md, "Group commit") ----
     // How many groups may be in flight at once, per kind (claims, saves): see docs/design.md for the
     // figures behind the choice.
@@ -366,8 +625,25 @@ struct PostgresStore::Impl {
             // claim that committed while the INSERT waited for it (one statement could not: see
             // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
             // One Sync instead of one per statement: one send() and one transaction fewer per claim.
-            const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
-            return run(conn, steps);
+            if (layout(conn) == kPlain) {
+                const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
+                return run(conn, steps);
+            }
+            // A distributed table: Citus does not take a pipeline's implicit transaction for a
+            // transaction block, and commits the INSERT on its shard at once (seen: a claim whose
+            // read failed left its row behind). BEGIN … COMMIT makes the INSERT commit or roll back
+            // with the read, as on one node. The answers are mapped back to [INSERT, SELECT], a
+            // failed BEGIN onto the INSERT, a failed COMMIT onto the SELECT (as Connection::run does).
+            Params none;
+            const Step steps[] = {{&defs[pg::kBegin], &none, false},
+                                  {&defs[pg::kClaimInsert], &ins, false},
+                                  {&defs[pg::kSelect], &sel, false},
+                                  {&defs[pg::kCommit], &none, true}};
+            pg::StepResults all = run_block(conn, steps);
+            pg::StepResults two(2);
+            two[0] = std::move(all[0].failed ? all[0] : all[1]);
+            two[1] = std::move(all[3].failed ? all[3] : all[2]);
+            return two;
         });
     }
 
@@ -402,63 +678,33 @@ struct PostgresStore::Impl {
             return;
         }
         try {
-            const std::size_t n = ms.size();
-            std::vector<std::string_view> scopes(n), values(n), digests(n);
-            std::vector<std::int16_t> algs(n);
-            std::vector<std::int64_t> fences(n), leases(n), retentions(n);
-            for (std::size_t j = 0; j < n; ++j) {
-                scopes[j] = ms[j]->key->scope();
-                values[j] = ms[j]->key->value();
-                digests[j] = ms[j]->fp->bytes();
-                algs[j] = static_cast<std::int16_t>(ms[j]->fp->algorithm());
-                fences[j] = ms[j]->fence;
-                leases[j] = ms[j]->lease.count();
-                retentions[j] = ms[j]->retention.count();
+            std::vector<ClaimRow> rows;
+            rows.reserve(ms.size());
+            for (const ClaimMember* c : ms) {
+                rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                                static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                                c->retention.count()});
             }
-            Params ins, sel;
-            ins.text_array(scopes).text_array(values).bytea_array(digests).int2_array(algs).int8_array(fences)
-                .int8_array(leases).int8_array(retentions);
-            sel.text_array(scopes).text_array(values);
-            // [INSERT … unnest | Sync | SELECT … unnest | Sync]: one round trip; the claims commit
-            // at the first Sync, the read takes its own snapshot (as the single-key path's does).
-            const Step steps[] = {{&defs[pg::kClaimGroupInsert], &ins}, {&defs[pg::kSelectBatch], &sel}};
-            pg::StepResults res = run(**conn, steps);
-            if (!res[0].ok()) {
-                // Nothing of the group committed (a conflict, a cancel, one member's bad bytes...):
-                // every member goes again alone, with its fence, and meets its own outcome.
-                all(ClaimMember::Got::alone);
-                return;
+            // [claims | Sync | read | Sync]: one round trip; the claims commit at the first Sync,
+            // the read takes its own snapshot (as the single-key path's does).
+            ClaimAnswers a = claim_rows(**conn, rows);
+            for (std::size_t j = 0; j < ms.size(); ++j) {
+                ClaimMember* c = ms[j];
+                // A member whose claim segment failed (a conflict, a cancel, one member's bad
+                // bytes...) — on one node, every member — goes again alone, with its fence, and
+                // meets its own outcome: nothing of that segment committed.
+                c->got = a.row_failed[j]              ? ClaimMember::Got::alone
+                         : a.won.contains(c->fence)   ? ClaimMember::Got::won
+                         : a.read_failure >= 0        ? ClaimMember::Got::alone  // no read to answer from
+                                                      : ClaimMember::Got::absent;
             }
-            std::unordered_map<Fence, ClaimMember*> by_fence;
+            if (a.read_failure >= 0) return;
             for (ClaimMember* c : ms) {
-                by_fence.emplace(c->fence, c);
-                c->got = ClaimMember::Got::absent;
-            }
-            const PGresult* r = res[0].result.get();
-            for (int row = 0; row < PQntuples(r); ++row) {
-                if (auto it = by_fence.find(pg::get_int8(r, row, 0)); it != by_fence.end()) {
-                    it->second->got = ClaimMember::Got::won;  // committed at the first Sync
-                }
-            }
-            if (!res[1].ok()) {  // the read failed alone: whoever did not win goes again alone
-                for (ClaimMember* c : ms) {
-                    if (c->got != ClaimMember::Got::won) c->got = ClaimMember::Got::alone;
-                }
-                return;
-            }
-            std::map<std::pair<std::string_view, std::string_view>, int> found;  // (scope, key) → row
-            const PGresult* rows = res[1].result.get();
-            for (int row = 0; row < PQntuples(rows); ++row) {
-                found.emplace(std::pair(pg::get_bytes(rows, row, pg::kRecordColumns),
-                                        pg::get_bytes(rows, row, pg::kRecordColumns + 1)),
-                              row);
-            }
-            for (ClaimMember* c : ms) {
-                if (c->got == ClaimMember::Got::won) continue;
-                auto it = found.find(std::pair(c->key->scope(), c->key->value()));
-                if (it == found.end()) continue;  // absent: released or rolled back in between
+                if (c->got != ClaimMember::Got::absent) continue;
+                auto it = a.found.find(KeyRef(c->key->scope(), c->key->value()));
+                if (it == a.found.end()) continue;  // absent: released or rolled back in between
                 try {
-                    parse_record(rows, it->second, c->out->existing.emplace());
+                    parse_record(it->second.first, it->second.second, c->out->existing.emplace());
                     c->got = ClaimMember::Got::found;
                 } catch (...) {
                     c->out->existing.reset();
@@ -507,36 +753,27 @@ struct PostgresStore::Impl {
         }
         for (SaveMember* s : sent) s->sent = true;
         try {
-            pg::StepResults res;
             if (sent.size() == 1) {  // alone: today's statement
                 Params p;
                 p.text(sent[0]->key->scope()).text(sent[0]->key->value()).int8(sent[0]->fence).bytes(sent[0]->result);
-                res = run_one(**conn, pg::kSave, p);
-            } else {
-                std::vector<std::string_view> scopes, values, results;
-                std::vector<std::int64_t> fences;
-                for (SaveMember* s : sent) {
-                    scopes.push_back(s->key->scope());
-                    values.push_back(s->key->value());
-                    fences.push_back(s->fence);
-                    results.push_back(s->result);
-                }
-                Params p;
-                p.text_array(scopes).text_array(values).int8_array(fences).bytea_array(results);
-                res = run_one(**conn, pg::kSaveBatch, p);
-            }
-            if (!res[0].ok()) return;  // rolled back whole: each goes alone (40001 retried there, ...)
-            for (SaveMember* s : sent) s->got = SaveMember::Got::lost;  // its fence no longer owns the key
-            const PGresult* r = res[0].result.get();
-            if (sent.size() == 1) {
+                pg::StepResults res = run_one(**conn, pg::kSave, p);
+                if (!res[0].ok()) return;  // each goes alone (40001 retried there, ...)
+                sent[0]->got = SaveMember::Got::lost;  // its fence no longer owns the key
+                const PGresult* r = res[0].result.get();
                 if (PQntuples(r) == 1) sent[0]->got = SaveMember::Got::saved, sent[0]->waiters = pg::get_bool(r, 0, 0);
                 return;
             }
-            for (int row = 0; row < PQntuples(r); ++row) {
-                if (auto it = by_fence.find(pg::get_int8(r, row, 0)); it != by_fence.end()) {
-                    it->second->got = SaveMember::Got::saved;
-                    it->second->waiters = pg::get_bool(r, row, 1);
-                }
+            std::vector<SaveRow> rows;
+            rows.reserve(sent.size());
+            for (const SaveMember* m : sent) rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
+            SaveAnswers a = save_rows(**conn, rows);
+            for (std::size_t j = 0; j < sent.size(); ++j) {
+                SaveMember* m = sent[j];
+                // its statement failed (nothing of it committed): it goes alone (40001 retried there, ...)
+                if (a.row_failed[j]) continue;
+                const auto it = a.saved.find(m->fence);
+                m->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
+                if (it != a.saved.end()) m->waiters = it->second;
             }
         } catch (const pg::connection_broken&) {
             pool->suspect_idle();
@@ -600,51 +837,205 @@ const PostgresOptions& PostgresStore::options() const noexcept { return impl_->o
 
 std::size_t PostgresStore::max_result_bytes() const noexcept { return impl_->options.max_result_bytes; }
 
-void PostgresStore::ensure_schema() {
-    Impl& m = *impl_;
-    m.check_process();
-    // A plain (non-pipelined) connection of its own: DDL runs as one simple-protocol transaction.
-    pg::ConnectSettings settings = m.settings;
-    const std::string timeout = std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));
-    const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
-    const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(), nullptr};
-    pg::ConnPtr conn(PQconnectdbParams(keys, values, 1));
-    if (!conn) throw store_unavailable("idem: ensure_schema: out of memory creating a PostgreSQL connection");
-    if (PQstatus(conn.get()) != CONNECTION_OK) pg::throw_connect_error(PQerrorMessage(conn.get()));
-    pg::quiet_notices(conn.get());
-    const auto exec = [&](const std::string& sql, std::vector<std::string> params = {}) {
+namespace {
+
+// A plain (non-pipelined) connection of its own for DDL and catalog questions: simple-protocol
+// statements, one at a time, each failure a typed idem error.
+class AdminSession {
+public:
+    AdminSession(const pg::ConnectSettings& settings, const char* what) : what_(what) {
+        const std::string timeout =
+            std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));
+        const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
+        const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(), nullptr};
+        conn_.reset(PQconnectdbParams(keys, values, 1));
+        if (!conn_) throw store_unavailable(std::string("idem: ") + what + ": out of memory creating a PostgreSQL connection");
+        if (PQstatus(conn_.get()) != CONNECTION_OK) pg::throw_connect_error(PQerrorMessage(conn_.get()));
+        pg::quiet_notices(conn_.get());
+    }
+
+    /// Runs one statement (text parameters $1..$n); throws config_error / store_unavailable /
+    /// database_error as the SQLSTATE says.
+    pg::ResultPtr exec(const std::string& sql, const std::vector<std::string>& params = {}) {
         std::vector<const char*> args;
         for (const auto& p : params) args.push_back(p.c_str());
-        pg::ResultPtr r(params.empty() ? PQexec(conn.get(), sql.c_str())
-                                       : PQexecParams(conn.get(), sql.c_str(), static_cast<int>(args.size()),
+        pg::ResultPtr r(params.empty() ? PQexec(conn_.get(), sql.c_str())
+                                       : PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(args.size()),
                                                       nullptr, args.data(), nullptr, nullptr, 0));
         const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
         if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
             const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
             const std::string sqlstate = state ? state : "";
-            std::string msg = "idem: ensure_schema failed: " + std::string(PQerrorMessage(conn.get()));
+            std::string msg = std::string("idem: ") + what_ + " failed: " + PQerrorMessage(conn_.get());
             while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
             if (sqlstate.empty()) throw store_unavailable(msg);  // the connection failed
             pg::throw_database_error(std::move(msg), sqlstate);
         }
         return r;
-    };
-    const std::string literal = m.table.schema.empty() ? m.table.table : m.table.schema + "." + m.table.table;
-    exec("BEGIN");
+    }
+
+    /// The first column of the first row, or nullopt for no row or NULL.
+    std::optional<std::string> value(const std::string& sql, const std::vector<std::string>& params = {}) {
+        auto r = exec(sql, params);
+        if (PQntuples(r.get()) < 1 || PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+        return std::string(PQgetvalue(r.get(), 0, 0));
+    }
+
+    /// The citus extension's version in this database, or nullopt.
+    std::optional<std::string> citus_version() {
+        return value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'");
+    }
+    /// On a Citus node: whether it is a worker (its group is not the coordinator's, 0).
+    bool citus_worker() { return value("SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group") == "t"; }
+    /// On a Citus node: the table's distribution column, or nullopt (not distributed, or a
+    /// reference / single-shard table, whose partkey is NULL).
+    std::optional<std::string> distribution_column(const std::string& qualified) {
+        return value("SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) FROM pg_catalog.pg_dist_partition "
+                     "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
+                     {qualified});
+    }
+    void refuse_worker() {
+        if (citus_version() && citus_worker()) {
+            throw config_error(std::string("idem: ") + what_ +
+                               ": connected to a Citus worker node; run it against the coordinator (DDL on a "
+                               "worker would create tables that only that node sees)");
+        }
+    }
+
+private:
+    const char* what_;
+    pg::ConnPtr conn_;
+};
+
+std::string table_literal(const pg::TableName& t) { return t.schema.empty() ? t.table : t.schema + "." + t.table; }
+
+}  // namespace
+
+void PostgresStore::ensure_schema() {
+    Impl& m = *impl_;
+    m.check_process();
+    AdminSession db(m.settings, "ensure_schema");
+    db.refuse_worker();
+    const std::string literal = table_literal(m.table);
+    db.exec("BEGIN");
+    // Waits as long as it takes for a concurrent ensure_schema() (the lock below) and for the
+    // table's locks, whatever lock_timeout the role carries (docs/scale-out.md has operators set
+    // one for idem's statements: eight instances starting at once timed out on it).
+    db.exec("SET LOCAL lock_timeout = 0");
     // Serialises concurrent ensure_schema() calls (several instances starting at once): without it,
     // two CREATE TABLE IF NOT EXISTS can still collide on the catalog's unique index. One lock for
     // every table: stores of different tables share the schema's idem_schema_version table.
-    exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"});
-    if (!m.table.schema.empty()) exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
-    exec(pg::schema_sql(m.table));
-    auto r = exec("SELECT version FROM " + m.table.version_table + " WHERE table_name = $1", {literal});
+    db.exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"});
+    if (!m.table.schema.empty()) db.exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
+    // One statement at a time (Citus refuses multi-statement strings that carry DDL).
+    for (const std::string& statement : pg::schema_statements(m.table)) db.exec(statement);
+    auto r = db.exec("SELECT version FROM " + m.table.version_table + " WHERE table_name = $1", {literal});
     const int found = PQntuples(r.get()) == 1 ? std::stoi(PQgetvalue(r.get(), 0, 0)) : 0;
     if (found > pg::kSchemaVersion) {
-        exec("ROLLBACK");
+        db.exec("ROLLBACK");
         throw config_error("idem: table " + literal + " has schema version " + std::to_string(found) +
                            ", newer than this idem (" + std::to_string(pg::kSchemaVersion) + ")");
     }
-    exec("COMMIT");
+    db.exec("COMMIT");
+}
+
+void PostgresStore::distribute(DistributeBy by) {
+    Impl& m = *impl_;
+    m.check_process();
+    AdminSession db(m.settings, "distribute");
+    const auto version = db.citus_version();
+    if (!version) {
+        throw config_error("idem: distribute: the citus extension is not installed in this database "
+                           "(CREATE EXTENSION citus on the coordinator)");
+    }
+    db.refuse_worker();
+    const std::string column = by == DistributeBy::scope ? "scope" : "key";
+    if (!db.value("SELECT pg_catalog.to_regclass($1)", {m.table.qualified})) {
+        throw config_error("idem: distribute: table " + table_literal(m.table) +
+                           " does not exist (call ensure_schema() first)", "42P01");
+    }
+    if (const auto current = db.distribution_column(m.table.qualified)) {
+        if (*current == column) return;  // already done: idempotent
+        throw config_error("idem: distribute: table " + table_literal(m.table) + " is already distributed by " +
+                           *current + ", not " + column + " (undistribute_table() first to change it)");
+    }
+    // create_distributed_table copies existing rows into the shards; concurrent calls serialise on
+    // Citus's own lock, and the loser finds the table distributed (checked again below).
+    try {
+        db.exec("SELECT pg_catalog.create_distributed_table($1::regclass, $2)", {m.table.qualified, column});
+    } catch (const database_error&) {
+        if (db.distribution_column(m.table.qualified) != column) throw;
+    }
+    m.distribution.store(by == DistributeBy::scope ? Impl::kByScope : Impl::kByKey, std::memory_order_relaxed);
+}
+
+Deployment PostgresStore::inspect() {
+    Impl& m = *impl_;
+    m.check_process();
+    AdminSession db(m.settings, "inspect");
+    Deployment d;
+    const auto version = db.citus_version();
+    if (!version) {
+        m.distribution.store(Impl::kPlain, std::memory_order_relaxed);
+        return d;
+    }
+    d.citus = true;
+    d.citus_version = *version;
+    d.coordinator = !db.citus_worker();
+    const auto column = db.distribution_column(m.table.qualified);
+    if (column == "scope") d.distributed_by = DistributeBy::scope;
+    if (column == "key") d.distributed_by = DistributeBy::key;
+    m.distribution.store(!d.distributed_by ? Impl::kPlain
+                         : *d.distributed_by == DistributeBy::scope ? Impl::kByScope
+                                                                    : Impl::kByKey,
+                         std::memory_order_relaxed);
+    if (!d.coordinator) {
+        d.warnings.push_back("connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "
+                             "ClaimOptions::wait only hears saves made through the same node");
+    }
+    if (column && !d.distributed_by) {
+        d.warnings.push_back("table " + table_literal(m.table) + " is distributed by '" + *column +
+                             "', which is neither scope nor key");
+    }
+    if (!d.distributed_by) return d;
+    // idem's session settings (startup options) stay on the coordinator: the shards' statements run
+    // with the settings of the worker sessions Citus opens, i.e. the role's and the database's.
+    struct Wanted {
+        const char* name;
+        std::string value;
+        const char* why;
+    };
+    const Wanted wanted[] = {
+        {"lock_timeout", std::to_string(m.options.lock_timeout.count()),
+         "a claim meeting an uncommitted claim of its key waits on the shard up to statement_timeout and fails "
+         "as store_unavailable instead of answering in_progress"},
+        {"enable_seqscan", "off",
+         "cached plans of idem's key lookups on the shards may become sequential scans after an ANALYZE of "
+         "a nearly empty table"},
+    };
+    const std::string role = db.value("SELECT current_user").value_or("<role>");
+    for (const Wanted& w : wanted) {
+        try {
+            auto r = db.exec("SELECT nodename, nodeport, success, result FROM pg_catalog.run_command_on_workers($1)",
+                             {std::string("SELECT setting FROM pg_catalog.pg_settings WHERE name = '") + w.name + "'"});
+            for (int row = 0; row < PQntuples(r.get()); ++row) {
+                const std::string node = std::string(PQgetvalue(r.get(), row, 0)) + ":" + PQgetvalue(r.get(), row, 1);
+                const std::string got = PQgetvalue(r.get(), row, 3);
+                if (std::string_view(PQgetvalue(r.get(), row, 2)) != "t") {
+                    d.warnings.push_back("could not read " + std::string(w.name) + " on worker " + node + ": " + got);
+                } else if (got != w.value) {
+                    const std::string unit = std::string(w.name) == "lock_timeout" ? "ms" : "";
+                    d.warnings.push_back("worker " + node + " runs idem's statements with " + w.name + " = " + got +
+                                         unit + " (idem asks for " + w.value + unit + "): " + w.why +
+                                         ". Fix, on the coordinator (Citus propagates it to the workers): "
+                                         "ALTER ROLE \"" + role + "\" SET " + w.name + " = '" + w.value + unit + "'");
+                }
+            }
+        } catch (const error& e) {
+            d.warnings.push_back(std::string("could not read the workers' ") + w.name + ": " + e.what());
+        }
+    }
+    return d;
 }
 
 Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
@@ -871,37 +1262,23 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
             for (std::size_t j = 1; j < n; ++j) {
                 if (keys[order[j]] == keys[order[j - 1]]) throw config_error("idem: claim_batch keys must be distinct");
             }
-            std::vector<Fence> fences(n);
-            std::vector<std::string_view> scopes(n), values(n), digests(n);
-            std::vector<std::int16_t> algs(n);
+            std::vector<Impl::ClaimRow> rows(n);
             for (std::size_t j = 0; j < n; ++j) {
                 const std::size_t i = order[j];
-                fences[j] = detail::new_fence();
-                scopes[j] = keys[i].scope();
-                values[j] = keys[i].value();
-                digests[j] = fps[i].bytes();
-                algs[j] = static_cast<std::int16_t>(fps[i].algorithm());
+                rows[j] = {keys[i].scope(), keys[i].value(), fps[i].bytes(), static_cast<std::int16_t>(fps[i].algorithm()),
+                           detail::new_fence(), lease.count(), retention.count()};
             }
             m.counters().claims.fetch_add(n, std::memory_order_relaxed);
 
             for (int failures = 0;; ++failures) {
-                // [INSERT … SELECT FROM unnest | Sync | SELECT … JOIN unnest | Sync]: every claim of the
-                // chunk commits together, one round trip, two statements.
-                pg::StepResults res = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
-                    Params ins, sel;
-                    ins.text_array(scopes)
-                        .text_array(values)
-                        .bytea_array(digests)
-                        .int2_array(algs)
-                        .int8_array(fences)
-                        .int8(lease.count())
-                        .int8(retention.count());
-                    sel.text_array(scopes).text_array(values);
-                    const Step steps[] = {{&m.defs[pg::kClaimBatchInsert], &ins}, {&m.defs[pg::kSelectBatch], &sel}};
-                    return m.run(conn, steps);
+                // [claims | Sync | read | Sync]: every claim of the chunk commits together, one round
+                // trip (Impl::claim_rows: two array statements, or one-shard statements on Citus).
+                Impl::ClaimAnswers a = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
+                    return m.claim_rows(conn, rows);
                 });
-                if (!res[0].ok()) {
-                    if (!claim_retryable(res[0].sqlstate())) throw_statement_error(res[0], "claim_batch");
+                if (a.write_failure >= 0 && a.won.empty()) {  // nothing committed
+                    const StepResult& failed = a.res[static_cast<std::size_t>(a.write_failure)];
+                    if (!claim_retryable(failed.sqlstate())) throw_statement_error(failed, "claim_batch");
                     m.counters().retries.fetch_add(1, std::memory_order_relaxed);
                     if (failures + 1 < m.options.claim_attempts) {
                         thread_local std::minstd_rand jitter{std::random_device{}()};
@@ -913,49 +1290,42 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
                     break;
                 }
-                // The INSERT committed under its own Sync: its claims are won whatever happens to the
-                // read. Recorded first, so that release_won() frees them if the batch throws later.
-                std::unordered_map<Fence, std::size_t> won;  // fence → position in `order`
-                for (std::size_t j = 0; j < n; ++j) won.emplace(fences[j], j);
+                // The claims committed under their own Sync: won whatever happens to the read.
+                // Recorded first, so that release_won() frees them if the batch throws later.
                 std::vector<bool> inserted(n, false);
-                const PGresult* r = res[0].result.get();
-                for (int row = 0; row < PQntuples(r); ++row) {
-                    if (auto it = won.find(pg::get_int8(r, row, 0)); it != won.end()) inserted[it->second] = true;
-                }
                 for (std::size_t j = 0; j < n; ++j) {
-                    if (!inserted[j]) continue;
+                    if (!a.won.contains(rows[j].fence)) continue;
+                    inserted[j] = true;
                     m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-                    out[order[j]] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                    out[order[j]] = Claim{ClaimStatus::claimed, rows[j].fence, std::nullopt, {}};
                 }
-                if (!res[1].ok()) {
-                    // The read failed (a transaction of its own): only the keys the INSERT did not
-                    // win need it. Each takes the single-key path, which retries or reports the
-                    // failure; if one throws, release_won() frees the claims won above.
-                    for (std::size_t j = 0; j < n; ++j) {
-                        if (inserted[j]) continue;
-                        m.counters().claims.fetch_sub(1, std::memory_order_relaxed);  // claim() counts again
-                        out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
-                    }
-                    break;
-                }
-                std::map<std::pair<std::string_view, std::string_view>, int> found;  // (scope, key) → row
-                const PGresult* rows = res[1].result.get();
-                for (int row = 0; row < PQntuples(rows); ++row) {
-                    found.emplace(std::pair(pg::get_bytes(rows, row, pg::kRecordColumns),
-                                            pg::get_bytes(rows, row, pg::kRecordColumns + 1)),
-                                  row);
+                if (a.write_failure >= 0) {
+                    // Some claim segments committed, others not (a distributed table: one segment
+                    // per shard). A refusal that no retry heals fails the batch (release_won()
+                    // frees what it won); anything else, the keys of the failed segments settle below.
+                    const StepResult& failed = a.res[static_cast<std::size_t>(a.write_failure)];
+                    if (!claim_retryable(failed.sqlstate())) throw_statement_error(failed, "claim_batch");
+                    m.counters().retries.fetch_add(1, std::memory_order_relaxed);
                 }
                 for (std::size_t j = 0; j < n; ++j) {
                     const std::size_t i = order[j];
                     if (inserted[j]) continue;  // recorded above
-                    std::optional<Record> record;
-                    if (auto it = found.find(std::pair(scopes[j], values[j])); it != found.end()) {
-                        record = parse_record(rows, it->second);
+                    if (a.row_failed[j] || a.read_failure >= 0) {
+                        // Its claim did not commit, or the read failed (a transaction of its own):
+                        // the single-key path, which retries or reports the failure; if it throws,
+                        // release_won() frees the claims won above.
+                        m.counters().claims.fetch_sub(1, std::memory_order_relaxed);  // claim() counts again
+                        out[i] = claim(keys[i], fps[i], options);
+                        continue;
                     }
-                    if (record && record->fence == fences[j] && record->state == RecordState::in_progress) {
+                    std::optional<Record> record;
+                    if (auto it = a.found.find(Impl::KeyRef(rows[j].scope, rows[j].key)); it != a.found.end()) {
+                        record = parse_record(it->second.first, it->second.second);
+                    }
+                    if (record && record->fence == rows[j].fence && record->state == RecordState::in_progress) {
                         // ours: an attempt whose answer was lost with its connection committed it
                         m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-                        out[i] = Claim{ClaimStatus::claimed, fences[j], std::nullopt, {}};
+                        out[i] = Claim{ClaimStatus::claimed, rows[j].fence, std::nullopt, {}};
                         continue;
                     }
                     const ClaimStatus status = record ? classify(*record, fps[i]) : ClaimStatus::in_progress;
@@ -991,36 +1361,34 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
 std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> saves) {
     Impl& m = *impl_;
     std::vector<SaveStatus> statuses(saves.size(), SaveStatus::lease_lost);
-    std::vector<std::string_view> scopes, values, results;
-    std::vector<Fence> fences;
+    std::vector<std::size_t> order;                 // positions in saves, by key
     std::unordered_map<Fence, std::size_t> index;  // fence → position in saves
     for (std::size_t i = 0; i < saves.size(); ++i) {
         if (saves[i].result.size() > m.options.max_result_bytes) {
             statuses[i] = SaveStatus::too_large;  // decided before any I/O
             continue;
         }
-        scopes.push_back(saves[i].key.scope());
-        values.push_back(saves[i].key.value());
-        results.push_back(saves[i].result);
-        fences.push_back(saves[i].fence);
+        order.push_back(i);
         index.emplace(saves[i].fence, i);
     }
-    if (fences.empty()) return statuses;
-    m.counters().saves.fetch_add(fences.size(), std::memory_order_relaxed);
+    if (order.empty()) return statuses;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return saves[a].key < saves[b].key; });
+    std::vector<Impl::SaveRow> rows;
+    rows.reserve(order.size());
+    for (std::size_t i : order) rows.push_back({saves[i].key.scope(), saves[i].key.value(), saves[i].result, saves[i].fence});
+    m.counters().saves.fetch_add(rows.size(), std::memory_order_relaxed);
     std::vector<std::size_t> notify;
     m.with_connection("save_batch", [&](pg::Connection& conn, int attempt) {
         notify.clear();
-        // One UPDATE … FROM unnest: one statement, one commit for every result.
-        Params p;
-        p.text_array(scopes).text_array(values).int8_array(fences).bytea_array(results);
-        auto res = m.run_one(conn, pg::kSaveBatch, p);
-        if (!res[0].ok()) throw_statement_error(res[0], "save_batch");
-        const PGresult* r = res[0].result.get();
-        for (int row = 0; row < PQntuples(r); ++row) {
-            auto it = index.find(pg::get_int8(r, row, 0));
+        // One transaction for every result: one UPDATE … FROM unnest (Impl::save_rows; one-shard
+        // statements on Citus).
+        Impl::SaveAnswers a = m.save_rows(conn, rows);
+        if (a.failure >= 0) throw_statement_error(a.res[static_cast<std::size_t>(a.failure)], "save_batch");
+        for (auto [fence, waiters] : a.saved) {
+            auto it = index.find(fence);
             if (it == index.end()) continue;
             statuses[it->second] = SaveStatus::saved;
-            if (pg::get_bool(r, row, 1)) notify.push_back(it->second);
+            if (waiters) notify.push_back(it->second);
         }
         if (attempt > 1) {  // an earlier attempt of this batch may have committed before its connection broke
             for (auto [fence, i] : index) {
@@ -1139,7 +1507,14 @@ std::size_t PostgresStore::purge_expired(std::size_t batch_size, std::size_t max
         const std::size_t deleted = m.with_connection("purge_expired", [&](pg::Connection& conn, int) {
             Params p;
             p.int8(static_cast<std::int64_t>(std::min<std::size_t>(batch_size, INT64_MAX)));
-            auto res = m.run_one(conn, pg::kPurge, p);
+            const bool distributed = m.purge_distributed.load(std::memory_order_relaxed);
+            auto res = m.run_one(conn, distributed ? pg::kPurgeDistributed : pg::kPurge, p);
+            if (!distributed && res[0].failed && res[0].sqlstate() == "0A000") {
+                // Citus refuses FOR UPDATE on a statement that spans shards: this table is
+                // distributed. Its form without SKIP LOCKED, from now on (nothing was deleted).
+                m.purge_distributed.store(true, std::memory_order_relaxed);
+                res = m.run_one(conn, pg::kPurgeDistributed, p);
+            }
             if (!res[0].ok()) throw_statement_error(res[0], "purge_expired");
             return static_cast<std::size_t>(std::strtoull(PQcmdTuples(res[0].result.get()), nullptr, 10));
         });

@@ -51,12 +51,17 @@ std::vector<StatementDef> statements(const TableName& t) {
     const std::string& T = t.qualified;
     // Every column of a record, then the lease/expiry verdict and the read time by the database's
     // clock (one clock for every instance; the replay cache measures retention left from read_at).
-    // parse_record reads them in this order. take_over's RETURNING shares this list, so it returns
-    // now() too (see docs/design.md on Citus).
-    const std::string record =
+    // parse_record reads them in this order.
+    const std::string columns =
         "state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, lease_until, expires_at, "
-        "phase, phase_data, (state = 'in_progress' AND lease_until < now()), "
-        "(state = 'completed' AND expires_at < now()), now()";
+        "phase, phase_data";
+    const std::string record = columns +
+                               ", (state = 'in_progress' AND lease_until < now()), "
+                               "(state = 'completed' AND expires_at < now()), now()";
+    // The same columns as a RETURNING list. Citus refuses any non-IMMUTABLE function there (now()
+    // included, 0A000), so the verdicts are constants — true of every row the statement can return —
+    // and the read time is lease_until, which the caller corrects (see kTakeOver).
+    const std::string record_returned = columns + ", false, false, lease_until";
     const std::string owned = "scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress'";
     std::vector<StatementDef> defs(kStmtCount);
     // The claim: the database arbitrates with the primary key. DO NOTHING writes no WAL and takes
@@ -107,6 +112,33 @@ std::vector<StatementDef> statements(const TableName& t) {
                                     "RETURNING t.fence, t.waiters",
                                     T),
                         {text_array, text_array, int8_array, bytea_array}};
+    // Batches and groups on a Citus-distributed table (docs/scale-out.md): statements that each stay
+    // on one shard. The claims go as one-row idem_claim statements; the reads one per scope (with
+    // `scope = $1`, a table distributed by scope routes it to one shard, and one distributed by key
+    // prunes it to the shards of the keys); the saves one per scope (by scope) or one per row (by key).
+    defs[kSelectScopeKeys] = {"idem_select_scope_keys",
+                              fmt::format("SELECT {}, scope, key FROM {} WHERE scope = $1 AND key = ANY($2::text[])",
+                                          record, T),
+                              {text, text_array}};
+    defs[kSaveScoped] = {"idem_save_scoped",
+                         fmt::format("UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
+                                     "FROM unnest($2::text[], $3::int8[], $4::bytea[]) AS u(k, f, r) "
+                                     "WHERE t.scope = $1 AND t.key = u.k AND t.fence = u.f AND t.state = 'in_progress' "
+                                     "RETURNING t.fence, t.waiters",
+                                     T),
+                         {text, text_array, int8_array, bytea_array}};
+    defs[kSaveReturningFence] = {"idem_save_returning_fence",
+                                 fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
+                                             "WHERE {} RETURNING fence, waiters",
+                                             T, owned),
+                                 {text, text, int8, bytea}};
+    // How the table is laid out. Unnamed (parsed when run): pg_dist_partition exists only with Citus.
+    defs[kCitusInstalled] = {"", "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')", {}};
+    defs[kDistributionColumn] = {"",
+                                 "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) "
+                                 "FROM pg_catalog.pg_dist_partition "
+                                 "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
+                                 {text}};
     // Only the fence holder of an in-progress key completes it. `waiters`: someone LISTENs for it.
     defs[kSave] = {"idem_save",
                    fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
@@ -126,11 +158,13 @@ std::vector<StatementDef> statements(const TableName& t) {
                     "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
                     T),
         {text, text, bytea, int2, int8, int8, int8}};
-    // A stale claim (lease passed, fence unchanged) gets a new fence: one taker wins.
+    // A stale claim (lease passed, fence unchanged) gets a new fence: one taker wins. A returned row
+    // is in progress with a lease that starts now (so neither verdict holds), and its read time is
+    // lease_until - $5 (the caller subtracts: the RETURNING list must stay free of functions).
     defs[kTakeOver] = {"idem_take_over",
                        fmt::format("UPDATE {} SET fence = $4, lease_until = now() + $5 * interval '1 millisecond', "
                                    "attempt = attempt + $6 WHERE {} AND lease_until < now() RETURNING {}",
-                                   T, owned, record),
+                                   T, owned, record_returned),
                        {text, text, int8, int8, int8, int4}};
     defs[kExtendLease] = {"idem_extend_lease",
                           fmt::format("UPDATE {} SET lease_until = now() + $4 * interval '1 millisecond' "
@@ -169,6 +203,17 @@ std::vector<StatementDef> statements(const TableName& t) {
                                 "AND t.key = victims.key",
                                 T),
                     {int8}};
+    // The same batch on a Citus-distributed table, where FOR UPDATE/SHARE is refused on a statement
+    // not routed to one shard (0A000). The DELETE re-checks both conditions on the row it locks, so
+    // a key re-claimed since the inner SELECT read it is left alone; it may wait (lock_timeout) on a
+    // row being re-claimed instead of skipping it.
+    defs[kPurgeDistributed] = {"idem_purge_distributed",
+                               fmt::format("DELETE FROM {0} WHERE (scope, key) IN (SELECT scope, key FROM {0} "
+                                           "WHERE state = 'completed' AND expires_at < now() "
+                                           "ORDER BY expires_at LIMIT $1) "
+                                           "AND state = 'completed' AND expires_at < now()",
+                                           T),
+                               {int8}};
     defs[kBegin] = {"", "BEGIN", {}};
     defs[kCommit] = {"", "COMMIT", {}};
     defs[kRollback] = {"", "ROLLBACK", {}};
@@ -191,17 +236,20 @@ std::vector<StatementDef> statements(const TableName& t) {
     return defs;
 }
 
-std::string schema_sql(const TableName& t) {
-    return fmt::format(
-        R"(-- idem schema version {version}: what PostgresStore::ensure_schema() runs, in one transaction.
--- Citus: distribute the table by scope (SELECT create_distributed_table('{table}', 'scope')).
-CREATE TABLE IF NOT EXISTS {version_table} (
+std::vector<std::string> schema_statements(const TableName& t) {
+    // One statement per string: Citus refuses a multi-statement string once it must propagate DDL
+    // (42601, "cannot insert multiple commands into a prepared statement"). No ';' in comments
+    // either: tests/unit/sql_test.cpp checks each string is a single statement.
+    const auto literal = t.schema.empty() ? t.table : t.schema + "." + t.table;
+    std::vector<std::string> out;
+    out.push_back(fmt::format(R"(CREATE TABLE IF NOT EXISTS {} (
     table_name  text PRIMARY KEY,
     version     integer NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS {qualified} (
-    scope            text COLLATE "C" NOT NULL,   -- tenant/account/endpoint; part of the key
+))",
+                              t.version_table));
+    out.push_back(fmt::format(R"(CREATE TABLE IF NOT EXISTS {} (
+    scope            text COLLATE "C" NOT NULL,   -- tenant/account/endpoint, part of the key
     key              text COLLATE "C" NOT NULL,   -- the client's Idempotency-Key, verbatim
     state            text NOT NULL CHECK (state IN ('in_progress', 'completed')),
     fingerprint      bytea NOT NULL,              -- digest of the request
@@ -218,17 +266,33 @@ CREATE TABLE IF NOT EXISTS {qualified} (
     expires_at       timestamptz NOT NULL,        -- retention: created_at + retention
     PRIMARY KEY (scope, key),
     CHECK ((state = 'completed') = (result IS NOT NULL))
-) WITH (fillfactor = 90);
--- For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the
--- heartbeat and recovery points stay HOT updates (no index entry written).
-CREATE INDEX IF NOT EXISTS {index} ON {qualified} (expires_at);
-INSERT INTO {version_table} (table_name, version) VALUES ('{literal}', {version})
+) WITH (fillfactor = 90))",
+                              t.qualified));
+    // For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the
+    // heartbeat and recovery points stay HOT updates (no index entry written).
+    out.push_back(fmt::format("CREATE INDEX IF NOT EXISTS {} ON {} (expires_at)", t.index, t.qualified));
+    out.push_back(fmt::format(R"(INSERT INTO {0} (table_name, version) VALUES ('{1}', {2})
     ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()
-    WHERE {version_table}.version < EXCLUDED.version;
-)",
-        fmt::arg("version", kSchemaVersion), fmt::arg("table", t.table), fmt::arg("qualified", t.qualified),
-        fmt::arg("version_table", t.version_table), fmt::arg("index", t.index),
-        fmt::arg("literal", t.schema.empty() ? t.table : t.schema + "." + t.table));
+    WHERE {0}.version < EXCLUDED.version)",
+                              t.version_table, literal, kSchemaVersion));
+    return out;
+}
+
+std::string schema_sql(const TableName& t) {
+    std::string sql = fmt::format(
+        "-- idem schema version {}: what PostgresStore::ensure_schema() runs, in one transaction, one\n"
+        "-- statement at a time. Citus: PostgresStore::distribute() (docs/scale-out.md), or by hand\n"
+        "-- SELECT create_distributed_table('{}', 'scope').\n",
+        kSchemaVersion, t.schema.empty() ? t.table : t.schema + "." + t.table);
+    const auto statements = schema_statements(t);
+    for (std::size_t i = 0; i < statements.size(); ++i) {
+        if (i == 2) {
+            sql += "-- For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the\n"
+                   "-- heartbeat and recovery points stay HOT updates (no index entry written).\n";
+        }
+        sql += statements[i] + ";\n";
+    }
+    return sql;
 }
 
 }  // namespace idem::pg

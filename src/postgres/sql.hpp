@@ -30,6 +30,11 @@ enum Stmt : std::size_t {
     kClaimGroupInsert,
     kSelectBatch,
     kSaveBatch,
+    kSelectScopeKeys,
+    kSaveScoped,
+    kSaveReturningFence,
+    kCitusInstalled,
+    kDistributionColumn,
     kSave,
     kRelease,
     kReclaimExpired,
@@ -44,6 +49,7 @@ enum Stmt : std::size_t {
     kListStaleInScope,
     kListStaleScopePrefix,
     kPurge,
+    kPurgeDistributed,
     kBegin,
     kCommit,
     kRollback,
@@ -64,7 +70,11 @@ inline constexpr const char* kChannel = "idem_saved";
 /// The prepared statements of a store, indexed by Stmt.
 std::vector<StatementDef> statements(const TableName& t);
 
-/// The DDL that ensure_schema() runs (idempotent), inside one transaction.
+/// The DDL that ensure_schema() runs (idempotent), inside one transaction: one statement per
+/// string, no trailing ';'.
+std::vector<std::string> schema_statements(const TableName& t);
+
+/// schema_statements() as one SQL script with comments (docs/schema.sql).
 std::string schema_sql(const TableName& t);
 
 }  // namespace idem::pg

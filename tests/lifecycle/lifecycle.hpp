@@ -109,14 +109,16 @@ public:
     idem::IdempotencyStore& make(const StoreKnobs& knobs = {}) { return make_pg(knobs); }
 
     /// `d` passes for the stores: every timestamp of the table moves `d` into the past.
+    /// (Arithmetic on `timestamp`, converted at UTC both ways: timestamptz - interval is STABLE,
+    /// which Citus refuses with column references in an UPDATE; this form is IMMUTABLE.)
     void advance(std::chrono::milliseconds d) {
         idem_test::PgConn conn(conninfo_);
-        conn.exec("UPDATE " + table_ +
-                      " SET created_at = created_at - $1 * interval '1 millisecond', "
-                      "lease_until = lease_until - $1 * interval '1 millisecond', "
-                      "completed_at = completed_at - $1 * interval '1 millisecond', "
-                      "expires_at = expires_at - $1 * interval '1 millisecond'",
-                  {std::to_string(d.count())});
+        std::string set;
+        for (const char* column : {"created_at", "lease_until", "completed_at", "expires_at"}) {
+            set += std::string(set.empty() ? "" : ", ") + column + " = ((" + column +
+                   " AT TIME ZONE 'UTC') - $1 * interval '1 millisecond') AT TIME ZONE 'UTC'";
+        }
+        conn.exec("UPDATE " + table_ + " SET " + set, {std::to_string(d.count())});
     }
 
     [[nodiscard]] const std::string& conninfo() const { return conninfo_; }

@@ -176,6 +176,7 @@ TEST_CASE("a claim whose record read is refused is never claimed (no SELECT on o
 
 TEST_CASE("a role's statement_timeout cancelling the claim's read: store_unavailable, nothing claimed",
           "[postgres][atomicity]") {
+    IDEM_NOT_ON_CITUS("its fault is a row-level security policy calling a function");
     Fixture fx(require_db());
     fx.grant_all();
     fx.gate_reads("PERFORM pg_sleep(60);");
@@ -210,6 +211,7 @@ TEST_CASE("a role's statement_timeout cancelling the claim's read: store_unavail
 
 TEST_CASE("an error raised by the claim's read (out of memory): store_unavailable, nothing claimed",
           "[postgres][atomicity]") {
+    IDEM_NOT_ON_CITUS("its fault is a row-level security policy calling a function");
     Fixture fx(require_db());
     fx.grant_all();
     fx.gate_reads("RAISE EXCEPTION 'simulated' USING ERRCODE = 'out_of_memory';");
@@ -224,6 +226,7 @@ TEST_CASE("an error raised by the claim's read (out of memory): store_unavailabl
 
 TEST_CASE("a claim whose COMMIT fails (deferred constraint) reports the database's error, nothing claimed",
           "[postgres][atomicity]") {
+    IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
     fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
@@ -248,6 +251,7 @@ TEST_CASE("a claim whose COMMIT fails (deferred constraint) reports the database
 
 TEST_CASE("a cancel storm against the store's backends: every claimed answer has its committed row",
           "[postgres][atomicity]") {
+    IDEM_NOT_ON_CITUS("its fault is a row-level security policy calling a function");
     Fixture fx(require_db());
     fx.grant_all();
     // A short pause in every read widens the window in which a cancel lands after the INSERT.
@@ -329,6 +333,7 @@ TEST_CASE("in-transaction mode: a claim whose read is refused never runs the eff
 
 TEST_CASE("claim_batch: won claims are kept when only the read fails, released when the batch throws",
           "[postgres][atomicity][batch]") {
+    IDEM_NOT_ON_CITUS("its fault is a row-level security policy calling a function");
     Fixture fx(require_db());
     fx.grant_all();
     const auto scope = idem_test::unique_name("batch");
@@ -618,6 +623,7 @@ void fail_commit(Fixture& fx, const std::string& sqlstate, const std::string& ke
 TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
           "nothing claimed, the connection stays in step",
           "[postgres][atomicity][batch]") {
+    IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "23514", "k5");
@@ -656,6 +662,7 @@ TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): t
 
 TEST_CASE("a claim whose COMMIT fails once with a serialization failure is retried and claimed once",
           "[postgres][atomicity]") {
+    IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "40001", "", 1);
@@ -672,6 +679,7 @@ TEST_CASE("a claim whose COMMIT fails once with a serialization failure is retri
 
 TEST_CASE("claim_batch whose INSERT's COMMIT fails once with a serialization failure is retried",
           "[postgres][atomicity][batch]") {
+    IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
     fail_commit(fx, "40001", "", 1);
@@ -691,6 +699,7 @@ TEST_CASE("claim_batch whose INSERT's COMMIT fails once with a serialization fai
 
 TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back, the database's error",
           "[postgres][atomicity][transaction]") {
+    IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
     const std::string side = fx.table() + "_side";
@@ -867,6 +876,7 @@ TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is
 TEST_CASE("claim_batch that throws after taking over a stale key does not delete that key's record "
           "(the earlier attempt's outcome is unknown)",
           "[postgres][atomicity][batch]") {
+    IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
     const auto scope = idem_test::unique_name("btake");
@@ -910,6 +920,7 @@ TEST_CASE("claim_batch that throws after taking over a stale key does not delete
 TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
           "has its committed row, no key claimed twice, effect and record commit together",
           "[postgres][atomicity]") {
+    IDEM_NOT_ON_CITUS("its fault is a row-level security policy calling a function");
     Fixture fx(require_db());
     fx.grant_all();
     const std::string side = fx.table() + "_side";

@@ -1,0 +1,236 @@
+// PostgresStore::inspect() and distribute(), on plain PostgreSQL (the normal suite: no Citus, a clear
+// refusal) and on a Citus cluster (scripts/citus-check.sh sets IDEM_TEST_CITUS_DISTRIBUTE to the
+// column its event trigger distributes new tables by, and IDEM_TEST_CITUS_WORKER_URL to a worker).
+// Tables whose name contains "_local_" are left undistributed by that trigger.
+#include "idem/idem.hpp"
+#include "pg.hpp"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace std::string_literals;
+using idem_test::PgConn;
+
+namespace {
+
+std::string require_db() {
+    const auto url = idem_test::database_url();
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
+    return url;
+}
+
+std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+bool citus_run() { return !env("IDEM_TEST_CITUS_DISTRIBUTE").empty(); }
+
+class Table {
+public:
+    Table(std::string url, std::string prefix) : url_(std::move(url)), name_(idem_test::unique_name(prefix)) {}
+    [[nodiscard]] const std::string& name() const { return name_; }
+    ~Table() {
+        try {
+            PgConn conn(url_);
+            conn.exec("DROP TABLE IF EXISTS " + name_ + " CASCADE");
+            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name_});
+        } catch (...) {
+        }
+    }
+    Table(const Table&) = delete;
+    Table& operator=(const Table&) = delete;
+    [[nodiscard]] idem::PostgresOptions options() const {
+        idem::PostgresOptions o;
+        o.table = name_;
+        o.pool_size = 2;
+        return o;
+    }
+
+private:
+    std::string url_, name_;
+};
+
+bool mentions(const std::vector<std::string>& warnings, const std::string& what) {
+    for (const auto& w : warnings) {
+        if (w.find(what) != std::string::npos) return true;
+    }
+    return false;
+}
+
+} // namespace
+
+TEST_CASE("without Citus: inspect() says so and distribute() refuses clearly", "[postgres][citus]") {
+    if (citus_run()) {
+        SUCCEED("a Citus run: see the Citus cases");
+        return;
+    }
+    {
+        const auto url = require_db();
+        Table table(url, "idem_ci");
+        idem::PostgresStore store(url, table.options());
+        store.ensure_schema();
+        const idem::Deployment d = store.inspect();
+        CHECK_FALSE(d.citus);
+        CHECK(d.citus_version.empty());
+        CHECK(d.coordinator);
+        CHECK_FALSE(d.distributed_by.has_value());
+        CHECK(d.warnings.empty());
+        try {
+            store.distribute(idem::DistributeBy::scope);
+            FAIL("distribute() without Citus must throw");
+        } catch (const idem::config_error& e) {
+            CHECK(std::string(e.what()).find("citus extension is not installed") != std::string::npos);
+        }
+        // batches still go (array statements), and the table is untouched
+        const std::vector<idem::Key> keys{{"ci", "a"}, {"ci", "b"}};
+        const std::vector<idem::Fingerprint> fps{idem::fingerprint("a"s), idem::fingerprint("b"s)};
+        auto claims = store.claim_batch(keys, fps);
+        CHECK(claims[0].status == idem::ClaimStatus::claimed);
+        CHECK(claims[1].status == idem::ClaimStatus::claimed);
+    }
+}
+
+TEST_CASE("Citus: inspect() sees the distribution; distribute() is idempotent and refuses a change",
+          "[postgres][citus]") {
+    if (!citus_run()) {
+        SUCCEED("not a Citus run (scripts/citus-check.sh runs this)");
+        return;
+    }
+    const auto url = require_db();
+    const std::string by = env("IDEM_TEST_CITUS_DISTRIBUTE");
+    const auto column = by == "key" ? idem::DistributeBy::key : idem::DistributeBy::scope;
+    const auto other = by == "key" ? idem::DistributeBy::scope : idem::DistributeBy::key;
+    Table table(url, "idem_ci");
+    idem::PostgresStore store(url, table.options());
+    store.ensure_schema();
+    const idem::Deployment d = store.inspect();
+    CHECK(d.citus);
+    CHECK_FALSE(d.citus_version.empty());
+    CHECK(d.coordinator);
+    REQUIRE(d.distributed_by.has_value());
+    CHECK(*d.distributed_by == column);
+    store.distribute(column);  // already: nothing to do
+    try {
+        store.distribute(other);
+        FAIL("distributing by the other column must throw");
+    } catch (const idem::config_error& e) {
+        CHECK(std::string(e.what()).find("already distributed by " + by) != std::string::npos);
+    }
+    store.ensure_schema();  // again, on the distributed table
+    // ... and when it must create something there: a missing index is made again (on every shard)
+    PgConn admin(url);
+    const std::string index = table.name() + "_expires_at_idx";
+    admin.exec("DROP INDEX " + index);
+    store.ensure_schema();
+    CHECK(admin.scalar("SELECT count(*) FROM pg_indexes WHERE indexname = $1", {index}) == 1);
+}
+
+TEST_CASE("Citus: distribute() a local table, then batches and the single-key path on it",
+          "[postgres][citus]") {
+    if (!citus_run()) {
+        SUCCEED("not a Citus run (scripts/citus-check.sh runs this)");
+        return;
+    }
+    const auto url = require_db();
+    for (const auto by : {idem::DistributeBy::scope, idem::DistributeBy::key}) {
+        Table table(url, "idem_ci_local_");
+        idem::PostgresStore store(url, table.options());
+        store.ensure_schema();
+        CHECK_FALSE(store.inspect().distributed_by.has_value());
+        std::vector<idem::Key> keys;
+        std::vector<idem::Fingerprint> fps;
+        for (int i = 0; i < 40; ++i) {
+            keys.emplace_back("tenant-" + std::to_string(i % 4), "k" + std::to_string(i));
+            fps.push_back(idem::fingerprint("req"s, i));
+        }
+        // rows written before distribute() move into the shards
+        auto before = store.claim_batch(std::span(keys).first(10), std::span(fps).first(10));
+        store.distribute(by);
+        const idem::Deployment d = store.inspect();
+        REQUIRE(d.distributed_by.has_value());
+        CHECK(*d.distributed_by == by);
+        // Every statement of a batch stays on one shard and commits on its own: no two-phase
+        // commit (whose outcome a broken connection would leave in doubt until Citus recovers it).
+        // Citus records each two-phase commit in pg_dist_transaction (its recovery only deletes).
+        PgConn admin(url);
+        const auto two_phase = [&] { return admin.scalar("SELECT count(*) FROM pg_dist_transaction"); };
+        const auto two_phase_before = two_phase();
+        auto claims = store.claim_batch(keys, fps);
+        int claimed = 0, in_progress = 0;
+        for (const auto& c : claims) {
+            claimed += c.status == idem::ClaimStatus::claimed;
+            in_progress += c.status == idem::ClaimStatus::in_progress;
+        }
+        CHECK(claimed == 30);
+        CHECK(in_progress == 10);
+        std::vector<std::string> results;
+        results.reserve(keys.size());  // the SaveRequests view these strings
+        std::vector<idem::SaveRequest> saves;
+        for (std::size_t i = 0; i < claims.size(); ++i) {
+            if (claims[i].status == idem::ClaimStatus::claimed) {
+                results.push_back("result-" + keys[i].value());
+                saves.push_back({keys[i], claims[i].fence, results.back()});
+            }
+        }
+        saves.push_back({keys[0], before[0].fence + 1, "a stale fence"});  // not ours: lease_lost
+        const auto statuses = store.save_batch(saves);
+        for (std::size_t i = 0; i + 1 < saves.size(); ++i) CHECK(statuses[i] == idem::SaveStatus::saved);
+        CHECK(statuses.back() == idem::SaveStatus::lease_lost);
+        auto again = store.claim_batch(keys, fps);
+        for (std::size_t i = 10; i < keys.size(); ++i) {
+            CHECK(again[i].status == idem::ClaimStatus::completed);
+            REQUIRE(again[i].existing.has_value());
+            CHECK(again[i].existing->result == "result-" + keys[i].value());
+        }
+        for (std::size_t i = 0; i < 10; ++i) CHECK(again[i].status == idem::ClaimStatus::in_progress);
+        CHECK(two_phase() <= two_phase_before);
+        // control: a write over every shard (both workers) is a two-phase commit, and is counted
+        const auto control_before = two_phase();
+        admin.exec("UPDATE " + table.name() + " SET attempt = attempt");
+        CHECK(two_phase() > control_before);
+    }
+}
+
+TEST_CASE("Citus: inspect() warns when idem's lock_timeout does not reach the workers", "[postgres][citus]") {
+    if (!citus_run()) {
+        SUCCEED("not a Citus run (scripts/citus-check.sh runs this)");
+        return;
+    }
+    const auto url = require_db();
+    Table table(url, "idem_ci");
+    auto options = table.options();
+    // scripts/citus-check.sh applies the documented ALTER ROLE … SET lock_timeout = '1000ms'
+    // (idem's default): a store asking for another value is told that the shards will not honour it.
+    options.lock_timeout = std::chrono::milliseconds(700);
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    const auto warnings = store.inspect().warnings;
+    CHECK(mentions(warnings, "lock_timeout = 1000ms (idem asks for 700ms)"));
+    CHECK(mentions(warnings, "SET lock_timeout = '700ms'"));
+    idem::PostgresStore matching(url, table.options());
+    CHECK_FALSE(mentions(matching.inspect().warnings, "lock_timeout"));
+}
+
+TEST_CASE("Citus: ensure_schema() and distribute() refuse a worker node", "[postgres][citus]") {
+    const std::string worker = env("IDEM_TEST_CITUS_WORKER_URL");
+    if (worker.empty()) {
+        SUCCEED("no worker given (scripts/citus-check.sh gives one)");
+        return;
+    }
+    idem::PostgresOptions options;
+    options.table = idem_test::unique_name("idem_ci_worker");
+    idem::PostgresStore store(worker, options);
+    try {
+        store.ensure_schema();
+        FAIL("ensure_schema() on a worker must throw");
+    } catch (const idem::config_error& e) {
+        CHECK(std::string(e.what()).find("Citus worker node") != std::string::npos);
+    }
+    CHECK_THROWS_AS(store.distribute(idem::DistributeBy::scope), idem::config_error);
+    CHECK_FALSE(store.inspect().coordinator);
+    PgConn conn(worker);
+    CHECK(conn.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {options.table}) == 0);
+}
