@@ -26,7 +26,8 @@
 #      `postgres` when invoked as root, else by the invoking user), each on 127.0.0.1 and a Unix
 #      socket in the temp dir, ports from 9700 up (the first free ones), trust authentication for
 #      local and 127.0.0.1 only, shared_preload_libraries = citus, max_prepared_transactions = 100,
-#      fsync and synchronous_commit on, citus.enable_statistics_collection off;
+#      fsync and synchronous_commit on, citus.enable_statistics_collection off,
+#      citus.recover_2pc_interval -1 (no 2PC recovery deleting pg_dist_transaction rows mid-test);
 #   2. for each distribution column: drops and recreates the database `postgres` on every node
 #      (nothing of the previous run is left), CREATE EXTENSION citus on each, registers the
 #      coordinator (citus_set_coordinator_host) and both workers (citus_add_node), and installs on
@@ -288,6 +289,9 @@ max_connections = $max_connections
 max_prepared_transactions = 100
 shared_preload_libraries = 'citus'
 citus.enable_statistics_collection = off
+# tests/store/citus_test.cpp counts two-phase commits in pg_dist_transaction: no recovery deletes
+# its rows meanwhile (nothing here leaves a prepared transaction to recover)
+citus.recover_2pc_interval = -1
 fsync = on
 synchronous_commit = on
 log_min_messages = warning

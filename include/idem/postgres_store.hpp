@@ -25,9 +25,10 @@
 //   mode set prepared_statements=false and session_options=false (see docs/reliability.md).
 //   ClaimOptions::wait (LISTEN/NOTIFY) needs a session: not through a transaction-mode pooler.
 // * Citus: distribute() shards the table by scope or key, inspect() reports the layout and the
-//   settings the shards miss (lock_timeout on the role). On a distributed table a claim runs in an
-//   explicit BEGIN … COMMIT (same round trip), batches and groups use one-shard statements, and
-//   purge_expired does without SKIP LOCKED. docs/scale-out.md.
+//   settings the shards miss (lock_timeout on the role). Where Citus is installed a claim runs in
+//   an explicit BEGIN … COMMIT (same round trip); on a distributed table batches and groups send
+//   one segment per shard, each committed on its own (no two-phase commit, so not all or nothing
+//   across shards), and purge_expired does without SKIP LOCKED. docs/scale-out.md.
 // * synchronous_commit is left as the server has it (on by default): a claim the caller acts on must
 //   survive a crash. Do not turn it off for idem's table.
 //
@@ -107,6 +108,15 @@ struct PostgresOptions {
     /// on a 2-core machine it measured slower than one transaction per call (docs/design.md,
     /// "Group commit", has the figures). false: every call is its own transaction.
     bool group_commit = false;
+    /// How claim_batch / save_batch and group commit shape their statements (docs/scale-out.md).
+    /// automatic: the database is asked once — one array statement for all rows on one node, and
+    /// statements that each stay on one shard on a Citus-distributed table (by scope: one per
+    /// scope; by key: one per key; each segment committed on its own). The others force a shape:
+    /// per_scope / per_key also run on plain PostgreSQL (slower there; for testing the Citus forms
+    /// on one node, or when the catalog cannot be asked). Forced one-shard shapes also put each
+    /// claim in an explicit BEGIN … COMMIT, as on Citus.
+    enum class StatementShape { automatic, arrays, per_scope, per_key };
+    StatementShape statement_shape = StatementShape::automatic;
 };
 
 /// The distribution column of idem's table on a Citus cluster (docs/scale-out.md): `scope` keeps a
@@ -142,7 +152,7 @@ public:
     void ensure_schema();
 
     /// Citus: distributes the table over the cluster by `by` (create_distributed_table; existing
-    /// rows move to the shards). Idempotent; call it after ensure_schema(), on the coordinator.
+    /// rows move to the shards, and their local copies are truncated). Idempotent; call it after ensure_schema(), on the coordinator.
     /// Throws config_error without the citus extension, on a worker node, when the table does not
     /// exist, or when it is already distributed by the other column.
     void distribute(DistributeBy by);
@@ -192,6 +202,11 @@ public:
                                                         const std::function<std::string(Transaction&)>& effect);
 
 private:
+    // claim() with a given fence: claim_batch settling a key on its own keeps the fence its batch
+    // attempts used (a row that an attempt committed before its answer was lost is then ours).
+    [[nodiscard]] Claim claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options,
+                                         Fence fence);
+
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

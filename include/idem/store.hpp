@@ -167,15 +167,19 @@ public:
     virtual void release(const Key& key, Fence fence) = 0;
 
     /// Claims many keys at once: claims[i] answers keys[i] with fps[i], exactly as claim() would.
-    /// Keys must be distinct. PostgresStore does it in one round trip and one commit for all claims;
-    /// the default runs claim() for each. Throws like claim() for failures of the whole batch.
+    /// Keys must be distinct. PostgresStore does it in one round trip, with one commit for all
+    /// claims on one node (on a Citus-distributed table, one per shard segment: docs/scale-out.md);
+    /// the default runs claim() for each. Throws like claim() for failures of the whole batch,
+    /// releasing what it had won.
     [[nodiscard]] virtual std::vector<Claim> claim_batch(std::span<const Key> keys,
                                                          std::span<const Fingerprint> fps,
                                                          const ClaimOptions& options = {});
 
     /// Saves many results at once; statuses[i] answers saves[i]. PostgresStore: one round trip, one
-    /// commit. A fence that lost its key gets lease_lost and changes nothing; a result over
-    /// max_result_bytes() gets too_large; the others are saved. Throws for whole-batch failures.
+    /// commit on one node (on a Citus-distributed table one per scope or key; a row whose
+    /// statement failed is sent again alone). A fence that lost its key gets lease_lost and changes
+    /// nothing; a result over max_result_bytes() gets too_large; the others are saved. Throws for
+    /// whole-batch failures.
     [[nodiscard]] virtual std::vector<SaveStatus> save_batch(std::span<const SaveRequest> saves);
 
     /// Heartbeat: the fence holder extends its lease to now + `lease`. Throws lease_lost.

@@ -174,6 +174,8 @@ struct PostgresStore::Impl {
     // and distribute(); kUnknown until then.
     enum Distribution : int { kUnknown, kPlain, kByScope, kByKey };
     std::atomic<int> distribution{kUnknown};
+    std::atomic<bool> citus{false};                   // the citus extension is installed
+    std::atomic<Clock::rep> recheck_layout_at{0};     // kPlain with Citus: ask again from then on
     std::array<Counters, 16> counter_shards;
     Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
@@ -185,13 +187,20 @@ struct PostgresStore::Impl {
         counters().round_trips.fetch_add(1, std::memory_order_relaxed);
         return conn.run(steps, deadline());
     }
+    // One round trip of `segments` independent transactions, each of which may wait up to
+    // lock_timeout on its own (one-shard segments on Citus): the wait for the answers grows with them.
+    pg::StepResults run(pg::Connection& conn, std::span<const Step> steps, std::size_t segments) {
+        counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+        const auto extra = options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
+        return conn.run(steps, deadline() + extra);
+    }
 
     // Steps that open a transaction block of their own ([BEGIN, …, COMMIT | Sync]). After a failed
     // statement, the Sync leaves an explicit block open in the failed state (unlike an implicit
     // transaction, which it ends): roll it back, or the pooled connection would answer 25P02 to
     // whoever uses it next. A connection where even that fails is discarded.
-    pg::StepResults run_block(pg::Connection& conn, std::span<const Step> steps) {
-        pg::StepResults res = run(conn, steps);
+    pg::StepResults run_block(pg::Connection& conn, std::span<const Step> steps, std::size_t segments = 1) {
+        pg::StepResults res = run(conn, steps, segments);
         if (PQtransactionStatus(conn.native()) != PQTRANS_IDLE) {
             Params none;
             const Step rollback{&defs[pg::kRollback], &none};
@@ -364,17 +373,30 @@ struct PostgresStore::Impl {
     // like a connection's set-up not counted in stats().round_trips. A failed question is not
     // remembered: the batch goes with arrays, which work everywhere, and asks next time.
     int layout(pg::Connection& conn) {
+        switch (options.statement_shape) {
+            case PostgresOptions::StatementShape::arrays: return kPlain;
+            case PostgresOptions::StatementShape::per_scope: return kByScope;
+            case PostgresOptions::StatementShape::per_key: return kByKey;
+            case PostgresOptions::StatementShape::automatic: break;
+        }
         const int known = distribution.load(std::memory_order_relaxed);
-        if (known != kUnknown) return known;
+        // Not distributed, but Citus is there: asked again now and then (the table may be
+        // distributed later, by distribute() in another process or by hand).
+        if (known != kUnknown &&
+            (known != kPlain || !citus.load(std::memory_order_relaxed) ||
+             Clock::now().time_since_epoch().count() < recheck_layout_at.load(std::memory_order_relaxed))) {
+            return known;
+        }
         const auto ask = [&](pg::Stmt stmt, Params& p) {
             const Step step{&defs[stmt], &p};
             return conn.run(std::span(&step, 1), deadline());
         };
         Params none;
-        auto citus = ask(pg::kCitusInstalled, none);
-        if (!citus[0].ok() || citus[0].rows() != 1) return kPlain;
+        auto installed = ask(pg::kCitusInstalled, none);
+        if (!installed[0].ok() || installed[0].rows() != 1) return kPlain;
         int found = kPlain;
-        if (pg::get_bool(citus[0].result.get(), 0, 0)) {
+        const bool with_citus = pg::get_bool(installed[0].result.get(), 0, 0);
+        if (with_citus) {
             Params p;
             p.text(table.qualified);
             auto column = ask(pg::kDistributionColumn, p);
@@ -384,6 +406,9 @@ struct PostgresStore::Impl {
                 found = c == "scope" ? kByScope : c == "key" ? kByKey : kPlain;
             }
         }
+        citus.store(with_citus, std::memory_order_relaxed);
+        recheck_layout_at.store((Clock::now() + std::chrono::seconds(60)).time_since_epoch().count(),
+                                std::memory_order_relaxed);
         distribution.store(found, std::memory_order_relaxed);
         return found;
     }
@@ -438,6 +463,7 @@ struct PostgresStore::Impl {
             scope_ranges.back().second = i + 1;
         }
         bool blocks = false;
+        std::size_t write_steps = 1;  // the statements of the claims; the read's follow
         if (shape == kPlain) {
             bool uniform = true;
             std::vector<std::string_view> scopes(n), keys(n), digests(n);
@@ -467,14 +493,21 @@ struct PostgresStore::Impl {
                 ins.text(r.scope).text(r.key).bytes(r.digest).int2(r.alg).int8(r.fence).int8(r.lease_ms).int8(r.retention_s);
                 steps.push_back({&defs[pg::kClaimInsert], &ins, false});
             };
+            // After a block, each segment begins with a ROLLBACK: a failed block leaves the session
+            // in it (Sync does not end an explicit block), and every later segment would fail with
+            // 25P02. After a committed block the ROLLBACK is a no-op (a warning, no error).
+            const auto end_failed_block = [&] {
+                if (blocks) steps.push_back({&defs[pg::kRollback], &none, false});
+            };
             first_step_of.resize(n);
             for (auto [begin, end] : scope_ranges) {
                 // by key: each row alone; by scope: the scope's rows in one block (one shard)
                 for (std::size_t from = begin; from < end;) {
                     const std::size_t to = shape == kByScope ? end : from + 1;
                     const bool block = to - from > 1;
-                    blocks = blocks || block;
                     for (std::size_t i = from; i < to; ++i) first_step_of[i] = steps.size();
+                    end_failed_block();
+                    blocks = blocks || block;
                     if (block) steps.push_back({&defs[pg::kBegin], &none, false});
                     for (std::size_t i = from; i < to; ++i) insert(rows[i]);
                     if (block) steps.push_back({&defs[pg::kCommit], &none, false});
@@ -482,6 +515,8 @@ struct PostgresStore::Impl {
                     from = to;
                 }
             }
+            write_steps = steps.size();
+            end_failed_block();
             for (auto [begin, end] : scope_ranges) {
                 std::vector<std::string_view> keys;
                 for (std::size_t i = begin; i < end; ++i) keys.push_back(rows[i].key);
@@ -491,9 +526,9 @@ struct PostgresStore::Impl {
             }
             steps.back().sync_after = true;
         }
-        const std::size_t write_steps = steps.size() - (shape == kPlain ? 1 : scope_ranges.size());
+        const std::size_t segments = shape == kPlain ? 1 : shape == kByScope ? scope_ranges.size() : n;
         ClaimAnswers a;
-        a.res = blocks ? run_block(conn, steps) : run(conn, steps);
+        a.res = blocks ? run_block(conn, steps, segments) : run(conn, steps, segments);
         a.write_failure = segment_failure(a.res, 0, write_steps);
         a.read_failure = segment_failure(a.res, write_steps, a.res.size());
         a.row_failed.assign(n, false);
@@ -570,7 +605,7 @@ struct PostgresStore::Impl {
             }
         }
         SaveAnswers a;
-        a.res = run(conn, steps);
+        a.res = run(conn, steps, steps.size());
         a.failure = segment_failure(a.res, 0, a.res.size());
         a.row_failed.resize(n);
         for (std::size_t i = 0; i < n; ++i) a.row_failed[i] = !a.res[step_of[i]].ok();
@@ -625,7 +660,8 @@ struct PostgresStore::Impl {
             // claim that committed while the INSERT waited for it (one statement could not: see
             // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
             // One Sync instead of one per statement: one send() and one transaction fewer per claim.
-            if (layout(conn) == kPlain) {
+            // (with Citus installed, also for a table not known to be distributed: it may be by now)
+            if (layout(conn) == kPlain && !citus.load(std::memory_order_relaxed)) {
                 const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
                 return run(conn, steps);
             }
@@ -647,8 +683,31 @@ struct PostgresStore::Impl {
         });
     }
 
-    // The leader's work: answers every member of `group` (never throws).
+    // The leader's work: answers every member of `group` (never throws). Should anything throw
+    // all the same (out of memory), every member goes alone with its fence: a retry of its own
+    // that recognises whatever the group committed for it.
     void run_claim_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        try {
+            answer_claim_group(group);
+        } catch (...) {
+            for (pg::Combiner::Member* m : group) {
+                auto& c = static_cast<ClaimMember&>(*m);
+                c.got = ClaimMember::Got::alone, c.error = nullptr;
+            }
+        }
+    }
+    void run_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        try {
+            answer_save_group(group);
+        } catch (...) {
+            for (pg::Combiner::Member* m : group) {
+                auto& v = static_cast<SaveMember&>(*m);
+                v.got = SaveMember::Got::alone, v.sent = true;  // it may have been saved: re-read
+            }
+        }
+    }
+
+    void answer_claim_group(const std::vector<pg::Combiner::Member*>& group) {
         const auto member = [&](std::size_t i) -> ClaimMember& { return static_cast<ClaimMember&>(*group[i]); };
         note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
         const auto all = [&](ClaimMember::Got got, std::exception_ptr e = nullptr) {
@@ -731,7 +790,7 @@ struct PostgresStore::Impl {
         bool sent = false;     // alone: the group's statement may have committed this save
     };
 
-    void run_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+    void answer_save_group(const std::vector<pg::Combiner::Member*>& group) {
         note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
         std::vector<SaveMember*> ms(group.size());
         for (std::size_t i = 0; i < group.size(); ++i) ms[i] = static_cast<SaveMember*>(group[i]);
@@ -963,9 +1022,13 @@ void PostgresStore::distribute(DistributeBy by) {
     // Citus's own lock, and the loser finds the table distributed (checked again below).
     try {
         db.exec("SELECT pg_catalog.create_distributed_table($1::regclass, $2)", {m.table.qualified, column});
+        // The rows were copied into the shards; their old copies stay in the coordinator's table
+        // (unseen, but on disk) until this.
+        db.exec("SELECT pg_catalog.truncate_local_data_after_distributing_table($1::regclass)", {m.table.qualified});
     } catch (const database_error&) {
         if (db.distribution_column(m.table.qualified) != column) throw;
     }
+    m.citus.store(true, std::memory_order_relaxed);
     m.distribution.store(by == DistributeBy::scope ? Impl::kByScope : Impl::kByKey, std::memory_order_relaxed);
 }
 
@@ -976,11 +1039,13 @@ Deployment PostgresStore::inspect() {
     Deployment d;
     const auto version = db.citus_version();
     if (!version) {
+        m.citus.store(false, std::memory_order_relaxed);
         m.distribution.store(Impl::kPlain, std::memory_order_relaxed);
         return d;
     }
     d.citus = true;
     d.citus_version = *version;
+    m.citus.store(true, std::memory_order_relaxed);
     d.coordinator = !db.citus_worker();
     const auto column = db.distribution_column(m.table.qualified);
     if (column == "scope") d.distributed_by = DistributeBy::scope;
@@ -992,6 +1057,12 @@ Deployment PostgresStore::inspect() {
     if (!d.coordinator) {
         d.warnings.push_back("connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "
                              "ClaimOptions::wait only hears saves made through the same node");
+    }
+    if (!column && db.value("SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)",
+                            {m.table.qualified})) {
+        d.warnings.push_back("table " + table_literal(m.table) +
+                             " is a Citus reference or single-shard table: idem supports a table distributed by "
+                             "scope or key (distribute()), or a local one");
     }
     if (column && !d.distributed_by) {
         d.warnings.push_back("table " + table_literal(m.table) + " is distributed by '" + *column +
@@ -1039,13 +1110,17 @@ Deployment PostgresStore::inspect() {
 }
 
 Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
+    // One fence for every attempt: after a broken connection, the retry recognises its own claim.
+    return claim_with_fence(key, fp, options, detail::new_fence());
+}
+
+Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options,
+                                      Fence fence) {
     Impl& m = *impl_;
     m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
     const auto wait_until = options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{};
-    // One fence for every attempt: after a broken connection, the retry recognises its own claim.
-    const Fence fence = detail::new_fence();
     // Every path fills and returns this one object (so it is built in the caller's Claim: a
     // replay decodes its row straight into it, with no Record moved or copied on the way out).
     Claim out;
@@ -1271,12 +1346,14 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
             m.counters().claims.fetch_add(n, std::memory_order_relaxed);
 
             for (int failures = 0;; ++failures) {
-                // [claims | Sync | read | Sync]: every claim of the chunk commits together, one round
-                // trip (Impl::claim_rows: two array statements, or one-shard statements on Citus).
+                // [claims | Sync | read | Sync], one round trip: on one node every claim of the chunk
+                // commits together (two array statements); on Citus each shard's segment on its own
+                // (Impl::claim_rows).
                 Impl::ClaimAnswers a = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
                     return m.claim_rows(conn, rows);
                 });
-                if (a.write_failure >= 0 && a.won.empty()) {  // nothing committed
+                if (a.write_failure >= 0 &&
+                    std::all_of(a.row_failed.begin(), a.row_failed.end(), [](bool f) { return f; })) {  // nothing committed
                     const StepResult& failed = a.res[static_cast<std::size_t>(a.write_failure)];
                     if (!claim_retryable(failed.sqlstate())) throw_statement_error(failed, "claim_batch");
                     m.counters().retries.fetch_add(1, std::memory_order_relaxed);
@@ -1287,7 +1364,9 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     }
                     // Contended: settle each key on its own (each with its own bounded retries).
                     m.counters().claims.fetch_sub(n, std::memory_order_relaxed);  // claim() counts again
-                    for (std::size_t j = 0; j < n; ++j) out[order[j]] = claim(keys[order[j]], fps[order[j]], options);
+                    for (std::size_t j = 0; j < n; ++j) {
+                        out[order[j]] = claim_with_fence(keys[order[j]], fps[order[j]], options, rows[j].fence);
+                    }
                     break;
                 }
                 // The claims committed under their own Sync: won whatever happens to the read.
@@ -1315,7 +1394,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                         // the single-key path, which retries or reports the failure; if it throws,
                         // release_won() frees the claims won above.
                         m.counters().claims.fetch_sub(1, std::memory_order_relaxed);  // claim() counts again
-                        out[i] = claim(keys[i], fps[i], options);
+                        out[i] = claim_with_fence(keys[i], fps[i], options, rows[j].fence);
                         continue;
                     }
                     std::optional<Record> record;
@@ -1334,7 +1413,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     if (!record || record->expired ||
                         (status == ClaimStatus::in_progress && (options.resume_stale || options.wait.count() > 0))) {
                         m.counters().claims.fetch_sub(1, std::memory_order_relaxed);
-                        out[i] = claim(keys[i], fps[i], options);
+                        out[i] = claim_with_fence(keys[i], fps[i], options, rows[j].fence);
                         continue;
                     }
                     Claim c{status, 0, std::move(record), {}};
@@ -1377,13 +1456,21 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
     rows.reserve(order.size());
     for (std::size_t i : order) rows.push_back({saves[i].key.scope(), saves[i].key.value(), saves[i].result, saves[i].fence});
     m.counters().saves.fetch_add(rows.size(), std::memory_order_relaxed);
-    std::vector<std::size_t> notify;
+    std::vector<std::size_t> notify, alone;
     m.with_connection("save_batch", [&](pg::Connection& conn, int attempt) {
-        notify.clear();
-        // One transaction for every result: one UPDATE … FROM unnest (Impl::save_rows; one-shard
-        // statements on Citus).
+        notify.clear(), alone.clear();
+        // One UPDATE … FROM unnest for every result (Impl::save_rows). On Citus one statement per
+        // scope or key, each committed on its own: when only some failed, the others are saved and
+        // the failed rows go through save() one by one (below), which retries and re-reads.
         Impl::SaveAnswers a = m.save_rows(conn, rows);
-        if (a.failure >= 0) throw_statement_error(a.res[static_cast<std::size_t>(a.failure)], "save_batch");
+        if (a.failure >= 0) {
+            if (std::all_of(a.row_failed.begin(), a.row_failed.end(), [](bool f) { return f; })) {
+                throw_statement_error(a.res[static_cast<std::size_t>(a.failure)], "save_batch");
+            }
+            for (std::size_t j = 0; j < rows.size(); ++j) {
+                if (a.row_failed[j]) alone.push_back(index.at(rows[j].fence));
+            }
+        }
         for (auto [fence, waiters] : a.saved) {
             auto it = index.find(fence);
             if (it == index.end()) continue;
@@ -1402,6 +1489,16 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
         }
     }, m.options.save_retry_window);
     for (std::size_t i : notify) m.wake_waiters(saves[i].key);
+    for (std::size_t i : alone) {
+        if (statuses[i] == SaveStatus::saved) continue;  // an earlier attempt's, recognised above
+        m.counters().saves.fetch_sub(1, std::memory_order_relaxed);  // save() counts again
+        try {
+            save(saves[i].key, saves[i].fence, saves[i].result);
+            statuses[i] = SaveStatus::saved;
+        } catch (const lease_lost&) {
+            statuses[i] = SaveStatus::lease_lost;
+        }
+    }
     return statuses;
 }
 

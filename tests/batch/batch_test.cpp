@@ -17,6 +17,7 @@
 #include "batch_semantics.hpp"
 #include "idem/postgres_store.hpp"
 #include "pg.hpp"
+#include "store_env.hpp"
 
 using namespace std::chrono_literals;
 using namespace batch_test;
@@ -51,7 +52,7 @@ public:
         idem::PostgresOptions options;
         options.table = name_;
         options.pool_size = pool_size;
-        auto s = std::make_unique<idem::PostgresStore>(url_, options);
+        auto s = std::make_unique<idem::PostgresStore>(url_, idem_test::env_options(options));
         s->ensure_schema();
         return s;
     }
@@ -297,7 +298,7 @@ TEST_CASE("postgres: a result over max_result_bytes fails that message only", "[
     idem::PostgresOptions options;
     options.table = table.name();
     options.max_result_bytes = 64;
-    idem::PostgresStore store(url, options);
+    idem::PostgresStore store(url, idem_test::env_options(options));
     store.ensure_schema();
     check_result_too_large(store, "large");
 }

@@ -5,6 +5,7 @@
 // Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "store_env.hpp"
 #include "threads.hpp"
 
 #include <array>
@@ -70,7 +71,7 @@ struct Table {
         o.group_commit = true;
         o.lock_timeout = 20s;
         o.statement_timeout = 30s;
-        return o;
+        return idem_test::env_options(o);  // IDEM_TEST_STATEMENT_SHAPE (tests/CMakeLists.txt)
     }
 
     /// Rows of `key` holding `fence` (0 or 1).

@@ -53,12 +53,20 @@ std::vector<std::string> citus_problems(const std::string& sql) {
     if (code.find(';') != std::string::npos) problems.push_back("more than one statement in one string");
     static const std::regex locking(R"(\bFOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE|KEY\s+SHARE)\b)", std::regex::icase);
     if (std::regex_search(code, locking)) problems.push_back("FOR UPDATE/SHARE");
-    if (const auto at = code.find("RETURNING "); at != std::string::npos) {
-        // Only column references and constants: anything else may be (or call) a function.
+    static const std::regex returning(R"(\bRETURNING\s)", std::regex::icase);
+    if (std::smatch m; std::regex_search(code, m, returning)) {
+        // Only column references and constants: anything else may be (or call) a function. SQL's
+        // value functions look like names, so they are named here.
         static const std::regex item(R"(\s*(([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*|true|false)\s*)");
-        std::stringstream list(code.substr(at + 10));
+        static const std::regex value_function(
+            R"(\s*(current_timestamp|current_time|current_date|localtimestamp|localtime|current_user|session_user|)"
+            R"(current_role|user|current_catalog|current_schema)\s*)",
+            std::regex::icase);
+        std::stringstream list(m.suffix().str());
         for (std::string part; std::getline(list, part, ',');) {
-            if (!std::regex_match(part, item)) problems.push_back("RETURNING item '" + part + "'");
+            if (!std::regex_match(part, item) || std::regex_match(part, value_function)) {
+                problems.push_back("RETURNING item '" + part + "'");
+            }
         }
     }
     if (const auto at = code.find("ON CONFLICT"); at != std::string::npos) {
@@ -76,6 +84,8 @@ std::vector<std::string> citus_problems(const std::string& sql) {
 TEST_CASE("the Citus rules refuse what Citus refuses", "[unit][sql]") {
     CHECK(citus_problems("UPDATE t SET a = 1 WHERE k = $1 RETURNING a, (b < now()), now()").size() == 2);
     CHECK(citus_problems("UPDATE t SET a = 1 RETURNING clock_timestamp()").size() == 1);
+    CHECK(citus_problems("UPDATE t SET a = 1 RETURNING a,\n  CURRENT_TIMESTAMP").size() == 1);
+    CHECK(citus_problems("DELETE FROM t returning\tlocaltimestamp").size() == 1);
     CHECK(citus_problems("WITH v AS (SELECT k FROM t LIMIT 1 FOR UPDATE SKIP LOCKED) DELETE FROM t USING v").size() == 1);
     CHECK(citus_problems("SELECT 1 FROM t FOR SHARE").size() == 1);
     CHECK(citus_problems("CREATE TABLE a (x int); CREATE INDEX ON a (x)").size() == 1);
