@@ -368,8 +368,17 @@ TEST_CASE("group commit under a cancel storm: no key claimed twice, every claim 
         for (idem::Fence f : fences) anomalies += t.rows_with(scope, k, f) == 1 ? 0 : 1;
     }
     CHECK(anomalies == 0);
-    CHECK(static_cast<long long>(claimed.size()) ==
-          t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1", {scope}));
+    const long long rows = t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1", {scope});
+    if (idem_test::citus_run()) {
+        // On Citus a cancel that interrupts the coordinator while a shard commits can leave a claim
+        // committed whose caller was told store_unavailable (docs/scale-out.md, "Limits"): such a
+        // key stays in progress, never claimed twice. At most one per unavailable answer.
+        INFO(rows << " rows for " << claimed.size() << " keys claimed");
+        CHECK(rows >= static_cast<long long>(claimed.size()));
+        CHECK(rows - static_cast<long long>(claimed.size()) <= unavailable);
+    } else {
+        CHECK(static_cast<long long>(claimed.size()) == rows);
+    }
 }
 
 TEST_CASE("group commit with backends terminated: members retry with their own fences and find their rows",
