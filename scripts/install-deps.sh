@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install (or report) the Debian packages needed to build and test idem.
 #
-# Usage: scripts/install-deps.sh [--with-examples] [--with-fault] [--with-clang] [--with-failover] [--all]
+# Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--all]
 #
 #   (core, always)    cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2
 #                     postgresql-15 postgresql-client-15
 #   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
+#   --with-asio       libboost1.81-dev (the idem::asio component: Boost.Asio and Beast, header-only)
 #   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
 #   --with-clang      clang libclang-rt-14-dev (libFuzzer and clang sanitizer runtimes)
 #   --with-failover   patroni etcd-server etcd-client (the Patroni failover scenario)
@@ -20,6 +21,7 @@ set -euo pipefail
 core=(cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
       postgresql-client-15)
 examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
+asio_pkgs=(libboost1.81-dev)
 clang_pkgs=(clang libclang-rt-14-dev)
 fault_pkgs=(pgbouncer)
 failover_pkgs=(patroni etcd-server etcd-client)
@@ -29,20 +31,23 @@ usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
 wanted=("${core[@]}")
 with_examples=0
 with_clang=0
+with_asio=0
 with_fault=0
 with_failover=0
 for arg in "$@"; do
     case "$arg" in
         --with-examples) with_examples=1 ;;
+        --with-asio) with_asio=1 ;;
         --with-fault) with_fault=1 ;;
         --with-clang) with_clang=1 ;;
         --with-failover) with_failover=1 ;;
-        --all) with_examples=1; with_clang=1; with_fault=1; with_failover=1 ;;
+        --all) with_examples=1; with_asio=1; with_clang=1; with_fault=1; with_failover=1 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "install-deps: unknown argument: $arg" >&2; usage >&2; exit 2 ;;
     esac
 done
 ((with_examples)) && wanted+=("${examples[@]}")
+((with_asio)) && wanted+=("${asio_pkgs[@]}")
 ((with_clang)) && wanted+=("${clang_pkgs[@]}")
 ((with_fault)) && wanted+=("${fault_pkgs[@]}")
 ((with_failover)) && wanted+=("${failover_pkgs[@]}")

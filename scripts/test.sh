@@ -40,6 +40,7 @@ cmake_args=(
     -DIDEM_WERROR=ON
     -DIDEM_BUILD_TESTS=ON
     -DIDEM_BUILD_EXAMPLES=ON
+    -DIDEM_ASIO=ON
 )
 case "$sanitize" in
     address | asan)

@@ -18,6 +18,8 @@
 //   ├── database_error         the database refused a statement (sqlstate() tells why)
 //   ├── corrupt_record         a stored row cannot be decoded (truncated, wrong length, unknown state)
 //   ├── lease_lost             save/release named a fence that no longer owns the key; nothing changed
+//   ├── call_cancelled         an asynchronous call was cancelled, or passed its deadline, before its
+//   │                          effect started: the effect did not run, a claim it held was released
 //   └── outcome_unknown        the effect may have happened but its result is not stored;
 //       └── response_not_saved the effect ran and returned, saving its result failed (key stays in progress)
 //           └── response_too_large  the encoded result exceeds the store's limit (checked before I/O)
@@ -87,6 +89,15 @@ public:
 /// A save or release carried a fence token that no longer owns the key (another attempt took it over,
 /// or it was released). The store changed nothing.
 class lease_lost : public error {
+public:
+    using error::error;
+};
+
+/// An asynchronous call (idem::asio::async_execute_once) was cancelled — Asio's per-operation
+/// cancellation, or its deadline — before its effect started. The effect did not run; a claim the
+/// call had won was released, so the same key may run again. (Cancelled once the effect has
+/// started, the call reports whatever the effect threw: the outcome is unknown, the key is kept.)
+class call_cancelled : public error {
 public:
     using error::error;
 };

@@ -90,6 +90,75 @@ struct effect_result {
     using type = std::remove_cvref_t<decltype(invoke_effect(std::declval<F&>(), std::declval<Context&>()))>;
 };
 
+/// The observer's view of one call: events with the time since the call began (timed only when
+/// someone listens: a clock read is not free on every call).
+class CallReport {
+public:
+    CallReport(const IdempotencyStore& store, const Key& key) noexcept
+        : store_(store),
+          key_(key),
+          started_(store.observer() != nullptr ? std::chrono::steady_clock::now()
+                                               : std::chrono::steady_clock::time_point{}) {}
+    void operator()(Event event) const noexcept {
+        if (store_.observer() != nullptr) store_.emit(event, &key_, std::chrono::steady_clock::now() - started_);
+    }
+
+private:
+    const IdempotencyStore& store_;
+    const Key& key_;
+    std::chrono::steady_clock::time_point started_;
+};
+
+// The steps of execute_once that decide, shared by the blocking call and idem::asio's
+// async_execute_once (which differ only in how they wait): one copy of the rules.
+
+/// Step 1, a claim this call did not win: replayed (decoded from the stored bytes), in_progress or
+/// mismatch. nullopt: claimed, run the effect.
+template <class R>
+[[nodiscard]] std::optional<Result<R>> lost_claim(const Claim& claim, const CallReport& report) {
+    switch (claim.status) {
+        case ClaimStatus::mismatch: report(Event::mismatch); return Result<R>::mismatch();
+        case ClaimStatus::in_progress: report(Event::in_progress); return Result<R>::in_progress(claim.retry_after);
+        case ClaimStatus::completed: {
+            auto replay = Result<R>::replayed(codec<R>::decode(*claim.existing->result));
+            report(Event::replayed);
+            return replay;
+        }
+        case ClaimStatus::claimed: break;
+    }
+    return std::nullopt;
+}
+
+/// Step 3: the effect's value as the bytes to save. A codec that throws is response_not_saved
+/// (the effect ran: the key stays in progress).
+template <class R>
+[[nodiscard]] std::string encode_result(const R& value, const CallReport& report) {
+    try {
+        return codec<R>::encode(value);
+    } catch (const std::exception& e) {
+        report(Event::unknown);
+        throw response_not_saved(std::string("idem: encoding the result failed: ") + e.what(), {});
+    }
+}
+
+/// Step 6, called in a catch block around save(): the effect ran, so every failure is an unknown
+/// outcome. lease_lost and response_not_saved reach the caller unchanged, any other idem error as
+/// response_not_saved carrying the encoded result; anything else unchanged.
+[[noreturn]] inline void rethrow_save_failure(std::string&& bytes, const CallReport& report) {
+    report(Event::unknown);
+    try {
+        throw;
+    } catch (const response_not_saved&) {
+        throw;
+    } catch (const lease_lost&) {
+        throw;
+    } catch (const error& e) {
+        throw response_not_saved(std::string("idem: the effect ran but its result was not saved: ") +
+                                     std::string(without_prefix(e.what())),
+                                 std::move(bytes), e.sqlstate());
+    }
+}
+
 }  // namespace detail
 
 /// The value type execute_once returns for an effect F.
@@ -105,26 +174,9 @@ template <class F>
     static_assert(std::is_same_v<decltype(codec<R>::encode(std::declval<const R&>())), std::string>,
                   "idem::execute_once: specialise idem::codec<R> for the effect's result type");
 
-    // Timed only when someone listens (a clock read is not free on every call).
-    const bool observed = store.observer() != nullptr;
-    const auto started = observed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    const auto report = [&](Event event) {
-        if (observed) store.emit(event, &key, std::chrono::steady_clock::now() - started);
-    };
-
+    const detail::CallReport report(store, key);
     Claim claim = store.claim(key, fp, options);
-    switch (claim.status) {
-        case ClaimStatus::mismatch: report(Event::mismatch); return Result<R>::mismatch();
-        case ClaimStatus::in_progress:
-            report(Event::in_progress);
-            return Result<R>::in_progress(claim.retry_after);
-        case ClaimStatus::completed: {
-            auto replay = Result<R>::replayed(codec<R>::decode(*claim.existing->result));
-            report(Event::replayed);
-            return replay;
-        }
-        case ClaimStatus::claimed: break;
-    }
+    if (auto settled = detail::lost_claim<R>(claim, report)) return std::move(*settled);
 
     Context context(store, key, claim.fence, claim.existing ? &*claim.existing : nullptr);
     std::optional<R> value;
@@ -142,26 +194,11 @@ template <class F>
         throw;
     }
 
-    std::string bytes;
-    try {
-        bytes = codec<R>::encode(*value);
-    } catch (const std::exception& e) {
-        report(Event::unknown);
-        throw response_not_saved(std::string("idem: encoding the result failed: ") + e.what(), {});
-    }
+    std::string bytes = detail::encode_result(*value, report);
     try {
         store.save(key, claim.fence, bytes);
-    } catch (const response_not_saved&) {
-        report(Event::unknown);
-        throw;
-    } catch (const lease_lost&) {
-        report(Event::unknown);
-        throw;
-    } catch (const error& e) {
-        report(Event::unknown);
-        throw response_not_saved(std::string("idem: the effect ran but its result was not saved: ") +
-                                     std::string(detail::without_prefix(e.what())),
-                                 std::move(bytes), e.sqlstate());
+    } catch (...) {
+        detail::rethrow_save_failure(std::move(bytes), report);
     }
     report(Event::executed);
     return Result<R>::executed(std::move(*value));

@@ -139,12 +139,12 @@ bool is_connection_sqlstate(std::string_view s) noexcept {
 
 // ---- Connection -------------------------------------------------------------------------------------
 
-namespace {
-
 std::string trim(std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     return s;
 }
+
+namespace {
 
 // Merges our session settings into the user's own `options` (if the conninfo has any).
 std::string session_options(const ConnectSettings& settings) {
@@ -260,23 +260,45 @@ void throw_connect_error(const std::string& libpq_message) {
     throw store_unavailable(message);
 }
 
+ConnectParams::ConnectParams(const ConnectSettings& settings)
+    : timeout_(std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000))),  // libpq: seconds, min 2
+      options_(settings.session_options ? session_options(settings) : std::string()) {
+    // The user's conninfo is expanded from "dbname"; the keywords after it take precedence.
+    keys_ = {"dbname", "connect_timeout", "application_name", settings.session_options ? "options" : nullptr, nullptr};
+    values_ = {settings.conninfo.c_str(), timeout_.c_str(), settings.application_name.c_str(), options_.c_str(),
+               nullptr};
+}
+
+void configure_connected(PGconn* conn) {
+    quiet_notices(conn);
+    if (PQsetnonblocking(conn, 1) != 0 || PQenterPipelineMode(conn) != 1) {
+        throw store_unavailable("idem: cannot enter pipeline mode: " + trim(PQerrorMessage(conn)));
+    }
+}
+
+void check_prepared(const PGresult* r, const StatementDef& def) {
+    if (PQresultStatus(r) == PGRES_COMMAND_OK) return;
+    const char* field = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const std::string state = field ? field : "";
+    // The backend went away while we prepared (terminated, shutting down): a broken
+    // connection, retried on a fresh one like any other — not a statement's error.
+    if (is_connection_sqlstate(state)) {
+        throw connection_broken("idem: PostgreSQL closed the connection while preparing: " +
+                                    trim(PQresultErrorMessage(r)),
+                                state);
+    }
+    // (a missing table is a config_error that says to run ensure_schema(); a lock or
+    // statement timeout while preparing, the table being locked, is unavailable now)
+    throw_database_error("idem: cannot prepare " + def.name + ": " + trim(PQresultErrorMessage(r)), state);
+}
+
 Connection::Connection(const ConnectSettings& settings, std::span<const StatementDef> defs)
     : generation_(detail::fork_generation()), prepared_(settings.prepared_statements) {
-    const std::string timeout = std::to_string(
-        std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));  // libpq: seconds, min 2
-    const std::string options = settings.session_options ? session_options(settings) : std::string();
-    // The user's conninfo is expanded from "dbname"; the keywords after it take precedence.
-    const char* keys[] = {"dbname", "connect_timeout", "application_name",
-                          settings.session_options ? "options" : nullptr, nullptr};
-    const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(),
-                            options.c_str(), nullptr};
-    conn_.reset(PQconnectdbParams(keys, values, 1));
+    const ConnectParams params(settings);
+    conn_.reset(PQconnectdbParams(params.keys(), params.values(), 1));
     if (!conn_) throw store_unavailable("idem: out of memory creating a PostgreSQL connection");
     if (PQstatus(conn_.get()) != CONNECTION_OK) throw_connect_error(PQerrorMessage(conn_.get()));
-    quiet_notices(conn_.get());
-    if (PQsetnonblocking(conn_.get(), 1) != 0 || PQenterPipelineMode(conn_.get()) != 1) {
-        throw store_unavailable("idem: cannot enter pipeline mode: " + trim(PQerrorMessage(conn_.get())));
-    }
+    configure_connected(conn_.get());
     last_used_ = Clock::now();
     if (prepared_ && !defs.empty()) prepare(settings, defs);
     // Watched only once complete: a constructor that throws never leaves a pointer behind.
@@ -315,22 +337,11 @@ void Connection::prepare(const ConnectSettings& settings, std::span<const Statem
         if (defs[i].name.empty()) continue;
         ResultPtr r = next_result(deadline);
         if (!r) fail("no answer to PREPARE");
-        if (PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
-            const std::string state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
-                                          ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
-                                          : "";
-            // The backend went away while we prepared (terminated, shutting down): a broken
-            // connection, retried on a fresh one like any other — not a statement's error.
-            if (is_connection_sqlstate(state)) {
-                broken_ = true;
-                throw connection_broken("idem: PostgreSQL closed the connection while preparing: " +
-                                            trim(PQresultErrorMessage(r.get())),
-                                        state);
-            }
-            // (a missing table is a config_error that says to run ensure_schema(); a lock or
-            // statement timeout while preparing, the table being locked, is unavailable now)
-            throw_database_error("idem: cannot prepare " + defs[i].name + ": " + trim(PQresultErrorMessage(r.get())),
-                                 state);
+        try {
+            check_prepared(r.get(), defs[i]);
+        } catch (const connection_broken&) {
+            broken_ = true;
+            throw;
         }
         if (next_result(deadline)) fail("unexpected extra result after PREPARE");
     }
@@ -509,62 +520,89 @@ StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadl
     for (const Step& step : steps) send(step);
     flush(deadline);
 
-    // Per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC —
-    // preceded by an error result and a NULL when the implicit transaction's COMMIT failed.
-    StepResults out(steps.size());
-    const auto take_error = [&](StepResult& step, ResultPtr r) {
-        step.result = std::move(r);
-        step.failed = true;
-        if (is_connection_sqlstate(step.sqlstate())) {
-            broken_ = true;
-            throw connection_broken("idem: PostgreSQL closed the connection: " + step.message(),
-                                    std::string(step.sqlstate()));
+    PipelineAnswers answers(steps.size());
+    try {
+        while (!answers.feed(next_result(deadline), steps[answers.index()].sync_after)) {
         }
-    };
-    std::size_t segment = 0;  // first step of the current segment
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-        ResultPtr r = next_result(deadline);
-        if (!r) fail("missing result");
-        switch (PQresultStatus(r.get())) {
-            case PGRES_TUPLES_OK:
-            case PGRES_COMMAND_OK:
-                out[i].result = std::move(r);
-                break;
-            case PGRES_PIPELINE_ABORTED:
-                out[i].aborted = true;
-                break;
-            case PGRES_FATAL_ERROR:
-                take_error(out[i], std::move(r));
-                break;
-            default:
-                fail(std::string("unexpected result status ") + PQresStatus(PQresultStatus(r.get())));
-        }
-        if (ResultPtr end = next_result(deadline)) fail("unexpected extra result");  // the NULL
-        if (!steps[i].sync_after) continue;
-        ResultPtr sync = next_result(deadline);
-        if (sync && PQresultStatus(sync.get()) == PGRES_FATAL_ERROR) {
-            // The COMMIT at the Sync failed (a deferred constraint, a serialization failure): every
-            // statement of the segment is undone. Reported as the last statement's failure.
-            take_error(out[i], std::move(sync));
-            if (ResultPtr end = next_result(deadline)) fail("unexpected extra result after a failed commit");
-            sync = next_result(deadline);
-        }
-        if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) fail("pipeline out of sync");
-        // A failure anywhere in the segment rolled back the statements before it.
-        for (std::size_t f = segment; f <= i; ++f) {
-            if (!out[f].failed) continue;
-            for (std::size_t j = segment; j < f; ++j) {
-                if (out[j].ok()) {
-                    out[j].result.reset();
-                    out[j].rolled_back = true;
-                }
-            }
-            break;
-        }
-        segment = i + 1;
+    } catch (const pipeline_surprise& e) {
+        fail(e.what());
+    } catch (const connection_broken&) {
+        if (overdue_.load(std::memory_order_acquire)) fail_overdue();
+        broken_ = true;
+        throw;
     }
+    StepResults out = answers.take();
     last_used_ = Clock::now();
     return out;
+}
+
+// ---- PipelineAnswers ---------------------------------------------------------------------------------
+
+void PipelineAnswers::take_error(StepResult& step, ResultPtr r) {
+    step.result = std::move(r);
+    step.failed = true;
+    if (is_connection_sqlstate(step.sqlstate())) {
+        throw connection_broken("idem: PostgreSQL closed the connection: " + step.message(),
+                                std::string(step.sqlstate()));
+    }
+}
+
+void PipelineAnswers::close_segment() {
+    // A failure anywhere in the segment rolled back the statements before it.
+    for (std::size_t f = segment_; f <= i_; ++f) {
+        if (!out_[f].failed) continue;
+        for (std::size_t j = segment_; j < f; ++j) {
+            if (out_[j].ok()) {
+                out_[j].result.reset();
+                out_[j].rolled_back = true;
+            }
+        }
+        break;
+    }
+    segment_ = i_ + 1;
+}
+
+bool PipelineAnswers::feed(ResultPtr r, bool sync_after) {
+    const auto surprise = [](const char* what) { throw pipeline_surprise(what); };
+    if (i_ >= out_.size()) surprise("unexpected extra result");
+    switch (expect_) {
+        case Expect::result:
+            if (!r) surprise("missing result");
+            switch (PQresultStatus(r.get())) {
+                case PGRES_TUPLES_OK:
+                case PGRES_COMMAND_OK: out_[i_].result = std::move(r); break;
+                case PGRES_PIPELINE_ABORTED: out_[i_].aborted = true; break;
+                case PGRES_FATAL_ERROR: take_error(out_[i_], std::move(r)); break;
+                default:
+                    throw pipeline_surprise(std::string("unexpected result status ") + PQresStatus(PQresultStatus(r.get())));
+            }
+            expect_ = Expect::null;
+            return false;
+        case Expect::null:
+        case Expect::null_after_commit_error:
+            if (r) surprise(expect_ == Expect::null ? "unexpected extra result" : "unexpected extra result after a failed commit");
+            if (expect_ == Expect::null && !sync_after) {
+                ++i_;
+                expect_ = Expect::result;
+                return i_ == out_.size();
+            }
+            expect_ = Expect::sync;
+            return false;
+        case Expect::sync:
+            if (r && PQresultStatus(r.get()) == PGRES_FATAL_ERROR) {
+                // The COMMIT at the Sync failed (a deferred constraint, a serialization failure): every
+                // statement of the segment is undone. Reported as the last statement's failure.
+                take_error(out_[i_], std::move(r));
+                expect_ = Expect::null_after_commit_error;
+                return false;
+            }
+            if (!r || PQresultStatus(r.get()) != PGRES_PIPELINE_SYNC) surprise("pipeline out of sync");
+            close_segment();
+            ++i_;
+            expect_ = Expect::result;
+            return i_ == out_.size();
+    }
+    return false;
 }
 
 }  // namespace idem::pg

@@ -177,6 +177,44 @@ private:
     std::size_t size_ = 0;
 };
 
+/// The answers of a pipeline did not follow the protocol (a result missing, an extra one, a Sync
+/// out of place): the connection is unusable. what() is the bare reason; the connection adds
+/// libpq's own message.
+class pipeline_surprise : public connection_broken {
+public:
+    using connection_broken::connection_broken;
+};
+
+/// Turns the results libpq hands back for one pipeline into StepResults, one PGresult at a time.
+/// Shared by Connection::run (blocking) and the asynchronous connection of idem::asio, so both read
+/// a pipeline's answers by the same rules:
+///   per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC,
+///   preceded by an error result and a NULL when the implicit transaction's COMMIT failed.
+/// When a statement or its segment's COMMIT fails, the statements before it in the segment come back
+/// rolled_back, and a failed COMMIT is reported as the failure of the segment's last statement.
+class PipelineAnswers {
+public:
+    explicit PipelineAnswers(std::size_t steps) : out_(steps) {}
+
+    /// Feeds the next PGresult (null included). `sync_after` is that of step index(). Returns true
+    /// once every answer is in. Throws connection_broken on a protocol surprise or when the server
+    /// closed the session (57P01, ...): the connection is unusable afterwards.
+    bool feed(ResultPtr r, bool sync_after);
+    /// The step whose answer comes next.
+    [[nodiscard]] std::size_t index() const noexcept { return i_; }
+    [[nodiscard]] bool complete() const noexcept { return i_ == out_.size(); }
+    [[nodiscard]] StepResults take() noexcept { return std::move(out_); }
+
+private:
+    enum class Expect { result, null, sync, null_after_commit_error };
+    void take_error(StepResult& step, ResultPtr r);
+    void close_segment();
+    StepResults out_;
+    std::size_t i_ = 0;        // current step
+    std::size_t segment_ = 0;  // first step of the current segment
+    Expect expect_ = Expect::result;
+};
+
 class Connection;
 
 /// Enforces the deadlines of a store's connections without a timer per wait.
@@ -217,6 +255,29 @@ struct ConnectSettings {
     bool session_options = true;
     Watchdog* watchdog = nullptr;  ///< none: every wait is a poll with a timeout
 };
+
+/// The libpq connection parameters for `settings` (the user's conninfo expanded from "dbname",
+/// connect_timeout, application_name and idem's session options after it, which take precedence).
+class ConnectParams {
+public:
+    explicit ConnectParams(const ConnectSettings& settings);
+    ConnectParams(const ConnectParams&) = delete;
+    ConnectParams& operator=(const ConnectParams&) = delete;
+    [[nodiscard]] const char* const* keys() const noexcept { return keys_.data(); }
+    [[nodiscard]] const char* const* values() const noexcept { return values_.data(); }
+
+private:
+    std::string timeout_, options_;
+    std::array<const char*, 5> keys_{}, values_{};
+};
+
+/// After a connection is established: quiet notices, non-blocking, pipeline mode. Throws store_unavailable.
+void configure_connected(PGconn* conn);
+/// The answer to one PREPARE: throws connection_broken (session closed), config_error or
+/// store_unavailable (by SQLSTATE) when it is not COMMAND_OK.
+void check_prepared(const PGresult* r, const StatementDef& def);
+/// Strips the trailing newline libpq puts on its messages.
+std::string trim(std::string s);
 
 class Connection {
 public:

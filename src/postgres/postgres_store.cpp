@@ -18,6 +18,7 @@
 
 #include "../common.hpp"
 #include "connection.hpp"
+#include "machine.hpp"
 #include "group.hpp"
 #include "pool.hpp"
 #include "record.hpp"
@@ -33,31 +34,13 @@ using pg::parse_record;
 
 namespace {
 
-bool claim_retryable(std::string_view sqlstate) {
-    // serialization_failure, deadlock_detected, lock_not_available (lock_timeout while waiting on a
-    // concurrent, uncommitted claim of the same key)
-    return sqlstate == "40001" || sqlstate == "40P01" || sqlstate == "55P03";
-}
-
-[[noreturn]] void throw_statement_error(const StepResult& r, const char* what) {
-    pg::throw_database_error(std::string("idem: ") + what + " failed: " + r.message(), std::string(r.sqlstate()));
-}
+using pg::add_claim_params;
+using pg::claim_retryable;
+using pg::throw_statement_error;
 
 // The store whose in-transaction effect runs on this thread (if any): a call to that store from
 // inside the effect needs a second connection while the effect's transaction holds one.
 thread_local const void* in_effect_of = nullptr;
-
-// Parameters of the claim INSERT and of the expired re-claim ($1..$7).
-void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
-                      std::chrono::seconds retention) {
-    p.text(key.scope())
-        .text(key.value())
-        .bytes(fp.bytes())
-        .int2(static_cast<std::int16_t>(fp.algorithm()))
-        .int8(fence)
-        .int8(lease.count())
-        .int8(retention.count());
-}
 
 // A member's own copy of a group's exception, message and all. Each member rethrows, catches and
 // destroys its exception on its own thread; an exception object, or a std::runtime_error message,
@@ -240,43 +223,20 @@ struct PostgresStore::Impl {
     // has already run. (claim handles its own conflicts; run_in_transaction does not come here.)
     template <class F>
     auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
-        const auto retry_until = keep_trying > Clock::duration::zero() ? Clock::now() + keep_trying : Clock::time_point{};
-        auto backoff = std::chrono::milliseconds(25);
-        int conflicts = 0;
-        for (int attempt = 1;; ++attempt) {
-            std::string failure, sqlstate;
-            bool broken = false;
+        pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        for (;;) {
             try {
                 pg::Lease lease = acquire();
-                return f(*lease, attempt);
-            } catch (const pg::connection_broken& e) {
-                failure = detail::without_prefix(e.what()), sqlstate = e.sqlstate(), broken = true;
-                pool->suspect_idle();  // the retry must not pick another dead idle connection
-            } catch (const pool_timeout&) {
-                throw;  // already waited its bound
-            } catch (const store_unavailable& e) {
-                failure = detail::without_prefix(e.what()), sqlstate = e.sqlstate();  // could not connect (restart, failover)
-            } catch (const database_error& e) {
-                if (e.sqlstate() != "40001" && e.sqlstate() != "40P01") throw;
-                if (++conflicts >= options.claim_attempts && Clock::now() >= retry_until) throw;
+                return f(*lease, retry.attempt());
+            } catch (const store_unavailable&) {
+                const auto next = retry.after_failure(std::current_exception(), what);
+                if (next.broken) pool->suspect_idle();  // the retry must not pick another dead idle connection
                 counters().retries.fetch_add(1, std::memory_order_relaxed);
-                // Jittered: the transaction that won the conflict is usually still running.
-                thread_local std::minstd_rand jitter{std::random_device{}()};
-                const auto cap = 5u * static_cast<unsigned>(std::min(conflicts, 20));
-                std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % cap));
-                continue;
-            }
-            // Broken connections: claim_attempts in all. Failed connects: only within keep_trying
-            // (a request path should hear "unavailable" at once, a save should try hard).
-            if ((broken ? attempt >= options.claim_attempts : true) && Clock::now() >= retry_until) {
-                throw store_unavailable(std::string("idem: ") + what + ": " + failure, sqlstate);
-            }
-            counters().retries.fetch_add(1, std::memory_order_relaxed);
-            // A broken pooled connection says little about the next one: retry at once. A failed
-            // connect means the server is away: back off.
-            if (!broken || attempt > 1) {
-                std::this_thread::sleep_for(backoff);
-                backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+                if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
+            } catch (const database_error&) {
+                const auto next = retry.after_failure(std::current_exception(), what);
+                counters().retries.fetch_add(1, std::memory_order_relaxed);
+                if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
             }
         }
     }
@@ -295,13 +255,8 @@ struct PostgresStore::Impl {
         }
     }
 
-    // A write that only the fence holder of an in-progress key may make.
     static void expect_owned(const pg::StepResults& res, const char* what, Fence fence) {
-        if (!res[0].ok()) throw_statement_error(res[0], what);
-        if (res[0].rows() != 1) {
-            throw lease_lost(std::string("idem: ") + what + " refused: fence " + std::to_string(fence) +
-                             " no longer owns the key");
-        }
+        pg::expect_owned(res, what, fence);
     }
 
     // Gives a stale claim (fence `stale`, lease passed) the fence `fresh`. The taken-over record on
@@ -312,12 +267,7 @@ struct PostgresStore::Impl {
             Params p;
             p.text(key.scope()).text(key.value()).int8(stale).int8(fresh).int8(lease.count()).int4(new_attempt ? 1 : 0);
             auto res = run_one(conn, pg::kTakeOver, p);
-            if (!res[0].ok()) throw_statement_error(res[0], "take_over");
-            if (res[0].rows() == 1) {
-                Record taken = parse_record(res[0].result.get(), 0);
-                taken.read_at = taken.lease_until - lease;  // the statement's now() (sql.cpp, kTakeOver)
-                return taken;
-            }
+            if (auto taken = pg::take_over_answer(res, lease)) return taken;
             if (attempt > 1) {
                 auto record = select(conn, key);
                 if (record && record->fence == fresh) return record;
@@ -1120,17 +1070,10 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
-    const auto wait_until = options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{};
     // Every path fills and returns this one object (so it is built in the caller's Claim: a
     // replay decodes its row straight into it, with no Record moved or copied on the way out).
+    // The decisions are pg::ClaimMachine's (shared with idem::asio); this loop does its I/O.
     Claim out;
-    const auto claimed = [&](std::optional<Record> taken = std::nullopt) {
-        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-        out.status = ClaimStatus::claimed;
-        out.fence = fence;
-        out.existing = std::move(taken);
-        out.retry_after = {};
-    };
     const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
     using Got = Impl::ClaimMember::Got;
     // Group commit takes the first attempt only (one round trip); whatever follows (retries, an
@@ -1138,117 +1081,75 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     // effect: that call must not wait behind a group (acquire() says why).
     bool grouped = m.options.group_commit && in_effect_of != &m;
 
-    for (int failures = 0;;) {
-        Got got = Got::alone;
-        pg::StepResults res;
-        if (grouped) {
-            grouped = false;
-            m.check_process();
-            Impl::ClaimMember me;
-            me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
-            std::vector<pg::Combiner::Member*> group;
-            const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
-            if (role == pg::Combiner::Role::lead) {
-                m.run_claim_group(group);
-                m.claim_groups->finish(group);
+    pg::ClaimMachine machine(out, fence, fp, options, m.options.claim_attempts, m.options.max_retry_after);
+    auto next = pg::ClaimMachine::Next::round_trip;
+    while (next != pg::ClaimMachine::Next::done) {
+        switch (next) {
+            case pg::ClaimMachine::Next::round_trip: {
+                Got got = Got::alone;
+                pg::StepResults res;
+                if (grouped) {
+                    grouped = false;
+                    m.check_process();
+                    Impl::ClaimMember me;
+                    me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
+                    std::vector<pg::Combiner::Member*> group;
+                    const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
+                    if (role == pg::Combiner::Role::lead) {
+                        m.run_claim_group(group);
+                        m.claim_groups->finish(group);
+                    }
+                    if (me.got == Got::error) std::rethrow_exception(me.error);
+                    got = me.got;
+                    // (a group's failed statement counts as an attempt: going alone after it is a retry)
+                    if (got == Got::alone && role != pg::Combiner::Role::alone) {
+                        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+                    }
+                    if (got == Got::plain) res = std::move(me.plain);
+                    if (got == Got::won) {
+                        next = machine.on_won();
+                        break;
+                    }
+                    if (got == Got::found) {
+                        next = machine.on_found();
+                        break;
+                    }
+                    if (got == Got::absent) {
+                        next = machine.on_absent(false);
+                        break;
+                    }
+                }
+                if (got == Got::alone) res = m.claim_round_trip(key, fp, fence, lease, retention);
+                next = machine.on_round_trip(res);
+                break;
             }
-            if (me.got == Got::error) std::rethrow_exception(me.error);
-            got = me.got;
-            // (a group's failed statement counts as an attempt: going alone after it is a retry)
-            if (got == Got::alone && role != pg::Combiner::Role::alone) {
-                m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-            }
-            if (got == Got::plain) res = std::move(me.plain);
-        }
-        if (got == Got::alone) {
-            res = m.claim_round_trip(key, fp, fence, lease, retention);
-            got = Got::plain;
-        }
-        bool conflicted = false;
-        if (got == Got::plain) {
-            const StepResult& inserted = res[0];
-            const StepResult& selected = res[1];
-            // ok() holds only when the whole segment committed: an INSERT whose read (or COMMIT)
-            // failed afterwards was rolled back with it and is never taken for a claim.
-            const StepResult* failure = res.first_failure();
-            if (inserted.ok() && inserted.rows() == 1) {
-                got = Got::won;
-            } else if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
-                // Nothing of this attempt committed. A cancel, a timeout or a shortage is
-                // store_unavailable, a missing privilege config_error: fn is not called either way.
-                // (a failed COMMIT is reported on the read, the segment's last statement: "claim" for both)
-                throw_statement_error(*failure, "claim");
-            } else if (failure == nullptr && selected.rows() == 1) {
-                parse_record(selected.result.get(), 0, out.existing.emplace());
-                got = Got::found;
-            } else {
-                got = Got::absent;
-                conflicted = failure != nullptr;
-            }
-        }
-        if (got == Got::won) {
-            claimed();
-            return out;
-        }
-        if (got == Got::found) {
-            Record& record = *out.existing;
-            if (record.fence == fence && record.state == RecordState::in_progress) {
-                claimed();  // ours, from an attempt whose answer was lost with its connection
-                return out;
-            }
-            if (record.expired) {
-                // Past retention: claim it again with a conditional UPDATE (one winner).
-                const bool won = m.with_connection("claim (expired)", [&](pg::Connection& conn, int) {
+            case pg::ClaimMachine::Next::reclaim_expired:
+                next = machine.on_reclaimed(m.with_connection("claim (expired)", [&](pg::Connection& conn, int) {
                     Params p;
                     claim_params(p);
                     auto r = m.run_one(conn, pg::kReclaimExpired, p);
                     if (!r[0].ok()) throw_statement_error(r[0], "claim (expired)");
                     return r[0].rows() == 1;
-                });
-                if (won) {
-                    claimed();
-                    return out;
-                }
-                out.existing.reset();
-                continue;  // someone else re-claimed it first: read again
+                }));
+                break;
+            case pg::ClaimMachine::Next::take_over: {
+                auto taken = m.take_over(key, machine.stale_fence(), fence, lease, true);
+                if (taken) emit(Event::taken_over, &key);
+                next = machine.on_taken_over(std::move(taken));
+                break;
             }
-            out.status = classify(record, fp);
-            out.fence = 0;
-            if (out.status != ClaimStatus::in_progress) return out;
-            if (options.resume_stale && record.lease_expired) {
-                if (auto taken = m.take_over(key, record.fence, fence, lease, true)) {
-                    emit(Event::taken_over, &key);
-                    claimed(std::move(taken));
-                    return out;
-                }
-                out.existing.reset();
-                continue;  // another retry or a reconciler took it
-            }
-            if (Clock::now() < wait_until && m.wait_for_save(key, wait_until)) {
-                out.existing.reset();
-                continue;
-            }
-            // (a waiter that could not get a connection of its own answers in_progress right away)
-            out.retry_after = detail::retry_after_hint(record.lease_until, std::chrono::system_clock::now(),
-                                                       m.options.max_retry_after);
-            return out;
+            case pg::ClaimMachine::Next::wait:
+                next = machine.on_waited(m.wait_for_save(key, machine.wait_until()));
+                break;
+            case pg::ClaimMachine::Next::done: break;
         }
-        // Nothing to read: the conflicting claim was released or rolled back in between, or we timed
-        // out waiting for a concurrent uncommitted claim. Try again; past the bound, tell the caller
-        // the key is busy — never a generic failure.
-        if (++failures >= m.options.claim_attempts) {
-            out.status = ClaimStatus::in_progress;
-            out.fence = 0;
-            out.existing.reset();
-            out.retry_after = m.options.max_retry_after;
-            return out;
-        }
-        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-        if (conflicted) {
-            thread_local std::minstd_rand jitter{std::random_device{}()};
-            std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % (10u * static_cast<unsigned>(failures))));
+        if (next == pg::ClaimMachine::Next::round_trip && machine.retrying()) {
+            m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+            if (machine.pause().count() > 0) std::this_thread::sleep_for(machine.pause());
         }
     }
+    if (machine.won()) m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
+    return out;
 }
 
 void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
@@ -1284,18 +1185,15 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         Params p;
         p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
         auto res = m.run_one(conn, pg::kSave, p);
-        if (!res[0].ok()) throw_statement_error(res[0], "save");
-        if (res[0].rows() == 1) return pg::get_bool(res[0].result.get(), 0, 0);
-        // Not updated: either an earlier attempt of this very save landed before its connection
-        // broke (a retry finds its own bytes in place), or the fence lost the key.
-        if (attempt > 1 || group_sent) {
-            auto record = m.select(conn, key);
-            if (record && record->fence == fence && record->state == RecordState::completed &&
-                record->result == result) {
-                return false;
-            }
+        bool notify = false;
+        switch (pg::save_answer(res, attempt > 1 || group_sent, notify)) {
+            case pg::SaveAnswer::saved: return notify;
+            case pg::SaveAnswer::check_record:
+                if (pg::own_save(m.select(conn, key), fence, result)) return false;
+                break;
+            case pg::SaveAnswer::lost: break;
         }
-        throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
+        pg::throw_save_lost(fence);
     }, m.options.save_retry_window);
     if (waiters) {
         m.wake_waiters(key);

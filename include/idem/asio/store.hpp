@@ -1,0 +1,155 @@
+// idem/asio/store.hpp — AsyncPostgresStore: PostgreSQL for event loops (component idem::asio).
+//
+//   boost::asio::io_context io;
+//   idem::asio::AsyncPostgresStore store(io.get_executor(), "postgresql://app@db/payments");
+//   store.blocking().ensure_schema();          // once, at deployment (a blocking call)
+//   ... co_await idem::asio::async_execute_once(store, key, fp, effect, boost::asio::use_awaitable);
+//
+// No thread waits on the database: the store keeps up to PostgresOptions::pool_size non-blocking
+// libpq connections in pipeline mode, watched by the executor's event loop, and sends the
+// statements of many requests on each one at once — every request still its own transaction (a
+// claim is committed when its own Sync is answered). The same SQL, the same fences, and the same
+// decisions as PostgresStore (one copy of the rules: src/postgres/machine.hpp), so every guarantee of
+// store.hpp holds: the winning claim is durable before the claim completes; a claim, save or
+// release interrupted by a broken connection is sent again on another connection with the same
+// fence and recognises its own earlier write; a server that cannot be reached is store_unavailable
+// at once for a claim (the effect is not run) and is tried for save_retry_window by a save.
+//
+// Differences from PostgresStore, all on purpose:
+//   * ClaimOptions::wait polls the key (every 20 ms, then up to 200 ms apart) instead of LISTENing:
+//     no connection is held by a waiter. A save still NOTIFYs blocking waiters of other stores.
+//   * group_commit and pool_wait do not apply: requests share connections by pipelining, which
+//     costs no extra wait (PostgresOptions::group_commit is ignored).
+//   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
+//     timer per connection: a connection that does not answer in time fails every request on it
+//     (each is retried or reported as the blocking store would).
+//
+// Operations: the async_* members take any Asio completion token (a callback, use_future,
+// use_awaitable, deferred...) and complete on the token's associated executor, with
+// void(std::exception_ptr, T) — the exception is one of idem's (errors.hpp) exactly as the
+// blocking store would throw it. They may be started from any thread.
+//
+// The IdempotencyStore interface is implemented too, so the same object serves the Reconciler,
+// idem::http::respond or tests: claim/save/release/extend_lease/record_phase/take_over/read run
+// through the asynchronous connections and wait for the answer (never call them on the store's
+// own executor: they would wait for themselves — they throw config_error instead; and the event
+// loop must be running on another thread). list_stale, purge_expired and the batches go through
+// blocking(), a small blocking PostgresStore on the same database and table.
+//
+// Thread-safety: every member may be called from any thread. The store's state lives on a strand of
+// the given executor, so an io_context run by several threads is fine. Destroy the store after the
+// operations started on it have completed (the io_context may still be running); connections are
+// closed by the destructor.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "idem/postgres_store.hpp"
+#include "idem/store.hpp"
+
+namespace idem::asio {
+
+class AsyncPostgresStore final : public IdempotencyStore {
+public:
+    using executor_type = boost::asio::strand<boost::asio::any_io_executor>;
+
+    /// Connects lazily (the first operation opens the first connection). Throws config_error for
+    /// invalid options or table name (as PostgresStore does), before any I/O.
+    AsyncPostgresStore(boost::asio::any_io_executor executor, std::string conninfo, PostgresOptions options = {});
+    ~AsyncPostgresStore() override;
+    AsyncPostgresStore(const AsyncPostgresStore&) = delete;
+    AsyncPostgresStore& operator=(const AsyncPostgresStore&) = delete;
+
+    /// The strand every operation of this store runs on (and async_execute_once's effect too).
+    [[nodiscard]] executor_type get_executor() const noexcept;
+    [[nodiscard]] const PostgresOptions& options() const noexcept;
+
+    /// A blocking PostgresStore on the same database and table (2 connections, made on first use):
+    /// ensure_schema, inspect, distribute, list_stale, purge_expired, batches. Thread-safe.
+    [[nodiscard]] PostgresStore& blocking();
+
+    // ---- Asynchronous operations: the contract of IdempotencyStore's members of the same name.
+
+    /// Completes with void(std::exception_ptr, Claim).
+    template <class Token>
+    auto async_claim(Key key, Fingerprint fp, ClaimOptions options, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_claim(std::move(key), std::move(fp), options),
+                                     std::forward<Token>(token));
+    }
+    /// Completes with void(std::exception_ptr).
+    template <class Token>
+    auto async_save(Key key, Fence fence, std::string result, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_save(std::move(key), fence, std::move(result)),
+                                     std::forward<Token>(token));
+    }
+    /// Completes with void(std::exception_ptr).
+    template <class Token>
+    auto async_release(Key key, Fence fence, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_release(std::move(key), fence), std::forward<Token>(token));
+    }
+    /// Completes with void(std::exception_ptr).
+    template <class Token>
+    auto async_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_extend_lease(std::move(key), fence, lease),
+                                     std::forward<Token>(token));
+    }
+    /// Completes with void(std::exception_ptr).
+    template <class Token>
+    auto async_record_phase(Key key, Fence fence, std::string phase, std::string data, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_record_phase(std::move(key), fence, std::move(phase), std::move(data)),
+                                     std::forward<Token>(token));
+    }
+    /// Completes with void(std::exception_ptr, std::optional<Fence>).
+    template <class Token>
+    auto async_take_over(Key key, Fence stale_fence, std::chrono::milliseconds lease, bool new_attempt, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_take_over(std::move(key), stale_fence, lease, new_attempt),
+                                     std::forward<Token>(token));
+    }
+    /// Completes with void(std::exception_ptr, std::optional<Record>).
+    template <class Token>
+    auto async_read(Key key, Token&& token) {
+        return boost::asio::co_spawn(get_executor(), co_read(std::move(key)), std::forward<Token>(token));
+    }
+
+    // ---- The same operations as coroutines, for code already running on get_executor() (as
+    // async_execute_once's effect does): co_await them there, and only there.
+    boost::asio::awaitable<Claim> co_claim(Key key, Fingerprint fp, ClaimOptions options = {});
+    boost::asio::awaitable<void> co_save(Key key, Fence fence, std::string result);
+    boost::asio::awaitable<void> co_release(Key key, Fence fence);
+    boost::asio::awaitable<void> co_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease);
+    boost::asio::awaitable<void> co_record_phase(Key key, Fence fence, std::string phase, std::string data);
+    boost::asio::awaitable<std::optional<Fence>> co_take_over(Key key, Fence stale_fence, std::chrono::milliseconds lease,
+                                                              bool new_attempt);
+    boost::asio::awaitable<std::optional<Record>> co_read(Key key);
+
+    // ---- IdempotencyStore (blocking; see the header comment).
+    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options = {}) override;
+    void save(const Key& key, Fence fence, std::string_view result) override;
+    void release(const Key& key, Fence fence) override;
+    void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) override;
+    void record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) override;
+    [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
+                                                 bool new_attempt) override;
+    [[nodiscard]] std::optional<Record> read(const Key& key) override;
+    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit, const ScopeFilter& scopes = ScopeFilter::all()) override;
+    std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
+    /// This store's own counters (its asynchronous connections), plus blocking()'s if it was made.
+    [[nodiscard]] StoreStats stats() const override;
+    [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+
+private:
+    struct Impl;
+    std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace idem::asio

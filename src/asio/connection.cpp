@@ -1,0 +1,270 @@
+#include "connection.hpp"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <utility>
+
+#include "../postgres/sql.hpp"
+
+namespace idem::asio::detail {
+
+namespace net = boost::asio;
+using pg::Clock;
+
+AsyncConnection::AsyncConnection(Strand strand, const pg::ConnectSettings& settings,
+                                 std::span<const pg::StatementDef> defs)
+    : strand_(std::move(strand)), settings_(settings), defs_(defs), socket_(strand_), deadline_timer_(strand_) {}
+
+AsyncConnection::~AsyncConnection() {
+    // The descriptor is libpq's: let go of it before PQfinish (the conn_ member) closes it.
+    if (socket_.is_open()) socket_.release();
+}
+
+net::awaitable<void> AsyncConnection::open() {
+    const pg::ConnectParams params(settings_);
+    conn_.reset(PQconnectStartParams(params.keys(), params.values(), 1));
+    if (!conn_) throw store_unavailable("idem: out of memory creating a PostgreSQL connection");
+    if (PQstatus(conn_.get()) == CONNECTION_BAD) pg::throw_connect_error(PQerrorMessage(conn_.get()));
+    // libpq enforces connect_timeout only in its blocking connect: here a timer does.
+    const auto deadline = Clock::now() + settings_.connect_timeout;
+    net::steady_timer timer(strand_);
+    PostgresPollingStatusType poll = PGRES_POLLING_WRITING;
+    for (;;) {
+        if (poll == PGRES_POLLING_OK) break;
+        if (poll == PGRES_POLLING_FAILED) pg::throw_connect_error(PQerrorMessage(conn_.get()));
+        const int fd = PQsocket(conn_.get());
+        if (fd < 0) pg::throw_connect_error(PQerrorMessage(conn_.get()));
+        // The socket changes when libpq moves on to the next host or address.
+        if (socket_.is_open() && socket_.native_handle() != fd) socket_.release();
+        if (!socket_.is_open()) socket_.assign(fd);
+        auto timed_out = std::make_shared<bool>(false);
+        timer.expires_at(deadline);
+        timer.async_wait([this, timed_out](const boost::system::error_code& ec) {
+            if (ec) return;
+            *timed_out = true;
+            socket_.cancel();
+        });
+        boost::system::error_code ec;
+        co_await socket_.async_wait(poll == PGRES_POLLING_READING ? net::posix::stream_descriptor::wait_read
+                                                                  : net::posix::stream_descriptor::wait_write,
+                                    // (the pool's connection, whoever asked for it: a caller's cancellation does not end it)
+                                    net::bind_cancellation_slot(net::cancellation_slot(),
+                                                                net::redirect_error(net::use_awaitable, ec)));
+        timer.cancel();
+        if (*timed_out) throw store_unavailable("idem: cannot connect to PostgreSQL: timeout expired");
+        if (ec) throw store_unavailable("idem: cannot connect to PostgreSQL: " + ec.message());
+        poll = PQconnectPoll(conn_.get());
+    }
+    pg::configure_connected(conn_.get());
+    // All statements prepared, and "is Citus installed?" asked, in one round trip.
+    std::vector<bool> sync_after;
+    for (const auto& def : defs_) {
+        if (def.name.empty()) continue;
+        if (PQsendPrepare(conn_.get(), def.name.c_str(), def.sql.c_str(), static_cast<int>(def.param_types.size()),
+                          def.param_types.data()) != 1) {
+            fail_now("PQsendPrepare");
+        }
+        sync_after.push_back(false);
+    }
+    const pg::StatementDef& citus = defs_[pg::kCitusInstalled];
+    if (PQsendQueryParams(conn_.get(), citus.sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 1) != 1 ||
+        PQpipelineSync(conn_.get()) != 1) {
+        fail_now("PQsendQueryParams");
+    }
+    sync_after.push_back(true);
+    flush();
+    pg::StepResults answers =
+        co_await exchange(std::move(sync_after), Clock::now() + settings_.statement_timeout + std::chrono::seconds(1));
+    std::size_t i = 0;
+    for (const auto& def : defs_) {
+        if (def.name.empty()) continue;
+        if (answers[i].failed) {
+            try {
+                pg::check_prepared(answers[i].result.get(), def);
+            } catch (const pg::connection_broken&) {
+                broken_ = true;
+                throw;
+            }
+        }
+        ++i;
+    }
+    const pg::StepResult& installed = answers[i];
+    if (!installed.ok()) {
+        pg::throw_database_error("idem: cannot ask whether Citus is installed: " + installed.message(),
+                                 std::string(installed.sqlstate()));
+    }
+    citus_ = pg::get_bool(installed.result.get(), 0, 0);
+}
+
+void AsyncConnection::send(const pg::Step& step) {
+    const pg::StatementDef& def = *step.def;
+    const pg::Params& p = *step.params;
+    const int ok = settings_.prepared_statements && !def.name.empty()
+        ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(),
+                              step.result_format)
+        : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
+                            def.param_types.empty() ? nullptr : def.param_types.data(), p.values(), p.lengths(),
+                            p.formats(), step.result_format);
+    if (ok != 1) fail_now("send " + def.name);
+    if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail_now("PQpipelineSync");
+}
+
+net::awaitable<pg::StepResults> AsyncConnection::run(std::span<const pg::Step> steps, Clock::time_point deadline) {
+    if (broken_) throw pg::connection_broken("idem: connection already broken");
+    if (steps.empty() || !steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");
+    std::vector<bool> sync_after;
+    sync_after.reserve(steps.size());
+    // libpq copies the parameters into its output buffer: the caller's Params may go after this.
+    for (const pg::Step& step : steps) {
+        send(step);
+        sync_after.push_back(step.sync_after);
+    }
+    flush();
+    co_return co_await exchange(std::move(sync_after), deadline);
+}
+
+net::awaitable<pg::StepResults> AsyncConnection::exchange(std::vector<bool> sync_after, Clock::time_point deadline) {
+    // The statements are sent; wait for their answers. Never cancelled from outside: a request
+    // ends by its answers or by the connection's failure (its deadline included).
+    return net::async_initiate<decltype(net::use_awaitable), void(std::exception_ptr, pg::StepResults)>(
+        [this](auto handler, std::vector<bool> flags, Clock::time_point until) {
+            enqueue(std::move(flags), until, Handler(std::move(handler)));
+        },
+        net::use_awaitable, std::move(sync_after), deadline);
+}
+
+void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point deadline, Handler handler) {
+    if (broken_) {
+        net::post(strand_, [h = std::move(handler)]() mutable {
+            std::move(h)(std::make_exception_ptr(pg::connection_broken("idem: connection already broken")),
+                         pg::StepResults());
+        });
+        return;
+    }
+    const bool was_idle = fifo_.empty();
+    fifo_.push_back(Pending{pg::PipelineAnswers(sync_after.size()), std::move(sync_after), deadline, std::move(handler)});
+    if (!reading_) {
+        reading_ = true;
+        net::co_spawn(strand_, read_loop(shared_from_this()), net::detached);
+    }
+    if (was_idle) net::co_spawn(strand_, deadline_loop(shared_from_this()), net::detached);
+}
+
+void AsyncConnection::flush() {
+    const int r = PQflush(conn_.get());
+    if (r < 0) fail_now("PQflush");
+    if (r == 1 && !writing_) {
+        writing_ = true;
+        net::co_spawn(strand_, write_loop(shared_from_this()), net::detached);
+    }
+}
+
+net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection> self) {
+    (void)self;  // keeps the connection alive while the loop runs
+    // The socket did not take everything at once: finish when it is writable again. (The reader
+    // keeps consuming input meanwhile, so the server is never stuck writing to us.)
+    while (!broken_) {
+        const int r = PQflush(conn_.get());
+        if (r == 0) break;
+        if (r < 0) {
+            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed (PQflush): " +
+                                                               pg::trim(PQerrorMessage(conn_.get())))));
+            break;
+        }
+        boost::system::error_code ec;
+        co_await socket_.async_wait(net::posix::stream_descriptor::wait_write, net::redirect_error(net::use_awaitable, ec));
+        if (ec && !broken_) {
+            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed: " + ec.message())));
+        }
+    }
+    writing_ = false;
+}
+
+net::awaitable<void> AsyncConnection::read_loop(std::shared_ptr<AsyncConnection> self) {
+    (void)self;  // keeps the connection alive while the loop runs
+    while (!broken_ && !fifo_.empty()) {
+        boost::system::error_code ec;
+        co_await socket_.async_wait(net::posix::stream_descriptor::wait_read, net::redirect_error(net::use_awaitable, ec));
+        if (broken_) break;
+        if (ec) {
+            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed: " + ec.message())));
+            break;
+        }
+        if (PQconsumeInput(conn_.get()) != 1) {
+            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed (PQconsumeInput): " +
+                                                               pg::trim(PQerrorMessage(conn_.get())))));
+            break;
+        }
+        drain();
+    }
+    reading_ = false;
+}
+
+net::awaitable<void> AsyncConnection::deadline_loop(std::shared_ptr<AsyncConnection> self) {
+    (void)self;  // keeps the connection alive while the loop runs
+    // Runs while requests are pending (an idle connection keeps no timer: io_context::run() may
+    // return). Deadlines grow along the FIFO, so the head's is the next to pass.
+    while (!broken_ && !fifo_.empty()) {
+        const auto until = fifo_.front().deadline;
+        if (Clock::now() >= until) {
+            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)")));
+            break;
+        }
+        deadline_timer_.expires_at(until);
+        boost::system::error_code ec;
+        co_await deadline_timer_.async_wait(net::redirect_error(net::use_awaitable, ec));
+    }
+}
+
+void AsyncConnection::drain() {
+    try {
+        while (!fifo_.empty() && PQisBusy(conn_.get()) == 0) {
+            pg::ResultPtr r(PQgetResult(conn_.get()));
+            Pending& head = fifo_.front();
+            const bool sync_after = head.sync_after[head.answers.index()];
+            if (!head.answers.feed(std::move(r), sync_after)) continue;
+            Pending done = std::move(head);
+            fifo_.pop_front();
+            if (fifo_.empty()) deadline_timer_.cancel();  // nothing left to time
+            net::post(strand_, [h = std::move(done.handler), answers = done.answers.take()]() mutable {
+                std::move(h)(nullptr, std::move(answers));
+            });
+        }
+    } catch (const pg::pipeline_surprise& e) {
+        fail(std::make_exception_ptr(pg::connection_broken(std::string("idem: PostgreSQL connection failed (") + e.what() +
+                                                           "): " + pg::trim(PQerrorMessage(conn_.get())))));
+    } catch (const pg::connection_broken&) {
+        fail(std::current_exception());
+    }
+}
+
+void AsyncConnection::fail_now(const std::string& what) {
+    auto error = std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed (" + what +
+                                                               "): " + pg::trim(PQerrorMessage(conn_.get()))));
+    fail(error);
+    std::rethrow_exception(error);
+}
+
+void AsyncConnection::close(const std::string& why) noexcept {
+    fail(std::make_exception_ptr(pg::connection_broken(why)));
+}
+
+void AsyncConnection::fail(std::exception_ptr error) noexcept {
+    broken_ = true;
+    std::deque<Pending> pending = std::move(fifo_);
+    fifo_.clear();
+    for (Pending& p : pending) {
+        net::post(strand_, [h = std::move(p.handler), error]() mutable { std::move(h)(error, pg::StepResults()); });
+    }
+    boost::system::error_code ignored;
+    deadline_timer_.cancel();
+    if (socket_.is_open()) socket_.cancel(ignored);
+}
+
+}  // namespace idem::asio::detail

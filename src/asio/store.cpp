@@ -1,0 +1,474 @@
+#include "idem/asio/store.hpp"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <limits>
+#include <vector>
+
+#include "../common.hpp"
+#include "../postgres/machine.hpp"
+#include "../postgres/record.hpp"
+#include "../postgres/sql.hpp"
+#include "connection.hpp"
+
+namespace idem::asio {
+
+namespace net = boost::asio;
+using detail::AsyncConnection;
+using pg::Clock;
+using pg::Params;
+using pg::Step;
+
+namespace {
+
+// Waits the store does for itself (a retry's pause, a poll): never cut short by the caller's
+// cancellation, which async_execute_once looks at between its steps.
+net::awaitable<void> pause_for(std::chrono::milliseconds d) {
+    net::steady_timer timer(co_await net::this_coro::executor, d);
+    boost::system::error_code ec;
+    co_await timer.async_wait(net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
+}
+
+std::string notify_payload(const pg::TableName& t, const Key& key) {
+    // \x1f cannot occur in a key (control characters are refused), so the payload is unambiguous.
+    return (t.schema.empty() ? t.table : t.schema + "." + t.table) + '\x1f' + key.scope() + '\x1f' + key.value();
+}
+
+PostgresOptions blocking_options(PostgresOptions o) {
+    o.pool_size = 2;
+    o.group_commit = false;
+    return o;
+}
+
+}  // namespace
+
+struct AsyncPostgresStore::Impl {
+    Impl(net::any_io_executor ex, std::string conninfo, PostgresOptions opts)
+        : strand(net::make_strand(ex)),
+          options(std::move(opts)),
+          blocking(conninfo, blocking_options(options)),  // validates the options, connects lazily
+          table(pg::TableName::parse(options.table)),
+          defs(pg::statements(table)),
+          settings{std::move(conninfo),    options.application_name, options.connect_timeout,
+                   options.statement_timeout, options.lock_timeout,  options.prepared_statements,
+                   options.session_options},
+          connected(strand, Clock::time_point::max()) {}
+
+    ~Impl() {
+        for (auto& c : connections) c->close("idem: the store was destroyed");
+    }
+
+    AsyncPostgresStore::executor_type strand;
+    PostgresOptions options;
+    PostgresStore blocking;
+    pg::TableName table;
+    std::vector<pg::StatementDef> defs;
+    pg::ConnectSettings settings;
+
+    std::vector<std::shared_ptr<AsyncConnection>> connections;  // open (or broken, dropped on the next acquire)
+    std::size_t connecting = 0;
+    net::steady_timer connected;  // cancelled whenever a connection attempt ends: wakes acquire()s
+
+    struct Counters {
+        std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
+            retries{0}, opened{0}, discarded{0};
+    } counters;
+    void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
+
+    Clock::time_point deadline() const {
+        return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
+    }
+
+    // The open connection with the fewest requests in flight; a new one while there is room and
+    // every open one is busy (so load spreads over pool_size connections, each pipelining).
+    net::awaitable<std::shared_ptr<AsyncConnection>> acquire() {
+        for (;;) {
+            const auto end = std::remove_if(connections.begin(), connections.end(),
+                                            [](const auto& c) { return c->broken(); });
+            counters.discarded.fetch_add(static_cast<std::uint64_t>(connections.end() - end), std::memory_order_relaxed);
+            connections.erase(end, connections.end());
+            std::shared_ptr<AsyncConnection> best;
+            for (const auto& c : connections) {
+                if (!best || c->pending() < best->pending()) best = c;
+            }
+            const bool room = connections.size() + connecting < options.pool_size;
+            if (best && (best->pending() == 0 || !room)) co_return best;
+            if (room) {
+                ++connecting;
+                auto fresh = std::make_shared<AsyncConnection>(strand, settings, defs);
+                std::exception_ptr failure;
+                try {
+                    co_await fresh->open();
+                } catch (...) {
+                    failure = std::current_exception();
+                }
+                --connecting;
+                connected.cancel();
+                if (failure) {
+                    if (best && !best->broken()) co_return best;
+                    std::rethrow_exception(failure);
+                }
+                count(counters.opened);
+                connections.push_back(fresh);
+                co_return fresh;
+            }
+            // Every slot is connecting and none is open yet: wait for one of them.
+            boost::system::error_code ec;
+            co_await connected.async_wait(
+                net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
+        }
+    }
+
+    net::awaitable<pg::StepResults> run(AsyncConnection& conn, std::span<const Step> steps) {
+        count(counters.round_trips);
+        co_return co_await conn.run(steps, deadline());
+    }
+
+    // The claim's round trip: [INSERT, SELECT | Sync], one implicit transaction. Where Citus is
+    // installed, [BEGIN, INSERT, SELECT, COMMIT | Sync] as the blocking store does (Citus does not
+    // take a pipeline's implicit transaction for a block), then [ROLLBACK | Sync]: requests of
+    // other callers follow on this connection, and a failed block must not be left open for them
+    // (outside a block the ROLLBACK is a warning, nothing more).
+    net::awaitable<pg::StepResults> claim_round_trip(AsyncConnection& conn, const Key& key, const Fingerprint& fp,
+                                                     Fence fence, std::chrono::milliseconds lease,
+                                                     std::chrono::seconds retention) {
+        Params ins;
+        pg::add_claim_params(ins, key, fp, fence, lease, retention);
+        Params sel;
+        sel.text(key.scope()).text(key.value());
+        if (!conn.citus()) {
+            const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
+            co_return co_await run(conn, steps);
+        }
+        Params none;
+        const Step steps[] = {{&defs[pg::kBegin], &none, false},    {&defs[pg::kClaimInsert], &ins, false},
+                              {&defs[pg::kSelect], &sel, false},    {&defs[pg::kCommit], &none, true},
+                              {&defs[pg::kRollback], &none, true}};
+        pg::StepResults all = co_await run(conn, steps);
+        pg::StepResults two(2);
+        two[0] = std::move(all[0].failed ? all[0] : all[1]);
+        two[1] = std::move(all[3].failed ? all[3] : all[2]);
+        co_return two;
+    }
+
+    net::awaitable<pg::StepResults> run_one(AsyncConnection& conn, pg::Stmt stmt, Params& params) {
+        const Step step{&defs[stmt], &params};
+        co_return co_await run(conn, std::span(&step, 1));
+    }
+
+    net::awaitable<std::optional<Record>> select(AsyncConnection& conn, const Key& key) {
+        Params p;
+        p.text(key.scope()).text(key.value());
+        auto res = co_await run_one(conn, pg::kSelect, p);
+        if (!res[0].ok()) pg::throw_statement_error(res[0], "read");
+        if (res[0].rows() == 0) co_return std::nullopt;
+        co_return pg::parse_record(res[0].result.get(), 0);
+    }
+
+    // Runs f(conn, attempt) -> awaitable<T> on a connection; retried as PostgresStore's
+    // with_connection is (pg::RetryPolicy, the same rules).
+    template <class T, class F>
+    net::awaitable<T> with_connection(const char* what, F f, Clock::duration keep_trying = Clock::duration::zero()) {
+        pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        for (;;) {
+            std::exception_ptr failure;
+            try {
+                auto conn = co_await acquire();
+                co_return co_await f(*conn, retry.attempt());
+            } catch (const store_unavailable&) {
+                failure = std::current_exception();
+            } catch (const database_error&) {
+                failure = std::current_exception();
+            }
+            const auto next = retry.after_failure(failure, what);
+            count(counters.retries);
+            if (next.pause.count() > 0) co_await pause_for(next.pause);
+        }
+    }
+
+    net::awaitable<Claim> claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options_) {
+        count(counters.claims);
+        // One fence for every attempt: after a broken connection, the retry recognises its own claim.
+        const Fence fence = idem::detail::new_fence();
+        const auto lease = options_.lease.value_or(options.default_lease);
+        const auto retention = options_.retention.value_or(options.default_retention);
+        Claim out;
+        pg::ClaimMachine machine(out, fence, fp, options_, options.claim_attempts, options.max_retry_after);
+        auto poll = std::chrono::milliseconds(20);
+        using Next = pg::ClaimMachine::Next;
+        for (Next next = Next::round_trip; next != Next::done;) {
+            switch (next) {
+                case Next::round_trip: {
+                    auto res = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
+                        return claim_round_trip(conn, key, fp, fence, lease, retention);
+                    });
+                    next = machine.on_round_trip(res);
+                    break;
+                }
+                case Next::reclaim_expired: {
+                    const bool won = co_await with_connection<bool>(
+                        "claim (expired)", [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
+                            Params p;
+                            pg::add_claim_params(p, key, fp, fence, lease, retention);
+                            auto r = co_await run_one(conn, pg::kReclaimExpired, p);
+                            if (!r[0].ok()) pg::throw_statement_error(r[0], "claim (expired)");
+                            co_return r[0].rows() == 1;
+                        });
+                    next = machine.on_reclaimed(won);
+                    break;
+                }
+                case Next::take_over: {
+                    auto taken = co_await take_over(key, machine.stale_fence(), fence, lease, true);
+                    next = machine.on_taken_over(std::move(taken));
+                    break;
+                }
+                case Next::wait: {
+                    // No LISTEN here (it would hold a connection per waiter): poll the key, 20 ms
+                    // at first, then up to 200 ms apart, until the wait's end.
+                    const auto left = machine.wait_until() - Clock::now();
+                    if (left <= Clock::duration::zero()) {
+                        next = machine.on_waited(false);
+                        break;
+                    }
+                    co_await pause_for(std::min(poll, std::chrono::duration_cast<std::chrono::milliseconds>(left) +
+                                                          std::chrono::milliseconds(1)));
+                    poll = std::min(poll * 2, std::chrono::milliseconds(200));
+                    next = machine.on_waited(true);
+                    break;
+                }
+                case Next::done: break;
+            }
+            if (next == Next::round_trip && machine.retrying()) {
+                count(counters.retries);
+                if (machine.pause().count() > 0) co_await pause_for(machine.pause());
+            }
+        }
+        if (machine.won()) count(counters.claims_won);
+        co_return out;
+    }
+
+    net::awaitable<std::optional<Record>> take_over(const Key& key, Fence stale, Fence fresh,
+                                                    std::chrono::milliseconds lease, bool new_attempt) {
+        co_return co_await with_connection<std::optional<Record>>(
+            "take_over", [&](AsyncConnection& conn, int attempt) -> net::awaitable<std::optional<Record>> {
+                Params p;
+                p.text(key.scope()).text(key.value()).int8(stale).int8(fresh).int8(lease.count()).int4(new_attempt ? 1 : 0);
+                auto res = co_await run_one(conn, pg::kTakeOver, p);
+                if (auto taken = pg::take_over_answer(res, lease)) co_return taken;
+                if (attempt > 1) {
+                    // Reconnect-safe: after a lost answer, finding `fresh` in place means we won.
+                    auto record = co_await select(conn, key);
+                    if (record && record->fence == fresh) co_return record;
+                }
+                co_return std::nullopt;
+            });
+    }
+
+    net::awaitable<void> save(const Key& key, Fence fence, std::string_view result) {
+        if (result.size() > options.max_result_bytes) {
+            throw response_too_large("idem: result of " + std::to_string(result.size()) +
+                                         " bytes exceeds max_result_bytes " + std::to_string(options.max_result_bytes),
+                                     std::string(result));
+        }
+        count(counters.saves);
+        const bool waiters = co_await with_connection<bool>(
+            "save",
+            [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
+                Params p;
+                p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
+                auto res = co_await run_one(conn, pg::kSave, p);
+                bool notify = false;
+                switch (pg::save_answer(res, attempt > 1, notify)) {
+                    case pg::SaveAnswer::saved: co_return notify;
+                    case pg::SaveAnswer::check_record:
+                        if (pg::own_save(co_await select(conn, key), fence, result)) co_return false;
+                        break;
+                    case pg::SaveAnswer::lost: break;
+                }
+                pg::throw_save_lost(fence);
+            },
+            options.save_retry_window);
+        if (waiters) {
+            // A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best
+            // effort — a waiter also wakes at its deadline and re-reads.
+            try {
+                co_await with_connection<bool>("notify", [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
+                    Params p;
+                    const std::string payload = notify_payload(table, key);
+                    p.text(payload);
+                    co_await run_one(conn, pg::kNotify, p);
+                    co_return true;
+                });
+            } catch (const error&) {
+            }
+        }
+    }
+
+    net::awaitable<void> release(const Key& key, Fence fence) {
+        count(counters.releases);
+        co_await with_connection<bool>("release", [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
+            Params p;
+            p.text(key.scope()).text(key.value()).int8(fence);
+            auto res = co_await run_one(conn, pg::kRelease, p);
+            if (!res[0].ok()) pg::throw_statement_error(res[0], "release");
+            if (res[0].rows() == 1) co_return true;
+            if (attempt > 1) {
+                // A retry: our first DELETE may have landed (and someone may have claimed since).
+                auto record = co_await select(conn, key);
+                if (!record || record->fence != fence) co_return true;
+            }
+            throw lease_lost("idem: release refused: fence " + std::to_string(fence) + " no longer owns the key");
+        });
+    }
+
+    net::awaitable<void> owned_write(const char* what, pg::Stmt stmt, const Key& key, Fence fence,
+                                     std::optional<std::int64_t> lease_ms, std::string_view phase,
+                                     std::string_view data) {
+        co_await with_connection<bool>(what, [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
+            Params p;
+            p.text(key.scope()).text(key.value()).int8(fence);
+            if (lease_ms) {
+                p.int8(*lease_ms);
+            } else {
+                p.text(phase).bytes(data);
+            }
+            pg::expect_owned(co_await run_one(conn, stmt, p), what, fence);
+            co_return true;
+        });
+    }
+};
+
+// ---- AsyncPostgresStore ---------------------------------------------------------------------------------
+
+AsyncPostgresStore::AsyncPostgresStore(net::any_io_executor executor, std::string conninfo, PostgresOptions options)
+    : impl_(std::make_shared<Impl>(std::move(executor), std::move(conninfo), std::move(options))) {}
+
+AsyncPostgresStore::~AsyncPostgresStore() = default;
+
+AsyncPostgresStore::executor_type AsyncPostgresStore::get_executor() const noexcept { return impl_->strand; }
+const PostgresOptions& AsyncPostgresStore::options() const noexcept { return impl_->options; }
+PostgresStore& AsyncPostgresStore::blocking() { return impl_->blocking; }
+std::size_t AsyncPostgresStore::max_result_bytes() const noexcept { return impl_->options.max_result_bytes; }
+
+// Each coroutine keeps the Impl alive while it runs (a copy of impl_ in its frame).
+net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, ClaimOptions options) {
+    auto impl = impl_;
+    co_return co_await impl->claim(key, fp, options);
+}
+
+net::awaitable<void> AsyncPostgresStore::co_save(Key key, Fence fence, std::string result) {
+    auto impl = impl_;
+    co_await impl->save(key, fence, result);
+}
+
+net::awaitable<void> AsyncPostgresStore::co_release(Key key, Fence fence) {
+    auto impl = impl_;
+    co_await impl->release(key, fence);
+}
+
+net::awaitable<void> AsyncPostgresStore::co_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease) {
+    auto impl = impl_;
+    co_await impl->owned_write("extend_lease", pg::kExtendLease, key, fence, lease.count(), {}, {});
+}
+
+net::awaitable<void> AsyncPostgresStore::co_record_phase(Key key, Fence fence, std::string phase, std::string data) {
+    auto impl = impl_;
+    co_await impl->owned_write("record_phase", pg::kRecordPhase, key, fence, std::nullopt, phase, data);
+}
+
+net::awaitable<std::optional<Fence>> AsyncPostgresStore::co_take_over(Key key, Fence stale_fence,
+                                                                      std::chrono::milliseconds lease, bool new_attempt) {
+    auto impl = impl_;
+    const Fence fence = idem::detail::new_fence();
+    if (!co_await impl->take_over(key, stale_fence, fence, lease, new_attempt)) co_return std::nullopt;
+    emit(Event::taken_over, &key);
+    co_return fence;
+}
+
+net::awaitable<std::optional<Record>> AsyncPostgresStore::co_read(Key key) {
+    auto impl = impl_;
+    impl->count(impl->counters.reads);
+    co_return co_await impl->with_connection<std::optional<Record>>(
+        "read", [&](AsyncConnection& conn, int) { return impl->select(conn, key); });
+}
+
+namespace {
+// The blocking interface runs the asynchronous operation and waits for it on the calling thread:
+// never on the store's own strand, where the operation could not run while we wait.
+void refuse_on_own_executor(const AsyncPostgresStore::executor_type& strand) {
+    if (strand.running_in_this_thread()) {
+        throw config_error("idem: a blocking call of AsyncPostgresStore was made on the store's own executor, "
+                           "where it would wait for itself: co_await the co_ / async_ forms there");
+    }
+}
+}  // namespace
+
+Claim AsyncPostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
+    refuse_on_own_executor(impl_->strand);
+    return async_claim(key, fp, options, net::use_future).get();
+}
+
+void AsyncPostgresStore::save(const Key& key, Fence fence, std::string_view result) {
+    refuse_on_own_executor(impl_->strand);
+    async_save(key, fence, std::string(result), net::use_future).get();
+}
+
+void AsyncPostgresStore::release(const Key& key, Fence fence) {
+    refuse_on_own_executor(impl_->strand);
+    async_release(key, fence, net::use_future).get();
+}
+
+void AsyncPostgresStore::extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) {
+    refuse_on_own_executor(impl_->strand);
+    async_extend_lease(key, fence, lease, net::use_future).get();
+}
+
+void AsyncPostgresStore::record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) {
+    refuse_on_own_executor(impl_->strand);
+    async_record_phase(key, fence, std::string(phase), std::string(data), net::use_future).get();
+}
+
+std::optional<Fence> AsyncPostgresStore::take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
+                                                   bool new_attempt) {
+    refuse_on_own_executor(impl_->strand);
+    return async_take_over(key, stale_fence, lease, new_attempt, net::use_future).get();
+}
+
+std::optional<Record> AsyncPostgresStore::read(const Key& key) {
+    refuse_on_own_executor(impl_->strand);
+    return async_read(key, net::use_future).get();
+}
+
+std::vector<StaleKey> AsyncPostgresStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
+    return impl_->blocking.list_stale(limit, scopes);
+}
+
+std::size_t AsyncPostgresStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
+    return impl_->blocking.purge_expired(batch_size, max_batches);
+}
+
+StoreStats AsyncPostgresStore::stats() const {
+    StoreStats s = impl_->blocking.stats();
+    const auto& c = impl_->counters;
+    const auto get = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+    s.round_trips += get(c.round_trips);
+    s.claims += get(c.claims);
+    s.claims_won += get(c.claims_won);
+    s.saves += get(c.saves);
+    s.releases += get(c.releases);
+    s.reads += get(c.reads);
+    s.retries += get(c.retries);
+    s.connections_opened += get(c.opened);
+    s.connections_discarded += get(c.discarded);
+    return s;
+}
+
+}  // namespace idem::asio

@@ -1,0 +1,216 @@
+#include "machine.hpp"
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "../common.hpp"
+#include "record.hpp"
+
+namespace idem::pg {
+
+namespace {
+unsigned jitter(unsigned cap) {
+    thread_local std::minstd_rand random{std::random_device{}()};
+    return 1 + static_cast<unsigned>(random() % std::max(cap, 1u));
+}
+}  // namespace
+
+bool claim_retryable(std::string_view sqlstate) noexcept {
+    return sqlstate == "40001" || sqlstate == "40P01" || sqlstate == "55P03";
+}
+
+void throw_statement_error(const StepResult& r, const char* what) {
+    throw_database_error(std::string("idem: ") + what + " failed: " + r.message(), std::string(r.sqlstate()));
+}
+
+void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
+                      std::chrono::seconds retention) {
+    p.text(key.scope())
+        .text(key.value())
+        .bytes(fp.bytes())
+        .int2(static_cast<std::int16_t>(fp.algorithm()))
+        .int8(fence)
+        .int8(lease.count())
+        .int8(retention.count());
+}
+
+void expect_owned(const StepResults& res, const char* what, Fence fence) {
+    if (!res[0].ok()) throw_statement_error(res[0], what);
+    if (res[0].rows() != 1) {
+        throw lease_lost(std::string("idem: ") + what + " refused: fence " + std::to_string(fence) +
+                         " no longer owns the key");
+    }
+}
+
+SaveAnswer save_answer(const StepResults& res, bool resent, bool& notify_waiters) {
+    if (!res[0].ok()) throw_statement_error(res[0], "save");
+    if (res[0].rows() == 1) {
+        notify_waiters = get_bool(res[0].result.get(), 0, 0);
+        return SaveAnswer::saved;
+    }
+    // Not updated: either an earlier attempt of this very save landed before its answer was lost
+    // (a retry finds its own bytes in place), or the fence lost the key.
+    return resent ? SaveAnswer::check_record : SaveAnswer::lost;
+}
+
+bool own_save(const std::optional<Record>& record, Fence fence, std::string_view result) noexcept {
+    return record && record->fence == fence && record->state == RecordState::completed && record->result == result;
+}
+
+void throw_save_lost(Fence fence) {
+    throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
+}
+
+std::optional<Record> take_over_answer(const StepResults& res, std::chrono::milliseconds lease) {
+    if (!res[0].ok()) throw_statement_error(res[0], "take_over");
+    if (res[0].rows() != 1) return std::nullopt;
+    Record taken = parse_record(res[0].result.get(), 0);
+    taken.read_at = taken.lease_until - lease;  // the statement's now() (sql.cpp, kTakeOver)
+    return taken;
+}
+
+// ---- RetryPolicy ------------------------------------------------------------------------------------
+
+RetryPolicy::RetryPolicy(int claim_attempts, Clock::duration keep_trying) noexcept
+    : claim_attempts_(claim_attempts),
+      retry_until_(keep_trying > Clock::duration::zero() ? Clock::now() + keep_trying : Clock::time_point{}) {}
+
+RetryPolicy::Next RetryPolicy::after_failure(const std::exception_ptr& failure, const char* what) {
+    const int attempt = attempt_++;
+    std::string message, sqlstate;
+    bool broken = false;
+    try {
+        std::rethrow_exception(failure);
+    } catch (const connection_broken& e) {
+        message = detail::without_prefix(e.what()), sqlstate = e.sqlstate(), broken = true;
+    } catch (const pool_timeout&) {
+        throw;  // already waited its bound
+    } catch (const store_unavailable& e) {
+        message = detail::without_prefix(e.what()), sqlstate = e.sqlstate();  // could not connect (restart, failover)
+    } catch (const database_error& e) {
+        // Every operation that comes here is one single-statement write or read: PostgreSQL rolled
+        // it back whole, so it is safe to send again. Under a REPEATABLE READ or SERIALIZABLE
+        // default even a one-row UPDATE can be chosen as the victim, and a save must not fail for
+        // it — its effect has already run.
+        if (e.sqlstate() != "40001" && e.sqlstate() != "40P01") throw;
+        if (++conflicts_ >= claim_attempts_ && Clock::now() >= retry_until_) throw;
+        // Jittered: the transaction that won the conflict is usually still running.
+        return {std::chrono::milliseconds(jitter(5u * static_cast<unsigned>(std::min(conflicts_, 20)))), false};
+    }
+    if ((broken ? attempt >= claim_attempts_ : true) && Clock::now() >= retry_until_) {
+        throw store_unavailable(std::string("idem: ") + what + ": " + message, sqlstate);
+    }
+    // A broken pooled connection says little about the next one: retry at once. A failed connect
+    // means the server is away: back off.
+    Next next{std::chrono::milliseconds(0), broken};
+    if (!broken || attempt > 1) {
+        next.pause = backoff_;
+        backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(1000));
+    }
+    return next;
+}
+
+// ---- ClaimMachine -----------------------------------------------------------------------------------
+
+ClaimMachine::ClaimMachine(Claim& out, Fence fence, const Fingerprint& fp, const ClaimOptions& options,
+                           int claim_attempts, std::chrono::milliseconds max_retry_after) noexcept
+    : out_(out),
+      fence_(fence),
+      fp_(fp),
+      resume_stale_(options.resume_stale),
+      wait_until_(options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{}),
+      claim_attempts_(claim_attempts),
+      max_retry_after_(max_retry_after) {}
+
+ClaimMachine::Next ClaimMachine::claimed(std::optional<Record> taken) {
+    out_.status = ClaimStatus::claimed;
+    out_.fence = fence_;
+    out_.existing = std::move(taken);
+    out_.retry_after = {};
+    return Next::done;
+}
+
+ClaimMachine::Next ClaimMachine::on_round_trip(StepResults& res) {
+    step();
+    const StepResult& inserted = res[0];
+    const StepResult& selected = res[1];
+    // ok() holds only when the whole segment committed: an INSERT whose read (or COMMIT) failed
+    // afterwards was rolled back with it and is never taken for a claim.
+    const StepResult* failure = res.first_failure();
+    if (inserted.ok() && inserted.rows() == 1) return claimed();
+    if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
+        // Nothing of this attempt committed. A cancel, a timeout or a shortage is store_unavailable,
+        // a missing privilege config_error: fn is not called either way.
+        // (a failed COMMIT is reported on the read, the segment's last statement: "claim" for both)
+        throw_statement_error(*failure, "claim");
+    }
+    if (failure == nullptr && selected.rows() == 1) {
+        parse_record(selected.result.get(), 0, out_.existing.emplace());
+        return found();
+    }
+    return on_absent(failure != nullptr);
+}
+
+ClaimMachine::Next ClaimMachine::on_absent(bool conflicted) {
+    step();
+    // Nothing to read: the conflicting claim was released or rolled back in between, or we timed
+    // out waiting for a concurrent uncommitted claim. Try again; past the bound, tell the caller the
+    // key is busy — never a generic failure.
+    if (++failures_ >= claim_attempts_) {
+        out_.status = ClaimStatus::in_progress;
+        out_.fence = 0;
+        out_.existing.reset();
+        out_.retry_after = max_retry_after_;
+        return Next::done;
+    }
+    retrying_ = true;
+    if (conflicted) pause_ = std::chrono::milliseconds(jitter(10u * static_cast<unsigned>(failures_)));
+    return Next::round_trip;
+}
+
+ClaimMachine::Next ClaimMachine::found() {
+    Record& record = *out_.existing;
+    if (record.fence == fence_ && record.state == RecordState::in_progress) {
+        return claimed();  // ours, from an attempt whose answer was lost with its connection
+    }
+    // Past retention: claim it again with a conditional UPDATE (one winner).
+    if (record.expired) return Next::reclaim_expired;
+    out_.status = classify(record, fp_);
+    out_.fence = 0;
+    if (out_.status != ClaimStatus::in_progress) return Next::done;
+    if (resume_stale_ && record.lease_expired) return Next::take_over;
+    if (Clock::now() < wait_until_) return Next::wait;
+    return on_waited(false);
+}
+
+ClaimMachine::Next ClaimMachine::on_reclaimed(bool won) {
+    step();
+    if (won) return claimed();
+    out_.existing.reset();
+    return Next::round_trip;  // someone else re-claimed it first: read again
+}
+
+ClaimMachine::Next ClaimMachine::on_taken_over(std::optional<Record> taken) {
+    step();
+    if (taken) {
+        took_over_ = true;
+        return claimed(std::move(taken));
+    }
+    out_.existing.reset();
+    return Next::round_trip;  // another retry or a reconciler took it
+}
+
+ClaimMachine::Next ClaimMachine::on_waited(bool still_waiting) {
+    step();
+    if (still_waiting) {
+        out_.existing.reset();
+        return Next::round_trip;
+    }
+    // (a waiter that could not get a connection of its own answers in_progress right away)
+    out_.retry_after =
+        detail::retry_after_hint(out_.existing->lease_until, std::chrono::system_clock::now(), max_retry_after_);
+    return Next::done;
+}
+
+}  // namespace idem::pg

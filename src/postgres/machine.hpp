@@ -1,0 +1,138 @@
+// The decisions of PostgresStore's operations, apart from their I/O (internal).
+//
+// One claim, save or release decides the same way whether its statements went through the blocking
+// pool (PostgresStore) or through a non-blocking connection on an event loop (idem::asio): both feed
+// the answers of their round trips into the code here and do what it says next. So there is one
+// copy of the rules — which answer means "won", "ours from a lost answer", "busy, try again",
+// "retry on a fresh connection" — and the stores differ only in how they wait.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <string_view>
+
+#include "connection.hpp"
+#include "idem/errors.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
+#include "idem/store.hpp"
+
+namespace idem::pg {
+
+/// serialization_failure, deadlock_detected, lock_not_available (lock_timeout while waiting on a
+/// concurrent, uncommitted claim of the same key): a claim tries again.
+[[nodiscard]] bool claim_retryable(std::string_view sqlstate) noexcept;
+
+/// Throws the idem error for a failed statement ("idem: <what> failed: <message>", by SQLSTATE).
+[[noreturn]] void throw_statement_error(const StepResult& r, const char* what);
+
+/// Parameters of the claim INSERT and of the expired re-claim ($1..$7).
+void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
+                      std::chrono::seconds retention);
+
+/// A write only the fence holder of an in-progress key may make (release, extend_lease,
+/// record_phase): throws the statement's error, or lease_lost when no row was changed.
+void expect_owned(const StepResults& res, const char* what, Fence fence);
+
+/// What the answer to a save's UPDATE (kSave) says.
+enum class SaveAnswer {
+    saved,         ///< done; notify_waiters() tells whether someone waits for it
+    check_record,  ///< not updated, after an attempt whose answer was lost: read the record (own_save)
+    lost,          ///< not updated: the fence lost the key (throw lease_lost)
+};
+/// `resent`: an earlier attempt of this very save may have landed (a retry, or a group's statement).
+/// Throws the statement's error.
+[[nodiscard]] SaveAnswer save_answer(const StepResults& res, bool resent, bool& notify_waiters);
+/// After check_record: the record read back shows this very save in place (the lost answer committed).
+[[nodiscard]] bool own_save(const std::optional<Record>& record, Fence fence, std::string_view result) noexcept;
+[[noreturn]] void throw_save_lost(Fence fence);
+
+/// A take_over's answer (kTakeOver): the record taken over, or nullopt when another taker won or the
+/// answer was lost (`resent`: then read the record and see whether `fresh` is in place).
+[[nodiscard]] std::optional<Record> take_over_answer(const StepResults& res, std::chrono::milliseconds lease);
+
+/// How the store goes on after a failed attempt of one operation: another attempt on a fresh
+/// connection, after a pause, or the caller's error. Broken connections get claim_attempts in all;
+/// a failed connect (the server is away) is retried only within `keep_trying` (a request path
+/// should hear "unavailable" at once, a save should try hard); serialization failures and
+/// deadlocks (40001, 40P01) get claim_attempts, or `keep_trying`, with a jittered pause.
+class RetryPolicy {
+public:
+    RetryPolicy(int claim_attempts, Clock::duration keep_trying) noexcept;
+
+    struct Next {
+        std::chrono::milliseconds pause{0};  ///< wait this long, then try again
+        bool broken = false;                 ///< the connection broke (the pool should suspect its idle ones)
+    };
+    /// Called in a catch block with the attempt's exception: returns how to go on, or throws the
+    /// error the caller gets (store_unavailable naming `what`, or the original exception).
+    Next after_failure(const std::exception_ptr& failure, const char* what);
+    /// 1 for the first attempt; more means an earlier attempt may have committed.
+    [[nodiscard]] int attempt() const noexcept { return attempt_; }
+
+private:
+    int claim_attempts_;
+    Clock::time_point retry_until_{};
+    std::chrono::milliseconds backoff_{25};
+    int conflicts_ = 0;
+    int attempt_ = 1;
+};
+
+/// The claim's decisions. Every path fills one Claim object (the caller's, so a replay decodes its
+/// row straight into it). The driver loops: do what next() asks, feed its answer back, until done.
+class ClaimMachine {
+public:
+    enum class Next {
+        round_trip,       ///< [INSERT, SELECT]: claim or read; answer with on_round_trip()
+        reclaim_expired,  ///< kReclaimExpired (the record is past its retention); answer with on_reclaimed()
+        take_over,        ///< resume mode: take over stale_fence(); answer with on_taken_over()
+        wait,             ///< ClaimOptions::wait: wait for the owner's save until wait_until(), then on_waited()
+        done,             ///< result() is the answer
+    };
+
+    ClaimMachine(Claim& out, Fence fence, const Fingerprint& fp, const ClaimOptions& options, int claim_attempts,
+                 std::chrono::milliseconds max_retry_after) noexcept;
+
+    /// The answers of [INSERT, SELECT] (the blocking store's group commit delivers the same pair).
+    /// Throws the statement's error when nothing of the attempt committed and no retry helps.
+    Next on_round_trip(StepResults& res);
+    /// The same answers, already classified by a group commit: the INSERT won; a record was read
+    /// into the Claim's `existing`; nothing was found (`conflicted`: after a retryable failure).
+    Next on_won() { return step(), claimed(); }
+    Next on_found() { return step(), found(); }
+    Next on_absent(bool conflicted);
+    Next on_reclaimed(bool won);
+    Next on_taken_over(std::optional<Record> taken);
+    /// `still_waiting`: the wait ended with a reason to read again (a save was announced, or a poll
+    /// is due); false answers in_progress now.
+    Next on_waited(bool still_waiting);
+
+    /// Before the next round trip, after a conflict: a jittered pause (zero: go at once).
+    [[nodiscard]] std::chrono::milliseconds pause() const noexcept { return pause_; }
+    /// The last on_round_trip() asked for another attempt (a retry, for the counters).
+    [[nodiscard]] bool retrying() const noexcept { return retrying_; }
+    /// done: this call won the key (claimed); took_over(): by a resume-mode takeover.
+    [[nodiscard]] bool won() const noexcept { return out_.status == ClaimStatus::claimed; }
+    [[nodiscard]] bool took_over() const noexcept { return took_over_; }
+    [[nodiscard]] Fence stale_fence() const noexcept { return out_.existing ? out_.existing->fence : 0; }
+    [[nodiscard]] Clock::time_point wait_until() const noexcept { return wait_until_; }
+
+private:
+    void step() noexcept { retrying_ = false, pause_ = {}; }
+    Next claimed(std::optional<Record> taken = std::nullopt);
+    Next found();
+    Claim& out_;
+    const Fence fence_;
+    const Fingerprint& fp_;
+    const bool resume_stale_;
+    const Clock::time_point wait_until_;
+    const int claim_attempts_;
+    const std::chrono::milliseconds max_retry_after_;
+    int failures_ = 0;
+    std::chrono::milliseconds pause_{0};
+    bool retrying_ = false;
+    bool took_over_ = false;
+};
+
+}  // namespace idem::pg

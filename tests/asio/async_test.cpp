@@ -1,0 +1,234 @@
+// tests/asio/async_test.cpp — async_execute_once over AsyncPostgresStore: outcomes, completion
+// tokens, awaitable effects, cancellation and deadlines, against a real PostgreSQL.
+#include "idem/asio.hpp"
+#include "idem/idem.hpp"
+#include "pg.hpp"
+#include "test_env.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+using idem_test::PgConn;
+
+namespace {
+
+// A private table, an io_context run by one thread, and the store on it.
+struct Fixture {
+    Fixture() : table(idem_test::unique_name("idem_async")) {
+        if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
+        idem::PostgresOptions o;
+        o.table = table;
+        store.emplace(io.get_executor(), idem_test::database_url(), o);
+        store->blocking().ensure_schema();
+        runner = std::thread([this] { io.run(); });
+    }
+    ~Fixture() {
+        work.reset();
+        runner.join();
+        store.reset();
+        try {
+            PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+        } catch (...) {
+        }
+    }
+    std::string table;
+    net::io_context io;
+    std::optional<net::executor_work_guard<net::io_context::executor_type>> work{io.get_executor()};
+    std::optional<idem::asio::AsyncPostgresStore> store;
+    std::thread runner;
+};
+
+idem::Key key(const std::string& v) { return idem::Key("async-test", v); }
+idem::Fingerprint fp(const std::string& body) { return idem::fingerprint(body); }
+
+}  // namespace
+
+TEST_CASE("async: new key executed once, repeat replayed with the same bytes, other body mismatch", "[asio]") {
+    Fixture f;
+    std::atomic<int> runs{0};
+    auto effect = [&] {
+        ++runs;
+        return idem::Response{201, std::string("charged \0 once", 14)};
+    };
+    const auto k = key(idem_test::unique_name("k"));
+    auto first = idem::asio::async_execute_once(*f.store, k, fp("a"), effect, net::use_future).get();
+    REQUIRE(first.outcome() == idem::Outcome::executed);
+    auto again = idem::asio::async_execute_once(*f.store, k, fp("a"), effect, net::use_future).get();
+    REQUIRE(again.outcome() == idem::Outcome::replayed);
+    REQUIRE(again.response().body == first.response().body);
+    REQUIRE(again.response().status == 201);
+    auto other = idem::asio::async_execute_once(*f.store, k, fp("b"), effect, net::use_future).get();
+    REQUIRE(other.outcome() == idem::Outcome::mismatch);
+    REQUIRE(runs == 1);
+}
+
+TEST_CASE("async: an awaitable effect on a timer, from a coroutine (use_awaitable)", "[asio]") {
+    Fixture f;
+    std::atomic<int> runs{0};
+    const auto k = key(idem_test::unique_name("k"));
+    auto task = [&]() -> net::awaitable<idem::Outcome> {
+        auto r = co_await idem::asio::async_execute_once(
+            *f.store, k, fp("x"),
+            [&](idem::asio::AsyncContext& ctx) -> net::awaitable<idem::Response> {
+                net::steady_timer t(co_await net::this_coro::executor, 20ms);
+                co_await t.async_wait(net::use_awaitable);
+                co_await ctx.record_phase("charged", "ch_1");
+                co_await ctx.extend_lease(60s);
+                ++runs;
+                co_return idem::Response{200, "ok"};
+            },
+            net::use_awaitable);
+        co_return r.outcome();
+    };
+    REQUIRE(net::co_spawn(f.store->get_executor(), task(), net::use_future).get() == idem::Outcome::executed);
+    REQUIRE(runs == 1);
+    auto record = f.store->read(k);
+    REQUIRE(record);
+    REQUIRE(record->phase == "charged");
+    REQUIRE(record->state == idem::RecordState::completed);
+}
+
+TEST_CASE("async: not_performed releases the key; another exception keeps it in progress", "[asio]") {
+    Fixture f;
+    const auto k1 = key(idem_test::unique_name("released"));
+    REQUIRE_THROWS_AS(idem::asio::async_execute_once(*f.store, k1, fp("x"),
+                                                     []() -> idem::Response { throw idem::not_performed("declined"); },
+                                                     net::use_future)
+                          .get(),
+                      idem::not_performed);
+    REQUIRE_FALSE(f.store->read(k1));
+    const auto k2 = key(idem_test::unique_name("unknown"));
+    REQUIRE_THROWS_AS(idem::asio::async_execute_once(*f.store, k2, fp("x"),
+                                                     []() -> idem::Response { throw std::runtime_error("timeout"); },
+                                                     net::use_future)
+                          .get(),
+                      std::runtime_error);
+    auto kept = f.store->read(k2);
+    REQUIRE(kept);
+    REQUIRE(kept->state == idem::RecordState::in_progress);
+    auto busy = idem::asio::async_execute_once(*f.store, k2, fp("x"), [] { return idem::Response{200, "x"}; },
+                                               net::use_future)
+                    .get();
+    REQUIRE(busy.outcome() == idem::Outcome::in_progress);
+}
+
+TEST_CASE("async: a callback token gets the exception and the result", "[asio]") {
+    Fixture f;
+    std::promise<idem::Outcome> done;
+    idem::asio::async_execute_once(*f.store, key(idem_test::unique_name("cb")), fp("x"),
+                                   [] { return idem::Response{200, "x"}; },
+                                   [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                                       if (e) done.set_exception(e);
+                                       else done.set_value(r.outcome());
+                                   });
+    REQUIRE(done.get_future().get() == idem::Outcome::executed);
+}
+
+TEST_CASE("async: 64 coroutines on one key: the effect runs once, everyone else is told", "[asio][concurrency]") {
+    Fixture f;
+    std::atomic<int> runs{0}, executed{0}, replayed{0}, busy{0};
+    const auto k = key(idem_test::unique_name("hot"));
+    std::vector<std::future<void>> all;
+    for (int i = 0; i < 64; ++i) {
+        all.push_back(net::co_spawn(
+            f.store->get_executor(),
+            [&]() -> net::awaitable<void> {
+                auto r = co_await idem::asio::async_execute_once(
+                    *f.store, k, fp("same"),
+                    [&]() -> net::awaitable<idem::Response> {
+                        ++runs;
+                        net::steady_timer t(co_await net::this_coro::executor, 50ms);
+                        co_await t.async_wait(net::use_awaitable);
+                        co_return idem::Response{201, "one"};
+                    },
+                    net::use_awaitable);
+                if (r.outcome() == idem::Outcome::executed) ++executed;
+                if (r.outcome() == idem::Outcome::replayed) ++replayed;
+                if (r.outcome() == idem::Outcome::in_progress) ++busy;
+            },
+            net::use_future));
+    }
+    for (auto& x : all) x.get();
+    REQUIRE(runs == 1);
+    REQUIRE(executed == 1);
+    REQUIRE(executed + replayed + busy == 64);
+}
+
+TEST_CASE("async: cancelled before the effect: released, call_cancelled, fn not run", "[asio][cancel]") {
+    Fixture f;
+    std::atomic<int> runs{0};
+    const auto k = key(idem_test::unique_name("cancel-early"));
+    net::cancellation_signal signal;
+    std::promise<std::exception_ptr> done;
+    net::dispatch(f.store->get_executor(), [&] {
+        idem::asio::async_execute_once(*f.store, k, fp("x"),
+                                       [&] {
+                                           ++runs;
+                                           return idem::Response{200, "x"};
+                                       },
+                                       net::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, auto) {
+                                           done.set_value(e);
+                                       }));
+        signal.emit(net::cancellation_type::terminal);  // while the claim is in flight
+    });
+    auto e = done.get_future().get();
+    REQUIRE(e);
+    REQUIRE_THROWS_AS(std::rethrow_exception(e), idem::call_cancelled);
+    REQUIRE(runs == 0);
+    REQUIRE_FALSE(f.store->read(k));  // the claim was released: the key may run again
+    auto again = idem::asio::async_execute_once(*f.store, k, fp("x"), [] { return idem::Response{200, "y"}; },
+                                                net::use_future)
+                     .get();
+    REQUIRE(again.outcome() == idem::Outcome::executed);
+}
+
+TEST_CASE("async: a deadline passing inside the effect: outcome unknown, key kept", "[asio][cancel]") {
+    Fixture f;
+    const auto k = key(idem_test::unique_name("deadline"));
+    idem::asio::AsyncOptions o;
+    o.deadline = 200ms;
+    auto fut = idem::asio::async_execute_once(
+        *f.store, k, fp("x"),
+        []() -> net::awaitable<idem::Response> {
+            net::steady_timer t(co_await net::this_coro::executor, 30s);
+            co_await t.async_wait(net::use_awaitable);  // cancelled by the deadline
+            co_return idem::Response{200, "late"};
+        },
+        o, net::use_future);
+    REQUIRE(fut.wait_for(20s) == std::future_status::ready);
+    REQUIRE_THROWS_AS(fut.get(), boost::system::system_error);
+    auto kept = f.store->read(k);
+    REQUIRE(kept);
+    REQUIRE(kept->state == idem::RecordState::in_progress);
+}
+
+TEST_CASE("async: a blocking call on the store's own executor is refused, not a hang", "[asio]") {
+    Fixture f;
+    auto fut = net::co_spawn(
+        f.store->get_executor(),
+        [&]() -> net::awaitable<bool> {
+            try {
+                (void)f.store->read(key("x"));
+            } catch (const idem::config_error&) {
+                co_return true;
+            }
+            co_return false;
+        },
+        net::use_future);
+    REQUIRE(fut.get());
+}
