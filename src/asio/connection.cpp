@@ -65,7 +65,7 @@ net::awaitable<void> AsyncConnection::open() {
     // All statements prepared, and "is Citus installed?" asked, in one round trip.
     std::vector<bool> sync_after;
     for (const auto& def : defs_) {
-        if (def.name.empty()) continue;
+        if (def.name.empty() || !settings_.prepared_statements) continue;
         if (PQsendPrepare(conn_.get(), def.name.c_str(), def.sql.c_str(), static_cast<int>(def.param_types.size()),
                           def.param_types.data()) != 1) {
             fail_now("PQsendPrepare");
@@ -83,7 +83,7 @@ net::awaitable<void> AsyncConnection::open() {
         co_await exchange(std::move(sync_after), Clock::now() + settings_.statement_timeout + std::chrono::seconds(1));
     std::size_t i = 0;
     for (const auto& def : defs_) {
-        if (def.name.empty()) continue;
+        if (def.name.empty() || !settings_.prepared_statements) continue;
         if (answers[i].failed) {
             try {
                 pg::check_prepared(answers[i].result.get(), def);
@@ -152,6 +152,10 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
     if (!reading_) {
         reading_ = true;
         net::co_spawn(strand_, read_loop(shared_from_this()), net::detached);
+    } else {
+        // libpq reads whenever a send or flush finds the socket full: answers may already wait in
+        // its buffer, with nothing left on the socket to wake the reader.
+        drain();
     }
     if (was_idle) net::co_spawn(strand_, deadline_loop(shared_from_this()), net::detached);
 }
@@ -188,7 +192,9 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
 
 net::awaitable<void> AsyncConnection::read_loop(std::shared_ptr<AsyncConnection> self) {
     (void)self;  // keeps the connection alive while the loop runs
-    while (!broken_ && !fifo_.empty()) {
+    for (;;) {
+        drain();  // what libpq has already read (a send or flush reads when the socket is full)
+        if (broken_ || fifo_.empty()) break;
         boost::system::error_code ec;
         co_await socket_.async_wait(net::posix::stream_descriptor::wait_read, net::redirect_error(net::use_awaitable, ec));
         if (broken_) break;
@@ -201,7 +207,6 @@ net::awaitable<void> AsyncConnection::read_loop(std::shared_ptr<AsyncConnection>
                                                                pg::trim(PQerrorMessage(conn_.get())))));
             break;
         }
-        drain();
     }
     reading_ = false;
 }

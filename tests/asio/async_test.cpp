@@ -232,3 +232,158 @@ TEST_CASE("async: a blocking call on the store's own executor is refused, not a 
         net::use_future);
     REQUIRE(fut.get());
 }
+
+TEST_CASE("async: a server that cannot be reached is store_unavailable, fn not called", "[asio]") {
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.connect_timeout = 2s;
+    // A port nobody listens on (the throwaway cluster's socket directory, another port).
+    idem::asio::AsyncPostgresStore store(io.get_executor(), "host=127.0.0.1 port=1 dbname=postgres", o);
+    std::atomic<int> runs{0};
+    auto fut = idem::asio::async_execute_once(store, key("down"), fp("x"),
+                                              [&] {
+                                                  ++runs;
+                                                  return idem::Response{200, "x"};
+                                              },
+                                              net::use_future);
+    io.run();  // returns once the call completed: nothing of the store stays pending
+    REQUIRE_THROWS_AS(fut.get(), idem::store_unavailable);
+    REQUIRE(runs == 0);
+}
+
+TEST_CASE("async: a database that does not exist is config_error, not an outage", "[asio]") {
+    net::io_context io;
+    idem::PostgresOptions o;
+    auto url = idem_test::database_url() + " dbname=idem_no_such_database";
+    idem::asio::AsyncPostgresStore store(io.get_executor(), url, o);
+    auto fut = idem::asio::async_execute_once(store, key("x"), fp("x"), [] { return idem::Response{200, "x"}; },
+                                              net::use_future);
+    io.run();
+    REQUIRE_THROWS_AS(fut.get(), idem::config_error);
+}
+
+TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls share 1 connection", "[asio]") {
+    const std::string table = idem_test::unique_name("idem_async");
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 1;
+    {
+        idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+        store.blocking().ensure_schema();
+        const auto before = store.stats();
+        std::atomic<int> executed{0}, runs{0};
+        for (int i = 0; i < 200; ++i) {
+            idem::asio::async_execute_once(store, key("pipelined-" + std::to_string(i)), fp("x"),
+                                           [&] {
+                                               ++runs;
+                                               return idem::Response{200, "x"};
+                                           },
+                                           [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                                               if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+                                           });
+        }
+        io.run();  // no work guard: returns when every call has completed
+        REQUIRE(executed == 200);
+        REQUIRE(runs == 200);
+        const auto after = store.stats();
+        // Pipelined on the one connection: 200 claims and 200 saves, 2 round trips each.
+        REQUIRE(after.connections_opened - before.connections_opened == 1);
+        REQUIRE(after.claims_won - before.claims_won == 200);
+        REQUIRE(after.round_trips - before.round_trips == 400);
+    }
+    PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+}
+
+TEST_CASE("async: ClaimOptions::wait polls, and the waiter replays the owner's result", "[asio]") {
+    Fixture f;
+    const auto k = key(idem_test::unique_name("wait"));
+    auto owner = idem::asio::async_execute_once(
+        *f.store, k, fp("x"),
+        []() -> net::awaitable<idem::Response> {
+            net::steady_timer t(co_await net::this_coro::executor, 300ms);
+            co_await t.async_wait(net::use_awaitable);
+            co_return idem::Response{201, "owner's bytes"};
+        },
+        net::use_future);
+    std::this_thread::sleep_for(100ms);  // the owner holds the claim (its effect takes 300 ms)
+    idem::asio::AsyncOptions o;
+    o.claim.wait = 10s;
+    std::atomic<int> waiter_runs{0};
+    auto waiter = idem::asio::async_execute_once(*f.store, k, fp("x"),
+                                                 [&] {
+                                                     ++waiter_runs;
+                                                     return idem::Response{200, "waiter"};
+                                                 },
+                                                 o, net::use_future);
+    REQUIRE(owner.get().outcome() == idem::Outcome::executed);
+    auto r = waiter.get();
+    REQUIRE(r.outcome() == idem::Outcome::replayed);
+    REQUIRE(r.response().body == "owner's bytes");
+    REQUIRE(waiter_runs == 0);
+}
+
+TEST_CASE("async: resume mode takes over a stale key (attempt 2, the earlier phase)", "[asio]") {
+    Fixture f;
+    const auto k = key(idem_test::unique_name("resume"));
+    idem::ClaimOptions short_lease;
+    short_lease.lease = 100ms;
+    idem::Claim first = f.store->claim(k, fp("x"), short_lease);
+    REQUIRE(first.status == idem::ClaimStatus::claimed);
+    f.store->record_phase(k, first.fence, "created", "ch_1");
+    std::this_thread::sleep_for(300ms);  // the lease passes (the database's clock decides)
+    idem::asio::AsyncOptions o;
+    o.claim.resume_stale = true;
+    int attempt = 0;
+    std::optional<std::string> phase;
+    auto r = idem::asio::async_execute_once(*f.store, k, fp("x"),
+                                            [&](idem::asio::AsyncContext& ctx) {
+                                                attempt = ctx.attempt();
+                                                phase = ctx.phase_data();
+                                                return idem::Response{200, "resumed"};
+                                            },
+                                            o, net::use_future)
+                 .get();
+    REQUIRE(r.outcome() == idem::Outcome::executed);
+    REQUIRE(attempt == 2);
+    REQUIRE(phase == "ch_1");
+    REQUIRE_THROWS_AS(f.store->save(k, first.fence, "stale owner"), idem::lease_lost);
+}
+
+TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrives, no connection lost",
+          "[asio]") {
+    // Sends fill the socket, and libpq then reads answers into its buffer while it flushes: the
+    // reader must look there too, not only wait for the socket (else an answer already read waits
+    // for the deadline and the connection is failed).
+    const std::string table = idem_test::unique_name("idem_async");
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 1;
+    {
+        idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+        store.blocking().ensure_schema();
+        std::string big(1u << 20, '\0');
+        for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 % 251);
+        std::atomic<int> executed{0};
+        const auto before = store.stats();
+        for (int i = 0; i < 40; ++i) {
+            idem::asio::async_execute_once(store, key("big-" + std::to_string(i)), fp("x"),
+                                           [&] { return idem::Response{200, big}; },
+                                           [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                                               if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+                                           });
+        }
+        io.run();
+        REQUIRE(executed == 40);
+        const auto after = store.stats();
+        REQUIRE(after.retries - before.retries == 0);
+        REQUIRE(after.connections_discarded - before.connections_discarded == 0);
+        io.restart();
+        auto replay = idem::asio::async_execute_once(store, key("big-7"), fp("x"), [&] { return idem::Response{500, ""}; },
+                                                     net::use_future);
+        io.run();
+        REQUIRE(replay.get().response().body == big);
+    }
+    PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+}

@@ -38,8 +38,9 @@
 //
 // Thread-safety: every member may be called from any thread. The store's state lives on a strand of
 // the given executor, so an io_context run by several threads is fine. Destroy the store after the
-// operations started on it have completed (the io_context may still be running); connections are
-// closed by the destructor.
+// operations started on it have completed and before its io_context (which may still be running);
+// connections are closed by the destructor. An idle store keeps no operation pending on the
+// io_context, so io_context::run() returns when the work is done.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
