@@ -647,6 +647,10 @@ Response answer(Result<Response>&& result, const Route& route) {
 }
 
 Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
+    return answer_error_with([&store](const Key& k) { return store.read(k); }, key, route, rolled_back);
+}
+
+Response answer_error_with(const RecordReader& read, const Key* key, const Route& route, bool rolled_back) {
     const auto unavailable_503 = [&](const std::string& line, const char* code, const char* detail,
                                      std::chrono::seconds retry_after) {
         tell(route, "idem::http: " + line, key);
@@ -706,7 +710,7 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
         // Another attempt (a reconciler) owns the key now: answer what it stored, if it has.
         if (key != nullptr) {
             try {
-                if (auto record = store.read(*key);
+                if (auto record = read(*key);
                     record && record->state == RecordState::completed && record->result) {
                     return replay(codec<Response>::decode(*record->result), route);
                 }
@@ -729,6 +733,12 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
         return unknown(e.what());
     } catch (const store_unavailable& e) {
         return unavailable(std::string("store unavailable, handler not called: ") + e.what());
+    } catch (const call_cancelled& e) {
+        // An asynchronous call cancelled before the handler ran (idem/http/asio.hpp): nothing
+        // happened and the key is free.
+        return unavailable_503(std::string("cancelled, handler not called (key free): ") + e.what(), "request_cancelled",
+                               "The request was cancelled before it was performed; retry with the same Idempotency-Key.",
+                               route.unavailable_retry_after);
     } catch (const error& e) {
         // config_error, corrupt_record, database_error, invalid_key: no retry heals these.
         return internal(e.what() + (e.sqlstate().empty() ? std::string() : " [" + e.sqlstate() + "]"));

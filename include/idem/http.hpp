@@ -255,6 +255,12 @@ decltype(auto) run_handler(F&& f) {
 /// `rolled_back`: in-transaction mode, where an exception means the effect was rolled back.
 [[nodiscard]] Response answer_error(IdempotencyStore& store, const Key* key, const Route& route,
                                     bool rolled_back = false);
+/// answer_error with `read` in place of store.read — the one look at the store it makes (after a
+/// lease_lost, for the answer another attempt saved). An asynchronous caller reads first, then
+/// answers with what it read (idem/http/asio.hpp).
+using RecordReader = std::function<std::optional<Record>(const Key&)>;
+[[nodiscard]] Response answer_error_with(const RecordReader& read, const Key* key, const Route& route,
+                                         bool rolled_back = false);
 /// Adds the retention header to an executed / replayed response when the route asks for it.
 void advertise(Response& response, const Route& route);
 

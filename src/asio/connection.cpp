@@ -8,6 +8,11 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "../postgres/sql.hpp"
@@ -21,9 +26,27 @@ AsyncConnection::AsyncConnection(Strand strand, const pg::ConnectSettings& setti
                                  std::span<const pg::StatementDef> defs)
     : strand_(std::move(strand)), settings_(settings), defs_(defs), socket_(strand_), deadline_timer_(strand_) {}
 
-AsyncConnection::~AsyncConnection() {
-    // The descriptor is libpq's: let go of it before PQfinish (the conn_ member) closes it.
-    if (socket_.is_open()) socket_.release();
+AsyncConnection::~AsyncConnection() = default;  // socket_ closes our duplicate; conn_ (PQfinish) libpq's
+
+void AsyncConnection::watch_socket() {
+    // The event loop watches a duplicate of libpq's descriptor, never libpq's own: libpq closes
+    // its socket by itself when the server goes away, and the number is then reused by the next
+    // connection opened — which a registration under that number, removed later, would silence
+    // (seen: the first connect after a lost one waited out its whole connect_timeout). Our
+    // duplicate keeps its number until we close it.
+    const int fd = PQsocket(conn_.get());
+    if (fd < 0) pg::throw_connect_error(PQerrorMessage(conn_.get()));
+    // The same socket? (by identity: a new socket may get the number of the one libpq closed)
+    struct stat ours {}, theirs {};
+    if (socket_.is_open() && ::fstat(fd, &theirs) == 0 && ::fstat(socket_.native_handle(), &ours) == 0 &&
+        ours.st_ino == theirs.st_ino && ours.st_dev == theirs.st_dev) {
+        return;
+    }
+    boost::system::error_code ignored;
+    if (socket_.is_open()) socket_.close(ignored);
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) throw store_unavailable(std::string("idem: cannot watch the PostgreSQL socket: ") + std::strerror(errno));
+    socket_.assign(copy);
 }
 
 net::awaitable<void> AsyncConnection::open() {
@@ -38,11 +61,7 @@ net::awaitable<void> AsyncConnection::open() {
     for (;;) {
         if (poll == PGRES_POLLING_OK) break;
         if (poll == PGRES_POLLING_FAILED) pg::throw_connect_error(PQerrorMessage(conn_.get()));
-        const int fd = PQsocket(conn_.get());
-        if (fd < 0) pg::throw_connect_error(PQerrorMessage(conn_.get()));
-        // The socket changes when libpq moves on to the next host or address.
-        if (socket_.is_open() && socket_.native_handle() != fd) socket_.release();
-        if (!socket_.is_open()) socket_.assign(fd);
+        watch_socket();  // (libpq's socket changes when it moves on to the next host or address)
         auto timed_out = std::make_shared<bool>(false);
         timer.expires_at(deadline);
         timer.async_wait([this, timed_out](const boost::system::error_code& ec) {
@@ -269,7 +288,7 @@ void AsyncConnection::fail(std::exception_ptr error) noexcept {
     }
     boost::system::error_code ignored;
     deadline_timer_.cancel();
-    if (socket_.is_open()) socket_.cancel(ignored);
+    if (socket_.is_open()) socket_.close(ignored);  // ends the loops' waits; libpq keeps its own descriptor
 }
 
 }  // namespace idem::asio::detail

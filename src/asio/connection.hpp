@@ -66,6 +66,7 @@ private:
         Handler handler;
     };
 
+    void watch_socket();
     void send(const pg::Step& step);
     void enqueue(std::vector<bool> sync_after, pg::Clock::time_point deadline, Handler handler);
     void flush();
@@ -88,7 +89,7 @@ private:
     bool broken_ = false;
     bool reading_ = false;
     bool writing_ = false;
-    bool citus_ = false;
+    bool citus_ = false;  // socket_ holds our duplicate of libpq's descriptor (watch_socket)
 };
 
 }  // namespace idem::asio::detail

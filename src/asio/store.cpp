@@ -127,6 +127,16 @@ struct AsyncPostgresStore::Impl {
         }
     }
 
+    // A connection broke: the server may have restarted, and then every idle connection is dead
+    // too, without knowing it (nothing arrives on an idle socket). Close them, so that the retry
+    // opens a fresh one instead of meeting the next dead one (PostgresStore: Pool::suspect_idle).
+    // Connections with requests in flight learn their fate from their own answers.
+    void suspect_idle() noexcept {
+        for (const auto& c : connections) {
+            if (!c->broken() && c->pending() == 0) c->close("idem: closed after another connection of the store broke");
+        }
+    }
+
     net::awaitable<pg::StepResults> run(AsyncConnection& conn, std::span<const Step> steps) {
         count(counters.round_trips);
         co_return co_await conn.run(steps, deadline());
@@ -189,6 +199,7 @@ struct AsyncPostgresStore::Impl {
                 failure = std::current_exception();
             }
             const auto next = retry.after_failure(failure, what);
+            if (next.broken) suspect_idle();
             count(counters.retries);
             if (next.pause.count() > 0) co_await pause_for(next.pause);
         }

@@ -2,6 +2,9 @@
 // section): every row runs twice, through the neutral API (idem::http::respond on a Request built
 // by hand) and over real HTTP through the cpp-httplib adapter, against real PostgreSQL. Rows marked
 // http-only exercise what only a wire can carry (a 10 MB header, cpp-httplib's percent-decoding).
+// With the idem::asio component (IDEM_TEST_BEAST), every row but the in-transaction ones (no
+// asynchronous counterpart) and cpp-httplib's own (H*) runs a third time, over real HTTP through a
+// Boost.Beast server and idem::http::async_respond on an AsyncPostgresStore; rows B* are Beast's own.
 // Every row counts the handler's runs itself and, for a request that was not performed, checks
 // that the table holds no stored response for its key.
 #include <catch2/catch.hpp>
@@ -26,6 +29,12 @@
 #include "pg.hpp"
 #include "test_env.hpp"
 #include "threads.hpp"
+
+#ifdef IDEM_TEST_BEAST
+#include "beast_support.hpp"
+#include "idem/asio/store.hpp"
+#include "idem/http/asio.hpp"
+#endif
 
 namespace {
 
@@ -106,6 +115,39 @@ public:
             return handle(path, n, context);
         });
     }
+
+#ifdef IDEM_TEST_BEAST
+    /// dispatch() through async_respond: the same routes and handlers. The handler counts its run
+    /// and awaits record_phase itself (/optional-phase); its blocking rest (gates, sleeps, the
+    /// "reconciler") runs on `pool`, awaited, so the store's strand never waits.
+    boost::asio::awaitable<idem::Response> dispatch_async(idem::asio::AsyncPostgresStore& store,
+                                                          idem::asio::AsyncPostgresStore& down,
+                                                          idem::asio::AsyncPostgresStore& misconfigured,
+                                                          boost::asio::thread_pool& pool, const http::Request& request) {
+        const std::string path(request.target.substr(0, request.target.find('?')));
+        static const http::Route plain;
+        const auto found = routes_.find(path);
+        const http::Route& route = found == routes_.end() ? plain : found->second;
+        idem::asio::AsyncPostgresStore& chosen = path == "/down" ? down : path == "/misconfigured" ? misconfigured : store;
+        // Named, not temporaries of the co_await expression: GCC 12 may destroy a non-trivial
+        // temporary there after its storage is gone.
+        const std::string scope = "conformance:" + path;
+        auto handler = [&, path](idem::asio::AsyncContext& context) -> boost::asio::awaitable<idem::Response> {
+            const std::string who = path.starts_with("/optional") ? std::string(request.body) : context.key().value();
+            const int n = count(who);
+            if (path == "/optional-phase") co_await context.record_phase("charged");
+            auto blocking_part = [&, key = context.key(), fence = context.fence()]() -> boost::asio::awaitable<idem::Response> {
+                idem::Context blocking(store_, key, fence, nullptr);
+                co_return handle(path, n, blocking);
+            };
+            idem::Response produced = co_await boost::asio::co_spawn(pool, std::move(blocking_part), boost::asio::use_awaitable);
+            co_return produced;
+        };
+        idem::Response answer =
+            co_await http::async_respond(chosen, request, scope, route, std::move(handler), boost::asio::use_awaitable);
+        co_return answer;
+    }
+#endif
 
     [[nodiscard]] int runs(const std::string& key) {
         std::lock_guard lock(mutex_);
@@ -192,7 +234,7 @@ private:
 // ------------------------------------------------------------------------------- transports
 
 struct Env {
-    std::string name;  // "neutral" or "httplib"
+    std::string name;  // "neutral", "httplib" or "beast"
     bool over_http = false;
     std::function<Wire(const Raw&)> send;
     Service* service = nullptr;
@@ -725,8 +767,44 @@ const std::vector<Row>& table() {
              CHECK(e.post("/token", k + "%41").replayed());  // the limitation docs/http.md states
              CHECK(e.service->runs(k + "A") == 1);
          }},
+        // --- Boost.Beast's own (the beast transport only) -----------------------------------------
+        {"B01", "Beast refuses a header value with NUL or control bytes itself (400): nothing runs", true,
+         [](Env& e) {
+             const auto k = e.key("B01");
+             for (const std::string& bad : {k + "\0x"s, k + "\x01y", "\"" + k + "\x1b\""}) {
+                 const Wire w = e.post("/token", bad);
+                 CHECK(w.status == 400);
+                 CHECK(w.header("Content-Type").empty());  // Beast's parser error, not a problem body
+             }
+             CHECK(e.rows_with_prefix(k) == 0);
+         }},
+        {"B02", "Beast keeps header values as sent: k%41 and kA are two keys", true,
+         [](Env& e) {
+             const auto k = e.key("B02");
+             CHECK(e.post("/token", k + "A").status == 201);
+             const Wire encoded = e.post("/token", k + "%41");
+             CHECK((encoded.status == 201 && !encoded.replayed()));
+             CHECK(e.service->runs(k + "A") == 1);
+             CHECK(e.service->runs(k + "%41") == 1);
+         }},
+        {"B03", "a body over the Beast server's limit (1 MB): 413 from the server, nothing runs", true,
+         [](Env& e) {
+             const auto k = e.key("B03");
+             CHECK(e.post("/orders", quoted(k), std::string(2u << 20, 'b')).status == 413);
+             CHECK(e.service->runs(k) == 0);
+             CHECK(e.state("/orders", k).empty());
+         }},
     };
     return rows;
+}
+
+/// Whether `env` runs `row`: in-transaction rows (T*) have no asynchronous counterpart; H* rows are
+/// cpp-httplib's, B* rows Beast's; R11's control bytes never pass Beast's parser (B01 instead).
+bool runs_on(const Env& env, const Row& row) {
+    const std::string id = row.id;
+    if (env.name == "beast") return id[0] == 'B' || (id[0] == 'R' && id != "R11");
+    if (id[0] == 'B') return false;
+    return !row.http_only || env.over_http;
 }
 
 std::string require_db() {
@@ -767,10 +845,27 @@ TEST_CASE("Idempotency-Key conformance: every row, through the neutral API and o
     Env neutral_env{"neutral", false, [&](const Raw& raw) { return neutral(service, raw); }, &service, &db, run_id};
     Env http_env{"httplib", true, [&](const Raw& raw) { return http_test::exchange(server.port(), raw); },
                  &service, &db, run_id};
+    std::vector<Env*> envs{&neutral_env, &http_env};
 
-    for (Env* env : {&neutral_env, &http_env}) {
+#ifdef IDEM_TEST_BEAST
+    // The same service over Beast + async_respond: stores like the blocking ones, on one event loop.
+    boost::asio::io_context io;
+    boost::asio::thread_pool pool(16);  // the handlers' blocking parts (gates, sleeps)
+    idem::asio::AsyncPostgresStore async_store(io.get_executor(), url, options);
+    idem::asio::AsyncPostgresStore async_down(io.get_executor(), "host=127.0.0.1 port=1 dbname=none connect_timeout=1",
+                                              down_options);
+    idem::asio::AsyncPostgresStore async_misconfigured(io.get_executor(), url, missing_options);
+    http_test::BeastServer beast(io, [&](const http::Request& request) {
+        return service.dispatch_async(async_store, async_down, async_misconfigured, pool, request);
+    });
+    Env beast_env{"beast", true, [&](const Raw& raw) { return http_test::exchange(beast.port(), raw); }, &service, &db,
+                  run_id};
+    envs.push_back(&beast_env);
+#endif
+
+    for (Env* env : envs) {
         for (const Row& row : table()) {
-            if (row.http_only && !env->over_http) continue;
+            if (!runs_on(*env, row)) continue;
             DYNAMIC_SECTION(env->name << " " << row.id << ": " << row.rule) { row.run(*env); }
         }
     }

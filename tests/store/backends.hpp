@@ -2,6 +2,11 @@
 //
 // A backend object lives for one test case; it owns the stores it makes and, for PostgreSQL, a
 // private table (dropped afterwards), so test binaries and test cases never see each other's keys.
+//
+// The suite calls execute_once through its backend: backend.execute_once(store, key, fp, fn
+// [, options]). MemoryBackend and PostgresBackend forward to idem::execute_once;
+// AsyncPostgresBackend (IDEM_CONTRACT_ASYNC) goes through idem::asio::async_execute_once(...,
+// use_future).get().
 #pragma once
 
 #include "store_env.hpp"
@@ -16,8 +21,21 @@
 #include <optional>
 #include <string>
 #include <vector>
-#if defined(IDEM_CONTRACT_POSTGRES)
+#include <utility>
+#if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC)
 #include "pg.hpp"
+#endif
+#if defined(IDEM_CONTRACT_ASYNC)
+#include "idem/asio.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <thread>
+#include <type_traits>
 #endif
 
 namespace idem_test {
@@ -29,12 +47,22 @@ struct StoreConfig {
     std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
 };
 
+/// The blocking execute_once, for the backends whose calls are the blocking ones.
+struct BlockingCalls {
+    template <class Fn>
+    idem::Result<idem::effect_result_t<Fn>> execute_once(idem::IdempotencyStore& store, const idem::Key& key,
+                                                         const idem::Fingerprint& fp, Fn&& fn,
+                                                         const idem::ClaimOptions& options = {}) {
+        return idem::execute_once(store, key, fp, std::forward<Fn>(fn), options);
+    }
+};
+
 /// A scope nobody else uses (unique within this process; the table is private to it anyway).
 inline std::string fresh_scope(const std::string& what) {
     return unique_name("scope") + ":" + what;
 }
 
-class MemoryBackend {
+class MemoryBackend : public BlockingCalls {
 public:
     static constexpr const char* name = "MemoryStore";
 
@@ -55,7 +83,7 @@ private:
 };
 
 #if defined(IDEM_CONTRACT_POSTGRES)
-class PostgresBackend {
+class PostgresBackend : public BlockingCalls {
 public:
     static constexpr const char* name = "PostgresStore";
     static constexpr bool shares_data = true;
@@ -105,6 +133,113 @@ private:
     std::string table_;
     bool created_ = false;
     std::vector<std::unique_ptr<idem::PostgresStore>> stores_;
+};
+#endif
+
+#if defined(IDEM_CONTRACT_ASYNC)
+/// AsyncPostgresStore on a private table, its io_context run by one thread of its own. The suite's
+/// direct store calls (claim, save, read...) are the store's blocking members, which run its
+/// asynchronous operations and wait; list_stale and purge_expired go through blocking(). execute_once
+/// is idem::asio::async_execute_once(..., use_future).get(), the suite's effect made an awaitable that
+/// runs it on a thread of `effects_` (the suite's effects block — latches, store.read — and the
+/// store's strand must not), with an idem::Context over the same store for the effects that take
+/// one: its record_phase / extend_lease are the store's blocking members, from that thread.
+class AsyncPostgresBackend {
+public:
+    static constexpr const char* name = "AsyncPostgresStore";
+    static constexpr bool shares_data = true;
+
+    AsyncPostgresBackend()
+        : conninfo_(database_url()), table_(unique_name("idem_ta")), work_(io_.get_executor()),
+          runner_([this] { io_.run(); }) {
+        if (conninfo_.empty())
+            FAIL(kNoDatabaseMessage);
+    }
+
+    ~AsyncPostgresBackend() {
+        stores_.clear(); // every call made through them has completed (the suite waits for each)
+        work_.reset();
+        runner_.join();
+        effects_.join();
+        if (!created_)
+            return;
+        try {
+            PgConn conn(conninfo_);
+            conn.exec("DROP TABLE IF EXISTS " + table_);
+            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table_});
+        } catch (...) { // best effort: the cluster is throwaway
+        }
+    }
+
+    AsyncPostgresBackend(const AsyncPostgresBackend&) = delete;
+    AsyncPostgresBackend& operator=(const AsyncPostgresBackend&) = delete;
+
+    idem::IdempotencyStore& make(const StoreConfig& config = {}) {
+        idem::PostgresOptions options;
+        options.table = table_;
+        options.pool_size = 4;
+        options.max_result_bytes = config.max_result_bytes;
+        options.max_retry_after = config.max_retry_after;
+        options.default_lease = config.default_lease;
+        options.application_name = "idem_contract_async_test";
+        auto store = std::make_unique<idem::asio::AsyncPostgresStore>(io_.get_executor(), conninfo_,
+                                                                      idem_test::env_options(options));
+        if (!created_) {
+            store->blocking().ensure_schema();
+            created_ = true;
+        }
+        stores_.push_back(std::move(store));
+        return *stores_.back();
+    }
+
+    /// idem::execute_once's contract through idem::asio::async_execute_once. `store` is one this
+    /// backend made.
+    template <class Fn>
+    idem::Result<idem::effect_result_t<Fn>> execute_once(idem::IdempotencyStore& store, const idem::Key& key,
+                                                         const idem::Fingerprint& fp, Fn&& fn,
+                                                         const idem::ClaimOptions& claim = {}) {
+        namespace net = boost::asio;
+        using R = idem::effect_result_t<Fn>;
+        auto& async = dynamic_cast<idem::asio::AsyncPostgresStore&>(store);
+        auto effect = [&fn, &async, ex = effects_.get_executor()](idem::asio::AsyncContext& ctx) -> net::awaitable<R> {
+            // On the store's strand: hop to an effects thread, run fn there, come back with its
+            // value or its exception (the very object: exception_ptr).
+            co_return co_await net::co_spawn(
+                ex,
+                [&fn, &async, &ctx]() -> net::awaitable<R> {
+                    std::optional<idem::Record> taken_over;
+                    if (ctx.attempt() > 1) {
+                        taken_over.emplace();
+                        taken_over->attempt = ctx.attempt();
+                        taken_over->phase = ctx.phase();
+                        taken_over->phase_data = ctx.phase_data();
+                    }
+                    idem::Context context(async, ctx.key(), ctx.fence(), taken_over ? &*taken_over : nullptr);
+                    if constexpr (std::is_invocable_v<Fn&, idem::Context&>) {
+                        co_return fn(context);
+                    } else {
+                        co_return fn();
+                    }
+                },
+                net::use_awaitable);
+        };
+        idem::asio::AsyncOptions options;
+        options.claim = claim;
+        return idem::asio::async_execute_once(async, key, fp, std::move(effect), options, net::use_future).get();
+    }
+
+    [[nodiscard]] const std::string& table() const { return table_; }
+    [[nodiscard]] const std::string& conninfo() const { return conninfo_; }
+
+private:
+    std::string conninfo_;
+    std::string table_;
+    bool created_ = false;
+    boost::asio::io_context io_;
+    boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+    std::thread runner_;
+    boost::asio::thread_pool effects_{8};
+    std::vector<std::unique_ptr<idem::asio::AsyncPostgresStore>> stores_;
 };
 #endif
 

@@ -1,8 +1,10 @@
 // The IdempotencyStore contract, through execute_once and the store interface, run on every store.
 //
-// Built twice from this one file: idem_contract_memory (MemoryStore, no database) and
-// idem_contract_postgres (PostgresStore; needs IDEM_TEST_DATABASE_URL, see
-// scripts/with-postgres.sh).
+// Built three times from this one file: idem_contract_memory (MemoryStore, no database),
+// idem_contract_postgres (PostgresStore) and idem_contract_async (idem::asio::AsyncPostgresStore,
+// execute_once through async_execute_once); the PostgreSQL ones need IDEM_TEST_DATABASE_URL, see
+// scripts/with-postgres.sh. Every execute_once goes through the backend (backends.hpp):
+// backend.execute_once(store, key, fp, fn).
 #include "backends.hpp"
 #include "idem/idem.hpp"
 
@@ -34,6 +36,8 @@ using idem::Response;
 
 #if defined(IDEM_CONTRACT_POSTGRES)
 using Backends = std::tuple<idem_test::PostgresBackend>;
+#elif defined(IDEM_CONTRACT_ASYNC)
+using Backends = std::tuple<idem_test::AsyncPostgresBackend>;
 #else
 using Backends = std::tuple<idem_test::MemoryBackend>;
 #endif
@@ -118,7 +122,7 @@ TEMPLATE_LIST_TEST_CASE("new key: executed, the effect runs once, the response i
     const idem::Key key(idem_test::fresh_scope("new"), "k-1");
     int runs = 0;
 
-    auto r = idem::execute_once(store, key, charge_fp(), [&] {
+    auto r = backend.execute_once(store, key, charge_fp(), [&] {
         ++runs;
         return charge_response("ch_1");
     });
@@ -155,10 +159,10 @@ TEMPLATE_LIST_TEST_CASE("repeat: replayed with identical bytes, the effect does 
                                std::to_string(runs)); // a second run would answer differently
     };
 
-    const auto first = idem::execute_once(store, key, charge_fp(), effect);
+    const auto first = backend.execute_once(store, key, charge_fp(), effect);
     REQUIRE(first.outcome() == Outcome::executed);
     for (int i = 0; i < 3; ++i) {
-        const auto again = idem::execute_once(store, key, charge_fp(), effect);
+        const auto again = backend.execute_once(store, key, charge_fp(), effect);
         CHECK(again.outcome() == Outcome::replayed);
         CHECK(again.is_replay());
         REQUIRE(again.has_response());
@@ -184,16 +188,16 @@ TEMPLATE_LIST_TEST_CASE("same key, different fingerprint: mismatch, the effect d
         return charge_response("ch_1");
     };
 
-    REQUIRE(idem::execute_once(store, key, charge_fp(25000), effect).outcome() ==
+    REQUIRE(backend.execute_once(store, key, charge_fp(25000), effect).outcome() ==
             Outcome::executed);
-    const auto other = idem::execute_once(store, key, charge_fp(99999), effect);
+    const auto other = backend.execute_once(store, key, charge_fp(99999), effect);
     CHECK(other.outcome() == Outcome::mismatch);
     CHECK_FALSE(other.has_response());
     CHECK_THROWS_AS(other.response(), std::logic_error);
     CHECK(runs == 1);
     // the stored record is untouched, and the original request still replays
     CHECK(store.read(key)->fingerprint == charge_fp(25000));
-    CHECK(idem::execute_once(store, key, charge_fp(25000), effect).outcome() == Outcome::replayed);
+    CHECK(backend.execute_once(store, key, charge_fp(25000), effect).outcome() == Outcome::replayed);
     CHECK(runs == 1);
 }
 
@@ -212,7 +216,7 @@ TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or
     std::exception_ptr first_error;
     std::thread worker([&] {
         try {
-            first.emplace(idem::execute_once(store, key, charge_fp(), [&] {
+            first.emplace(backend.execute_once(store, key, charge_fp(), [&] {
                 ++runs;
                 entered.count_down();
                 finish.wait();
@@ -228,11 +232,11 @@ TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or
     std::optional<idem::Result<Response>> second;
     std::optional<idem::Result<Response>> third;
     try {
-        second.emplace(idem::execute_once(store, key, charge_fp(), [&] {
+        second.emplace(backend.execute_once(store, key, charge_fp(), [&] {
             ++runs;
             return charge_response("ch_2");
         }));
-        third.emplace(idem::execute_once(store, key, charge_fp(1), [&] {
+        third.emplace(backend.execute_once(store, key, charge_fp(1), [&] {
             ++runs;
             return charge_response("ch_3");
         }));
@@ -257,7 +261,7 @@ TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or
     REQUIRE(first.has_value());
     CHECK(first->outcome() == Outcome::executed);
     CHECK(runs == 1);
-    const auto after = idem::execute_once(store, key, charge_fp(), [&] {
+    const auto after = backend.execute_once(store, key, charge_fp(), [&] {
         ++runs;
         return charge_response("ch_4");
     });
@@ -274,7 +278,7 @@ TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the ke
     int runs = 0;
 
     try {
-        (void)idem::execute_once(store, key, charge_fp(), [&]() -> Response {
+        (void)backend.execute_once(store, key, charge_fp(), [&]() -> Response {
             ++runs;
             throw Declined("rate limited");
         });
@@ -287,7 +291,7 @@ TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the ke
     CHECK_FALSE(store.read(key).has_value());
     CHECK(store.stats().releases == 1);
 
-    const auto retry = idem::execute_once(store, key, charge_fp(), [&] {
+    const auto retry = backend.execute_once(store, key, charge_fp(), [&] {
         ++runs;
         return charge_response("ch_2");
     });
@@ -306,7 +310,7 @@ TEMPLATE_LIST_TEST_CASE(
     int runs = 0;
 
     try {
-        (void)idem::execute_once(store, key, charge_fp(), [&]() -> Response {
+        (void)backend.execute_once(store, key, charge_fp(), [&]() -> Response {
             ++runs;
             throw std::runtime_error("provider timed out");
         });
@@ -316,7 +320,7 @@ TEMPLATE_LIST_TEST_CASE(
         CHECK(std::string(e.what()) == "provider timed out");
     }
     try {
-        (void)idem::execute_once(store, idem::Key(key.scope(), "k-2"), charge_fp(),
+        (void)backend.execute_once(store, idem::Key(key.scope(), "k-2"), charge_fp(),
                                  [&]() -> Response {
                                      ++runs;
                                      throw ProviderTimeout("gateway 504");
@@ -333,7 +337,7 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(record->state == idem::RecordState::in_progress);
     CHECK_FALSE(record->result.has_value());
 
-    const auto next = idem::execute_once(store, key, charge_fp(), [&] {
+    const auto next = backend.execute_once(store, key, charge_fp(), [&] {
         ++runs;
         return charge_response("ch_again");
     });
@@ -355,10 +359,10 @@ TEMPLATE_LIST_TEST_CASE("a business error (402) is saved and replayed like any r
         return declined;
     };
 
-    const auto first = idem::execute_once(store, key, charge_fp(), effect);
+    const auto first = backend.execute_once(store, key, charge_fp(), effect);
     CHECK(first.outcome() == Outcome::executed);
     CHECK(first.response().status == 402);
-    const auto again = idem::execute_once(store, key, charge_fp(), effect);
+    const auto again = backend.execute_once(store, key, charge_fp(), effect);
     CHECK(again.outcome() == Outcome::replayed);
     CHECK(again.response() == declined);
     CHECK(runs == 1);
@@ -377,18 +381,18 @@ TEMPLATE_LIST_TEST_CASE("scopes isolate keys: the same value in two scopes runs 
         return charge_response("ch_" + std::to_string(runs));
     };
 
-    CHECK(idem::execute_once(store, in_a, charge_fp(), effect).outcome() == Outcome::executed);
-    const auto b = idem::execute_once(store, in_b, charge_fp(), effect);
+    CHECK(backend.execute_once(store, in_a, charge_fp(), effect).outcome() == Outcome::executed);
+    const auto b = backend.execute_once(store, in_b, charge_fp(), effect);
     CHECK(b.outcome() == Outcome::executed);
     CHECK(b.response() == charge_response("ch_2"));
     CHECK(runs == 2);
     // scope and value are not concatenated: ("s:a","b") and ("s","a:b") are different keys
-    CHECK(idem::execute_once(store, idem::Key(base + "x", "y"), charge_fp(), effect).outcome() ==
+    CHECK(backend.execute_once(store, idem::Key(base + "x", "y"), charge_fp(), effect).outcome() ==
           Outcome::executed);
-    CHECK(idem::execute_once(store, idem::Key(base, "xy"), charge_fp(), effect).outcome() ==
+    CHECK(backend.execute_once(store, idem::Key(base, "xy"), charge_fp(), effect).outcome() ==
           Outcome::executed);
     CHECK(runs == 4);
-    CHECK(idem::execute_once(store, in_a, charge_fp(), effect).response() ==
+    CHECK(backend.execute_once(store, in_a, charge_fp(), effect).response() ==
           charge_response("ch_1"));
     CHECK(runs == 4);
 }
@@ -414,8 +418,8 @@ TEMPLATE_LIST_TEST_CASE("binary bodies replay byte for byte: NUL bytes, all valu
             ++runs;
             return *response;
         };
-        CHECK(idem::execute_once(store, key, charge_fp(), effect).outcome() == Outcome::executed);
-        const auto again = idem::execute_once(store, key, charge_fp(), effect);
+        CHECK(backend.execute_once(store, key, charge_fp(), effect).outcome() == Outcome::executed);
+        const auto again = backend.execute_once(store, key, charge_fp(), effect);
         REQUIRE(again.outcome() == Outcome::replayed);
         CHECK(again.response().body.size() == response->body.size());
         CHECK(again.response().body == response->body);
@@ -426,9 +430,9 @@ TEMPLATE_LIST_TEST_CASE("binary bodies replay byte for byte: NUL bytes, all valu
 
     // std::string results are stored as is
     const idem::Key key(scope, "raw");
-    CHECK(idem::execute_once(store, key, charge_fp(), [&] { return raw; }).outcome() ==
+    CHECK(backend.execute_once(store, key, charge_fp(), [&] { return raw; }).outcome() ==
           Outcome::executed);
-    const auto again = idem::execute_once(store, key, charge_fp(), [&] { return "other"s; });
+    const auto again = backend.execute_once(store, key, charge_fp(), [&] { return "other"s; });
     CHECK(again.outcome() == Outcome::replayed);
     CHECK(again.response() == raw);
     CHECK(*store.read(key)->result == raw);
@@ -447,7 +451,7 @@ TEMPLATE_LIST_TEST_CASE(
     int runs = 0;
 
     try {
-        (void)idem::execute_once(store, key, charge_fp(), [&] {
+        (void)backend.execute_once(store, key, charge_fp(), [&] {
             ++runs;
             return large;
         });
@@ -462,7 +466,7 @@ TEMPLATE_LIST_TEST_CASE(
     REQUIRE(record.has_value());
     CHECK(record->state == idem::RecordState::in_progress);
     CHECK_FALSE(record->result.has_value());
-    CHECK(idem::execute_once(store, key, charge_fp(), [&] {
+    CHECK(backend.execute_once(store, key, charge_fp(), [&] {
               ++runs;
               return large;
           }).outcome() == Outcome::in_progress);
@@ -471,7 +475,7 @@ TEMPLATE_LIST_TEST_CASE(
     // the limit is inclusive: a result of exactly max_result_bytes is stored
     const idem::Key exact(key.scope(), "k-exact");
     const std::string fits(256, 'y');
-    CHECK(idem::execute_once(store, exact, charge_fp(), [&] { return fits; }).outcome() ==
+    CHECK(backend.execute_once(store, exact, charge_fp(), [&] { return fits; }).outcome() ==
           Outcome::executed);
     const auto direct = store.claim(idem::Key(key.scope(), "k-direct"), charge_fp());
     REQUIRE(direct.status == idem::ClaimStatus::claimed);
@@ -491,11 +495,11 @@ TEMPLATE_LIST_TEST_CASE("a user type with its own codec round trips", "[contract
         return receipt;
     };
 
-    const auto first = idem::execute_once(store, key, charge_fp(), effect);
+    const auto first = backend.execute_once(store, key, charge_fp(), effect);
     static_assert(std::is_same_v<std::remove_cvref_t<decltype(first.response())>, Receipt>);
     CHECK(first.outcome() == Outcome::executed);
     CHECK(first.response() == receipt);
-    const auto again = idem::execute_once(store, key, charge_fp(), effect);
+    const auto again = backend.execute_once(store, key, charge_fp(), effect);
     CHECK(again.outcome() == Outcome::replayed);
     CHECK(again.response() == receipt);
     CHECK(runs == 1);
@@ -636,7 +640,7 @@ TEMPLATE_LIST_TEST_CASE(
 
     // a stale key still answers in_progress to clients
     int runs = 0;
-    CHECK(idem::execute_once(store, stale1, charge_fp(), [&] {
+    CHECK(backend.execute_once(store, stale1, charge_fp(), [&] {
               ++runs;
               return charge_response("x");
           }).outcome() == Outcome::in_progress);
@@ -644,7 +648,7 @@ TEMPLATE_LIST_TEST_CASE(
     // the reconciler learned the charge happened: it saves with the listed fence
     store.save(listed[0].key, listed[0].record.fence,
                Codec::encode(charge_response("ch_reconciled")));
-    const auto replay = idem::execute_once(store, stale1, charge_fp(), [&] {
+    const auto replay = backend.execute_once(store, stale1, charge_fp(), [&] {
         ++runs;
         return charge_response("x");
     });
@@ -652,7 +656,7 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(replay.response() == charge_response("ch_reconciled"));
     // ... and that it did not happen for the other: it releases, the key runs again
     store.release(listed[1].key, listed[1].record.fence);
-    CHECK(idem::execute_once(store, stale2, charge_fp(), [&] {
+    CHECK(backend.execute_once(store, stale2, charge_fp(), [&] {
               ++runs;
               return charge_response("ch_2");
           }).outcome() == Outcome::executed);
@@ -896,7 +900,7 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported 
         CHECK(record->state == idem::RecordState::in_progress);
         CHECK(record->lease_until > std::chrono::system_clock::now() + 14min);
         int runs = 0;
-        CHECK(idem::execute_once(store, big, charge_fp(), [&] {
+        CHECK(backend.execute_once(store, big, charge_fp(), [&] {
                   ++runs;
                   return charge_response("x");
               }).outcome() == Outcome::in_progress);
@@ -1142,7 +1146,7 @@ TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[
     int seen_attempt = 0;
     std::optional<idem::Record> during;
 
-    const auto r = idem::execute_once(store, key, charge_fp(), [&](idem::Context& ctx) {
+    const auto r = backend.execute_once(store, key, charge_fp(), [&](idem::Context& ctx) {
         seen_key = ctx.key();
         seen_fence = ctx.fence();
         seen_attempt = ctx.attempt();
@@ -1181,7 +1185,7 @@ TEMPLATE_LIST_TEST_CASE("many keys from several threads each run once", "[contra
                 start.arrive_and_wait();
                 for (int i = 0; i < kKeys; ++i) {
                     const int k = (i + t * 7) % kKeys;
-                    const auto r = idem::execute_once(store, idem::Key(scope, std::to_string(k)),
+                    const auto r = backend.execute_once(store, idem::Key(scope, std::to_string(k)),
                                                       charge_fp(), [&] {
                                                           ++runs[static_cast<std::size_t>(k)];
                                                           return charge_response(std::to_string(k));
