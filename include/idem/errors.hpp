@@ -95,7 +95,8 @@ public:
 
 /// An asynchronous call (idem::asio::async_execute_once) was cancelled — Asio's per-operation
 /// cancellation, or its deadline — before its effect started. The effect did not run; a claim the
-/// call had won was released, so the same key may run again. (Cancelled once the effect has
+/// call had won was released, so the same key may run again (a resume-mode takeover excepted: that
+/// key keeps the earlier attempt, whose outcome is unknown, and stays in progress). (Cancelled once the effect has
 /// started, the call reports whatever the effect threw: the outcome is unknown, the key is kept.)
 class call_cancelled : public error {
 public:

@@ -62,12 +62,21 @@ net::awaitable<void> AsyncConnection::open() {
         if (poll == PGRES_POLLING_OK) break;
         if (poll == PGRES_POLLING_FAILED) pg::throw_connect_error(PQerrorMessage(conn_.get()));
         watch_socket();  // (libpq's socket changes when it moves on to the next host or address)
-        auto timed_out = std::make_shared<bool>(false);
+        // The timer's handler may run after this wait ended (it fired just as the socket did):
+        // then it must not touch the connection, which may be open, or gone, by then.
+        struct Wait {
+            bool waiting = true;
+            bool timed_out = false;
+        };
+        auto wait = std::make_shared<Wait>();
         timer.expires_at(deadline);
-        timer.async_wait([this, timed_out](const boost::system::error_code& ec) {
-            if (ec) return;
-            *timed_out = true;
-            socket_.cancel();
+        timer.async_wait([weak = weak_from_this(), wait](const boost::system::error_code& ec) {
+            if (ec || !wait->waiting) return;
+            wait->timed_out = true;
+            if (auto self = weak.lock()) {
+                boost::system::error_code ignored;
+                self->socket_.cancel(ignored);
+            }
         });
         boost::system::error_code ec;
         co_await socket_.async_wait(poll == PGRES_POLLING_READING ? net::posix::stream_descriptor::wait_read
@@ -75,8 +84,9 @@ net::awaitable<void> AsyncConnection::open() {
                                     // (the pool's connection, whoever asked for it: a caller's cancellation does not end it)
                                     net::bind_cancellation_slot(net::cancellation_slot(),
                                                                 net::redirect_error(net::use_awaitable, ec)));
+        wait->waiting = false;
         timer.cancel();
-        if (*timed_out) throw store_unavailable("idem: cannot connect to PostgreSQL: timeout expired");
+        if (wait->timed_out) throw store_unavailable("idem: cannot connect to PostgreSQL: timeout expired");
         if (ec) throw store_unavailable("idem: cannot connect to PostgreSQL: " + ec.message());
         poll = PQconnectPoll(conn_.get());
     }
@@ -176,12 +186,19 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
         // its buffer, with nothing left on the socket to wake the reader.
         drain();
     }
-    if (was_idle) net::co_spawn(strand_, deadline_loop(shared_from_this()), net::detached);
+    // One deadline loop at most: a loop whose cancelled wait has not come back yet is still
+    // running, and a second one would cancel its wait and be cancelled by it, over and over (seen:
+    // a core spinning for as long as the next request took).
+    if (was_idle && !timing_) {
+        timing_ = true;
+        net::co_spawn(strand_, deadline_loop(shared_from_this()), net::detached);
+    }
 }
 
 void AsyncConnection::flush() {
     const int r = PQflush(conn_.get());
     if (r < 0) fail_now("PQflush");
+    drain();  // (answers of earlier requests PQflush may have read)
     if (r == 1 && !writing_) {
         writing_ = true;
         net::co_spawn(strand_, write_loop(shared_from_this()), net::detached);
@@ -194,6 +211,8 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
     // keeps consuming input meanwhile, so the server is never stuck writing to us.)
     while (!broken_) {
         const int r = PQflush(conn_.get());
+        drain();  // PQflush reads the answers that arrived while the socket was full
+        if (broken_) break;
         if (r == 0) break;
         if (r < 0) {
             fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed (PQflush): " +
@@ -244,6 +263,7 @@ net::awaitable<void> AsyncConnection::deadline_loop(std::shared_ptr<AsyncConnect
         boost::system::error_code ec;
         co_await deadline_timer_.async_wait(net::redirect_error(net::use_awaitable, ec));
     }
+    timing_ = false;
 }
 
 void AsyncConnection::drain() {

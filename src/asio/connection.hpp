@@ -52,6 +52,7 @@ public:
 
     [[nodiscard]] bool broken() const noexcept { return broken_; }
     [[nodiscard]] bool citus() const noexcept { return citus_; }
+    [[nodiscard]] PGconn* native() const noexcept { return conn_.get(); }
     /// Requests sent and not yet answered.
     [[nodiscard]] std::size_t pending() const noexcept { return fifo_.size(); }
     /// Breaks the connection: every pending request fails with connection_broken(`why`).
@@ -89,6 +90,7 @@ private:
     bool broken_ = false;
     bool reading_ = false;
     bool writing_ = false;
+    bool timing_ = false;
     bool citus_ = false;  // socket_ holds our duplicate of libpq's descriptor (watch_socket)
 };
 

@@ -63,10 +63,16 @@ struct AsyncPostgresStore::Impl {
           connected(strand, Clock::time_point::max()) {}
 
     ~Impl() {
-        for (auto& c : connections) c->close("idem: the store was destroyed");
+        // On the strand, where the connections live (a loop's last completion may still be due
+        // there); if the io_context never runs again, the handlers, and the connections they
+        // hold, go with it.
+        for (auto& c : connections) {
+            net::post(strand, [c] { c->close("idem: the store was destroyed"); });
+        }
     }
 
     AsyncPostgresStore::executor_type strand;
+    const AsyncPostgresStore* owner = nullptr;  // for its observer (emit)
     PostgresOptions options;
     PostgresStore blocking;
     pg::TableName table;
@@ -163,6 +169,10 @@ struct AsyncPostgresStore::Impl {
                               {&defs[pg::kSelect], &sel, false},    {&defs[pg::kCommit], &none, true},
                               {&defs[pg::kRollback], &none, true}};
         pg::StepResults all = co_await run(conn, steps);
+        if (!all[4].ok() || PQtransactionStatus(conn.native()) == PQTRANS_INERROR) {
+            // The block may still be open: the requests behind ours would run in it (25P02).
+            conn.close("idem: a failed transaction block could not be rolled back");
+        }
         pg::StepResults two(2);
         two[0] = std::move(all[0].failed ? all[0] : all[1]);
         two[1] = std::move(all[3].failed ? all[3] : all[2]);
@@ -198,8 +208,13 @@ struct AsyncPostgresStore::Impl {
             } catch (const database_error&) {
                 failure = std::current_exception();
             }
+            try {
+                std::rethrow_exception(failure);
+            } catch (const pg::connection_broken&) {
+                suspect_idle();  // before the verdict: also when this was the last attempt
+            } catch (...) {
+            }
             const auto next = retry.after_failure(failure, what);
-            if (next.broken) suspect_idle();
             count(counters.retries);
             if (next.pause.count() > 0) co_await pause_for(next.pause);
         }
@@ -238,6 +253,7 @@ struct AsyncPostgresStore::Impl {
                 }
                 case Next::take_over: {
                     auto taken = co_await take_over(key, machine.stale_fence(), fence, lease, true);
+                    if (taken) owner->emit(Event::taken_over, &key);
                     next = machine.on_taken_over(std::move(taken));
                     break;
                 }
@@ -245,7 +261,9 @@ struct AsyncPostgresStore::Impl {
                     // No LISTEN here (it would hold a connection per waiter): poll the key, 20 ms
                     // at first, then up to 200 ms apart, until the wait's end.
                     const auto left = machine.wait_until() - Clock::now();
-                    if (left <= Clock::duration::zero()) {
+                    // The call's cancellation (or deadline) ends the wait: in_progress now.
+                    const auto state = co_await net::this_coro::cancellation_state;
+                    if (left <= Clock::duration::zero() || state.cancelled() != net::cancellation_type::none) {
                         next = machine.on_waited(false);
                         break;
                     }
@@ -360,7 +378,9 @@ struct AsyncPostgresStore::Impl {
 // ---- AsyncPostgresStore ---------------------------------------------------------------------------------
 
 AsyncPostgresStore::AsyncPostgresStore(net::any_io_executor executor, std::string conninfo, PostgresOptions options)
-    : impl_(std::make_shared<Impl>(std::move(executor), std::move(conninfo), std::move(options))) {}
+    : impl_(std::make_shared<Impl>(std::move(executor), std::move(conninfo), std::move(options))) {
+    impl_->owner = this;
+}
 
 AsyncPostgresStore::~AsyncPostgresStore() = default;
 
@@ -371,32 +391,38 @@ std::size_t AsyncPostgresStore::max_result_bytes() const noexcept { return impl_
 
 // Each coroutine keeps the Impl alive while it runs (a copy of impl_ in its frame).
 net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, ClaimOptions options) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     co_return co_await impl->claim(key, fp, options);
 }
 
 net::awaitable<void> AsyncPostgresStore::co_save(Key key, Fence fence, std::string result) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     co_await impl->save(key, fence, result);
 }
 
 net::awaitable<void> AsyncPostgresStore::co_release(Key key, Fence fence) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     co_await impl->release(key, fence);
 }
 
 net::awaitable<void> AsyncPostgresStore::co_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     co_await impl->owned_write("extend_lease", pg::kExtendLease, key, fence, lease.count(), {}, {});
 }
 
 net::awaitable<void> AsyncPostgresStore::co_record_phase(Key key, Fence fence, std::string phase, std::string data) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     co_await impl->owned_write("record_phase", pg::kRecordPhase, key, fence, std::nullopt, phase, data);
 }
 
 net::awaitable<std::optional<Fence>> AsyncPostgresStore::co_take_over(Key key, Fence stale_fence,
                                                                       std::chrono::milliseconds lease, bool new_attempt) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     const Fence fence = idem::detail::new_fence();
     if (!co_await impl->take_over(key, stale_fence, fence, lease, new_attempt)) co_return std::nullopt;
@@ -405,6 +431,7 @@ net::awaitable<std::optional<Fence>> AsyncPostgresStore::co_take_over(Key key, F
 }
 
 net::awaitable<std::optional<Record>> AsyncPostgresStore::co_read(Key key) {
+    co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     impl->count(impl->counters.reads);
     co_return co_await impl->with_connection<std::optional<Record>>(

@@ -22,6 +22,7 @@
 #include "group.hpp"
 #include "pool.hpp"
 #include "record.hpp"
+#include "rows.hpp"
 #include "sql.hpp"
 
 namespace idem {
@@ -228,9 +229,11 @@ struct PostgresStore::Impl {
             try {
                 pg::Lease lease = acquire();
                 return f(*lease, retry.attempt());
-            } catch (const store_unavailable&) {
+            } catch (const store_unavailable& e) {
+                // The retry must not pick another dead idle connection (nor the next call, when
+                // this was the last attempt): before the verdict, which may throw.
+                if (dynamic_cast<const pg::connection_broken*>(&e) != nullptr) pool->suspect_idle();
                 const auto next = retry.after_failure(std::current_exception(), what);
-                if (next.broken) pool->suspect_idle();  // the retry must not pick another dead idle connection
                 counters().retries.fetch_add(1, std::memory_order_relaxed);
                 if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
             } catch (const database_error&) {
@@ -363,208 +366,28 @@ struct PostgresStore::Impl {
         return found;
     }
 
-    // The step whose error is the segment [begin, end)'s: the statement that failed (the others
-    // were skipped or rolled back with it); -1 when the segment committed.
-    static int segment_failure(const pg::StepResults& res, std::size_t begin, std::size_t end) noexcept {
-        int first = -1;
-        for (std::size_t i = begin; i < end; ++i) {
-            if (res[i].failed) return static_cast<int>(i);
-            if (!res[i].ok() && first < 0) first = static_cast<int>(i);
-        }
-        return first;
+
+    using ClaimRow = pg::ClaimRow;
+    using ClaimAnswers = pg::ClaimAnswers;
+    using KeyRef = pg::KeyRef;
+    using SaveRow = pg::SaveRow;
+    using SaveAnswers = pg::SaveAnswers;
+
+    pg::Layout layout_of(int shape) const noexcept {
+        return shape == kByScope ? pg::Layout::by_scope : shape == kByKey ? pg::Layout::by_key : pg::Layout::plain;
     }
 
-    struct ClaimRow {
-        std::string_view scope, key, digest;
-        std::int16_t alg;
-        Fence fence;
-        std::int64_t lease_ms, retention_s;
-    };
-    using RowRef = std::pair<const PGresult*, int>;
-    using KeyRef = std::pair<std::string_view, std::string_view>;  // (scope, key)
-    struct ClaimAnswers {
-        pg::StepResults res;
-        // The first failed statement of the claims (index in res), -1 when every claim segment
-        // committed; row_failed says whose segment it was: nothing of a failed segment committed.
-        int write_failure = -1;
-        std::vector<bool> row_failed;
-        int read_failure = -1;          // index in res: the read failed (claims may have committed)
-        std::unordered_set<Fence> won;  // fences the INSERTs returned: committed at their Sync
-        std::map<KeyRef, RowRef> found; // rows read, by (scope, key); views into `res`
-    };
-
-    // Claims `rows` (sorted by key, keys distinct) and reads what stands at each key afterwards,
-    // one round trip: [claims | Sync | read | Sync] on one node. On a distributed table every claim
-    // segment stays on one shard — one per scope (by scope: [BEGIN, INSERT…, COMMIT | Sync]) or one
-    // per key (by key: [INSERT | Sync]) — so that none is a multi-shard (two-phase) commit, whose
-    // outcome a broken connection would leave in doubt until Citus recovers it. Throws
-    // connection_broken.
+    // The claims of a batch or a group in one round trip (pg::ClaimRowsPlan). Throws connection_broken.
     ClaimAnswers claim_rows(pg::Connection& conn, std::span<const ClaimRow> rows) {
-        const std::size_t n = rows.size();
-        const int shape = layout(conn);
-        std::deque<Params> params;  // stable addresses: the steps point at them
-        std::vector<Step> steps;
-        std::vector<std::size_t> first_step_of;  // per row: where its segment starts in steps
-        Params none;
-        // Scopes in order with the rows of each (rows are sorted by (scope, key)).
-        std::vector<std::pair<std::size_t, std::size_t>> scope_ranges;
-        for (std::size_t i = 0; i < n; ++i) {
-            if (i == 0 || rows[i].scope != rows[i - 1].scope) scope_ranges.emplace_back(i, i);
-            scope_ranges.back().second = i + 1;
-        }
-        bool blocks = false;
-        std::size_t write_steps = 1;  // the statements of the claims; the read's follow
-        if (shape == kPlain) {
-            bool uniform = true;
-            std::vector<std::string_view> scopes(n), keys(n), digests(n);
-            std::vector<std::int16_t> algs(n);
-            std::vector<std::int64_t> fences(n), leases(n), retentions(n);
-            for (std::size_t i = 0; i < n; ++i) {
-                const ClaimRow& r = rows[i];
-                scopes[i] = r.scope, keys[i] = r.key, digests[i] = r.digest, algs[i] = r.alg, fences[i] = r.fence;
-                leases[i] = r.lease_ms, retentions[i] = r.retention_s;
-                uniform = uniform && r.lease_ms == rows[0].lease_ms && r.retention_s == rows[0].retention_s;
-            }
-            Params& ins = params.emplace_back();
-            ins.text_array(scopes).text_array(keys).bytea_array(digests).int2_array(algs).int8_array(fences);
-            if (uniform) {
-                ins.int8(rows[0].lease_ms).int8(rows[0].retention_s);
-            } else {
-                ins.int8_array(leases).int8_array(retentions);
-            }
-            steps.push_back({&defs[uniform ? pg::kClaimBatchInsert : pg::kClaimGroupInsert], &ins});
-            first_step_of.assign(n, 0);
-            Params& sel = params.emplace_back();
-            sel.text_array(scopes).text_array(keys);
-            steps.push_back({&defs[pg::kSelectBatch], &sel});
-        } else {
-            const auto insert = [&](const ClaimRow& r) {
-                Params& ins = params.emplace_back();
-                ins.text(r.scope).text(r.key).bytes(r.digest).int2(r.alg).int8(r.fence).int8(r.lease_ms).int8(r.retention_s);
-                steps.push_back({&defs[pg::kClaimInsert], &ins, false});
-            };
-            // After a block, each segment begins with a ROLLBACK: a failed block leaves the session
-            // in it (Sync does not end an explicit block), and every later segment would fail with
-            // 25P02. After a committed block the ROLLBACK is a no-op (a warning, no error).
-            const auto end_failed_block = [&] {
-                if (blocks) steps.push_back({&defs[pg::kRollback], &none, false});
-            };
-            first_step_of.resize(n);
-            for (auto [begin, end] : scope_ranges) {
-                // by key: each row alone; by scope: the scope's rows in one block (one shard)
-                for (std::size_t from = begin; from < end;) {
-                    const std::size_t to = shape == kByScope ? end : from + 1;
-                    const bool block = to - from > 1;
-                    for (std::size_t i = from; i < to; ++i) first_step_of[i] = steps.size();
-                    end_failed_block();
-                    blocks = blocks || block;
-                    if (block) steps.push_back({&defs[pg::kBegin], &none, false});
-                    for (std::size_t i = from; i < to; ++i) insert(rows[i]);
-                    if (block) steps.push_back({&defs[pg::kCommit], &none, false});
-                    steps.back().sync_after = true;
-                    from = to;
-                }
-            }
-            write_steps = steps.size();
-            end_failed_block();
-            for (auto [begin, end] : scope_ranges) {
-                std::vector<std::string_view> keys;
-                for (std::size_t i = begin; i < end; ++i) keys.push_back(rows[i].key);
-                Params& sel = params.emplace_back();
-                sel.text(rows[begin].scope).text_array(keys);
-                steps.push_back({&defs[pg::kSelectScopeKeys], &sel, false});
-            }
-            steps.back().sync_after = true;
-        }
-        const std::size_t segments = shape == kPlain ? 1 : shape == kByScope ? scope_ranges.size() : n;
-        ClaimAnswers a;
-        a.res = blocks ? run_block(conn, steps, segments) : run(conn, steps, segments);
-        a.write_failure = segment_failure(a.res, 0, write_steps);
-        a.read_failure = segment_failure(a.res, write_steps, a.res.size());
-        a.row_failed.assign(n, false);
-        // A segment committed iff its first statement is ok() (ok() means "and the rest of the
-        // segment committed"). After a failed block, later segments fail as well (25P02 until the
-        // ROLLBACK): none of them committed either.
-        for (std::size_t i = 0; i < n; ++i) a.row_failed[i] = !a.res[first_step_of[i]].ok();
-        for (std::size_t i = 0; i < write_steps; ++i) {
-            if (!a.res[i].ok()) continue;  // its segment rolled back
-            const PGresult* r = a.res[i].result.get();
-            if (r == nullptr || PQnfields(r) != 1) continue;  // BEGIN / COMMIT
-            for (int row = 0; row < PQntuples(r); ++row) a.won.insert(pg::get_int8(r, row, 0));
-        }
-        if (a.read_failure >= 0) return a;
-        for (std::size_t i = write_steps; i < a.res.size(); ++i) {
-            const PGresult* r = a.res[i].result.get();
-            for (int row = 0; row < PQntuples(r); ++row) {
-                a.found.emplace(KeyRef(pg::get_bytes(r, row, pg::kRecordColumns), pg::get_bytes(r, row, pg::kRecordColumns + 1)),
-                                RowRef(r, row));
-            }
-        }
-        return a;
+        const pg::ClaimRowsPlan plan(defs, layout_of(layout(conn)), rows);
+        return plan.read(plan.blocks() ? run_block(conn, plan.steps(), plan.segments())
+                                       : run(conn, plan.steps(), plan.segments()));
     }
 
-    struct SaveRow {
-        std::string_view scope, key, result;
-        Fence fence;
-    };
-    struct SaveAnswers {
-        pg::StepResults res;
-        int failure = -1;                        // index in res: the first failed statement
-        std::vector<bool> row_failed;            // its segment failed: this row was not saved
-        std::unordered_map<Fence, bool> saved;   // fence → waiters, for every row saved
-    };
-
-    // Saves `rows` (sorted by key; keys and fences distinct), one round trip: one UPDATE for all on
-    // one node (one transaction). On a distributed table one single-statement segment per scope
-    // (by scope) or per key (by key), each on one shard and committed on its own (never a
-    // two-phase commit; a failed segment fails only its rows). Throws connection_broken.
+    // The saves of a batch or a group in one round trip (pg::SaveRowsPlan). Throws connection_broken.
     SaveAnswers save_rows(pg::Connection& conn, std::span<const SaveRow> rows) {
-        const std::size_t n = rows.size();
-        const int shape = layout(conn);
-        std::deque<Params> params;
-        std::vector<Step> steps;
-        std::vector<std::size_t> step_of(n);  // per row: its statement
-        const auto statement = [&](pg::Stmt stmt, std::size_t from, std::size_t to) {
-            std::vector<std::string_view> scopes, keys, results;
-            std::vector<std::int64_t> fences;
-            for (std::size_t i = from; i < to; ++i) {
-                scopes.push_back(rows[i].scope), keys.push_back(rows[i].key), results.push_back(rows[i].result);
-                fences.push_back(rows[i].fence);
-                step_of[i] = steps.size();
-            }
-            Params& p = params.emplace_back();
-            if (stmt == pg::kSaveBatch) p.text_array(scopes);
-            if (stmt == pg::kSaveScoped) p.text(rows[from].scope);
-            if (stmt == pg::kSaveReturningFence) {
-                p.text(rows[from].scope).text(rows[from].key).int8(rows[from].fence).bytes(rows[from].result);
-            } else {
-                p.text_array(keys).int8_array(fences).bytea_array(results);
-            }
-            steps.push_back({&defs[stmt], &p});
-        };
-        if (shape == kPlain) {
-            statement(pg::kSaveBatch, 0, n);
-        } else {
-            for (std::size_t begin = 0; begin < n;) {
-                std::size_t end = begin + 1;
-                if (shape == kByScope) {
-                    while (end < n && rows[end].scope == rows[begin].scope) ++end;
-                }
-                statement(shape == kByScope ? pg::kSaveScoped : pg::kSaveReturningFence, begin, end);
-                begin = end;
-            }
-        }
-        SaveAnswers a;
-        a.res = run(conn, steps, steps.size());
-        a.failure = segment_failure(a.res, 0, a.res.size());
-        a.row_failed.resize(n);
-        for (std::size_t i = 0; i < n; ++i) a.row_failed[i] = !a.res[step_of[i]].ok();
-        for (const StepResult& step : a.res) {
-            if (!step.ok()) continue;
-            const PGresult* r = step.result.get();
-            for (int row = 0; row < PQntuples(r); ++row) a.saved.emplace(pg::get_int8(r, row, 0), pg::get_bool(r, row, 1));
-        }
-        return a;
+        const pg::SaveRowsPlan plan(defs, layout_of(layout(conn)), rows);
+        return plan.read(run(conn, plan.steps(), plan.segments()));
     }
 
     // ---- Group commit (docs/design.md, "Group commit") ----
@@ -699,25 +522,13 @@ struct PostgresStore::Impl {
             ClaimAnswers a = claim_rows(**conn, rows);
             for (std::size_t j = 0; j < ms.size(); ++j) {
                 ClaimMember* c = ms[j];
-                // A member whose claim segment failed (a conflict, a cancel, one member's bad
-                // bytes...) — on one node, every member — goes again alone, with its fence, and
-                // meets its own outcome: nothing of that segment committed.
-                c->got = a.row_failed[j]              ? ClaimMember::Got::alone
-                         : a.won.contains(c->fence)   ? ClaimMember::Got::won
-                         : a.read_failure >= 0        ? ClaimMember::Got::alone  // no read to answer from
-                                                      : ClaimMember::Got::absent;
-            }
-            if (a.read_failure >= 0) return;
-            for (ClaimMember* c : ms) {
-                if (c->got != ClaimMember::Got::absent) continue;
-                auto it = a.found.find(KeyRef(c->key->scope(), c->key->value()));
-                if (it == a.found.end()) continue;  // absent: released or rolled back in between
-                try {
-                    parse_record(it->second.first, it->second.second, c->out->existing.emplace());
-                    c->got = ClaimMember::Got::found;
-                } catch (...) {
-                    c->out->existing.reset();
-                    c->got = ClaimMember::Got::error, c->error = own_copy(std::current_exception());  // corrupt_record
+                std::exception_ptr error;
+                switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
+                    case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
+                    case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
+                    case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
+                    case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
+                    case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
                 }
             }
         } catch (const pg::connection_broken&) {

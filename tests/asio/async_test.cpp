@@ -14,8 +14,16 @@
 
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -386,4 +394,205 @@ TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrive
         REQUIRE(replay.get().response().body == big);
     }
     PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+}
+
+namespace {
+struct TakeoverCounter final : idem::Observer {
+    std::atomic<int> taken{0};
+    void on_event(const idem::EventInfo& e) noexcept override {
+        if (e.event == idem::Event::taken_over) ++taken;
+    }
+};
+// 1. Resume mode: a call cancelled while its claim takes over a stale key releases (DELETEs) the
+// taken-over record, phase and all. The next call runs as attempt 1 with no phase.
+}  // namespace
+
+TEST_CASE("async: cancelled during a resume-mode takeover, the earlier attempt's record and phase stay",
+          "[asio][cancel]") {
+    Fixture f;
+    const auto k = key(idem_test::unique_name("takeover"));
+    idem::ClaimOptions short_lease;
+    short_lease.lease = 100ms;
+    idem::Claim first = f.store->claim(k, idem::fingerprint("x"), short_lease);
+    REQUIRE(first.status == idem::ClaimStatus::claimed);
+    f.store->record_phase(k, first.fence, "charge_created", "ch_1");  // the first attempt charged
+    std::this_thread::sleep_for(300ms);
+    std::atomic<int> runs{0};
+    net::cancellation_signal signal;
+    std::promise<std::exception_ptr> done;
+    idem::asio::AsyncOptions o;
+    o.claim.resume_stale = true;
+    o.claim.lease = 100ms;
+    net::dispatch(f.store->get_executor(), [&] {
+        idem::asio::async_execute_once(*f.store, k, idem::fingerprint("x"),
+                                       [&] {
+                                           ++runs;
+                                           return idem::Response{200, "x"};
+                                       },
+                                       o,
+                                       net::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, auto) {
+                                           done.set_value(e);
+                                       }));
+        signal.emit(net::cancellation_type::terminal);
+    });
+    auto e = done.get_future().get();
+    REQUIRE(e);
+    REQUIRE_THROWS_AS(std::rethrow_exception(e), idem::call_cancelled);
+    auto rec = f.store->read(k);
+    REQUIRE(rec.has_value());  // not released: the earlier attempt's outcome is unknown
+    REQUIRE(rec->state == idem::RecordState::in_progress);
+    REQUIRE(rec->phase == "charge_created");
+    REQUIRE(runs == 0);
+    std::this_thread::sleep_for(300ms);  // the cancelled takeover's lease passes too
+    int attempt = 0;
+    std::optional<std::string> phase;
+    auto again = idem::asio::async_execute_once(*f.store, k, idem::fingerprint("x"),
+                                                [&](idem::asio::AsyncContext& ctx) {
+                                                    attempt = ctx.attempt();
+                                                    phase = ctx.phase();
+                                                    return idem::Response{200, "charged again"};
+                                                },
+                                                o, net::use_future)
+                     .get();
+    REQUIRE(again.outcome() == idem::Outcome::executed);
+    REQUIRE(phase == "charge_created");  // the next attempt resumes from the recovery point
+    REQUIRE(attempt >= 2);
+}
+
+// 2. The async claim's takeover reports no Event::taken_over (the blocking claim does).
+TEST_CASE("async: a resume-mode takeover is reported to the observer (Event::taken_over)", "[asio]") {
+    Fixture f;
+    auto obs = std::make_shared<TakeoverCounter>();
+    f.store->set_observer(obs);
+    const auto k = key(idem_test::unique_name("obs"));
+    idem::ClaimOptions short_lease;
+    short_lease.lease = 100ms;
+    REQUIRE(f.store->claim(k, idem::fingerprint("x"), short_lease).status == idem::ClaimStatus::claimed);
+    std::this_thread::sleep_for(300ms);
+    idem::ClaimOptions resume;
+    resume.resume_stale = true;
+    idem::Claim c = f.store->claim(k, idem::fingerprint("x"), resume);
+    REQUIRE(c.status == idem::ClaimStatus::claimed);
+    REQUIRE(c.existing);
+    REQUIRE(obs->taken == 1);
+}
+
+// 3. libpq moves to the next host during connect (new socket, usually the same fd number).
+TEST_CASE("async: a multi-host conninfo whose first host drops the connection connects through the second",
+          "[asio]") {
+    // libpq closes the first socket and opens the next, usually under the same descriptor number.
+    int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(lfd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::listen(lfd, 16);
+    const int port = ntohs(a.sin_port);
+    std::atomic<bool> stop{false};
+    std::thread closer([&] {
+        while (!stop) {
+            int c = ::accept(lfd, nullptr, nullptr);
+            if (c < 0) break;
+            std::this_thread::sleep_for(50ms);  // after libpq waits for an answer
+            ::close(c);
+        }
+    });
+    const char* host = std::getenv("IDEM_PG_HOST");
+    const char* pgport = std::getenv("IDEM_PG_PORT");
+    REQUIRE(host);
+    REQUIRE(pgport);
+    const std::string conninfo = std::string("host=127.0.0.1,") + host + " port=" + std::to_string(port == 0 ? 1 : 1) + "," +
+                                 pgport + " dbname=postgres user=postgres sslmode=disable gssencmode=disable";
+    idem::PostgresOptions o;
+    o.table = idem_test::unique_name("idem_async");
+    o.connect_timeout = 3s;
+    {
+        idem::PostgresStore blocking(conninfo, o);  // the control: libpq itself gets through
+        blocking.ensure_schema();
+        (void)blocking.read(key("x"));
+    }
+    net::io_context io;
+    auto work = net::make_work_guard(io);
+    std::thread runner([&] { io.run(); });
+    {
+        idem::asio::AsyncPostgresStore store(io.get_executor(), conninfo, o);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string what = "ok";
+        try {
+            (void)store.read(key("x"));
+        } catch (const std::exception& e) {
+            what = e.what();
+        }
+        REQUIRE(what == "ok");
+        // (before: "timeout expired" after connect_timeout, on every attempt)
+        REQUIRE(std::chrono::steady_clock::now() - t0 < 3s);
+    }
+    work.reset();
+    runner.join();
+    stop = true;
+    ::shutdown(lfd, SHUT_RDWR);
+    ::close(lfd);
+    closer.join();
+    PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + o.table);
+}
+
+// Two deadline loops on one connection cancelled each other's waits for as long as a request was
+// pending: count the handlers run while one request waits on a row lock.
+static std::size_t handlers_while_waiting_on_a_lock(bool with_companion) {
+    const std::string table = idem_test::unique_name("idem_async");
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 1;
+    o.lock_timeout = 3s;
+    o.statement_timeout = 5s;
+    net::io_context io;
+    std::size_t handlers = 0;
+    {
+        idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+        store.blocking().ensure_schema();
+        const auto locked = key("locked");
+        idem::Claim lc = store.blocking().claim(locked, idem::fingerprint("x"));
+        // Warm the connection up.
+        net::co_spawn(store.get_executor(), store.co_read(key("warm")), net::detached);
+        io.run();
+        io.restart();
+        PgConn holder(idem_test::database_url());
+        holder.exec("BEGIN");
+        holder.exec("SELECT 1 FROM " + table + " WHERE scope = 'async-test' AND key = 'locked' FOR UPDATE");
+        std::thread release([&] {
+            std::this_thread::sleep_for(1500ms);
+            holder.exec("COMMIT");
+        });
+        // A: claim k1, then at once a save that waits on the row lock (keeps the FIFO non-empty).
+        net::co_spawn(store.get_executor(),
+                      [&]() -> net::awaitable<void> {
+                          (void)co_await store.co_claim(key(idem_test::unique_name("a")), idem::fingerprint("x"));
+                          co_await store.co_save(locked, lc.fence, "saved");
+                      },
+                      net::detached);
+        if (with_companion) {
+            // B: a claim pipelined right behind A's, answered in the same read.
+            net::co_spawn(store.get_executor(),
+                          [&]() -> net::awaitable<void> {
+                              (void)co_await store.co_claim(key(idem_test::unique_name("b")), idem::fingerprint("x"));
+                          },
+                          net::detached);
+        }
+        handlers = io.run();
+        release.join();
+    }
+    PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+    return handlers;
+}
+
+TEST_CASE("async: a request waiting 1.5 s on a lock costs a handful of handlers, not a spinning core",
+          "[asio]") {
+    const auto alone = handlers_while_waiting_on_a_lock(false);
+    std::size_t worst = 0;
+    for (int i = 0; i < 5; ++i) worst = std::max(worst, handlers_while_waiting_on_a_lock(true));
+    REQUIRE(worst < 10 * alone + 1000);  // (before: 200,000 and more)
 }

@@ -28,7 +28,9 @@
 // AsyncOptions::deadline, measured from the start of the call):
 //   * before the effect started: the claim in flight is awaited (a statement sent cannot be taken
 //     back), a claim it won is released — fn certainly did not run — and the call completes with
-//     call_cancelled. Nothing happened; the same key may run again.
+//     call_cancelled. Nothing happened; the same key may run again. (A resume-mode takeover is not
+//     released: the key holds the earlier attempt, whose outcome is unknown; it stays in progress
+//     and is taken over again once the new lease passes.)
 //   * once the effect has started: the cancellation reaches the effect's own asynchronous operations
 //     (its awaitable runs in the call's coroutine). Whatever the effect then throws follows the
 //     unknown-outcome rule: the key stays in progress for the reconciler. An effect that finishes
@@ -149,7 +151,10 @@ boost::asio::awaitable<std::optional<Result<R>>> execute(AsyncPostgresStore& sto
     const idem::detail::CallReport report(store, key);
     Claim claim = co_await store.co_claim(key, fp, options);
     if (cancelled(co_await boost::asio::this_coro::cancellation_state)) {
-        if (claim.status == ClaimStatus::claimed) {
+        // A fresh claim is released: nothing ran. A resume-mode takeover is not: the record holds
+        // the earlier attempt, whose outcome is unknown (its phase too) — deleting it would let the
+        // next call start afresh and charge again. It stays in progress and goes stale again.
+        if (claim.status == ClaimStatus::claimed && !claim.existing) {
             co_await store.co_release(key, claim.fence);
             report(Event::released);
         }
