@@ -1,13 +1,16 @@
 #include "idem/asio/store.hpp"
 
+#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
 #include <algorithm>
+#include <unordered_set>
 #include <atomic>
 #include <future>
 #include <limits>
@@ -16,6 +19,7 @@
 #include "../common.hpp"
 #include "../postgres/machine.hpp"
 #include "../postgres/record.hpp"
+#include "../postgres/rows.hpp"
 #include "../postgres/sql.hpp"
 #include "connection.hpp"
 
@@ -85,8 +89,15 @@ struct AsyncPostgresStore::Impl {
 
     struct Counters {
         std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
-            retries{0}, opened{0}, discarded{0};
+            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, largest_claim_group{0},
+            save_groups{0}, grouped_saves{0}, largest_save_group{0};
     } counters;
+    static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
+                           std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
+        groups.fetch_add(1, std::memory_order_relaxed);
+        members.fetch_add(n, std::memory_order_relaxed);
+        if (n > largest.load(std::memory_order_relaxed)) largest.store(n, std::memory_order_relaxed);  // (one strand)
+    }
     void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
 
     Clock::time_point deadline() const {
@@ -220,6 +231,218 @@ struct AsyncPostgresStore::Impl {
         }
     }
 
+
+    // ---- Group commit (docs/design.md, "The asynchronous path") ----
+    //
+    // Each request is its own transaction, and with synchronous_commit a backend waits for each
+    // commit's flush before it reads the next request of its pipeline: pool_size connections give
+    // at most pool_size commits per flush, however many requests wait behind them. So while
+    // kInFlightPerConnection × pool_size claim transactions (and as many save transactions) are in
+    // flight, further first attempts queue; each time one ends, the queue goes out as one
+    // transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's batches
+    // and group commit), up to kLargestGroup rows. A lone request never waits: below the bound it
+    // goes at once, alone, with exactly the single-key statements. Not on a Citus coordinator (the
+    // table's layout is not asked here): there every request goes alone.
+    static constexpr std::size_t kInFlightPerConnection = 2;
+    static constexpr std::size_t kLargestGroup = 256;
+    // (in an optional, constructed in place: Boost 1.81's any_completion_handler move assignment
+    // copies from an lvalue and recurses without end)
+    using Wake = std::optional<net::any_completion_handler<void()>>;
+
+    struct ClaimMember {
+        const Key* key;
+        const Fingerprint* fp;
+        Fence fence;
+        std::chrono::milliseconds lease;
+        std::chrono::seconds retention;
+        Claim* out;  // found: the record is decoded into out->existing
+        enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
+        pg::StepResults plain;     // plain: its own [INSERT, SELECT] answers
+        std::exception_ptr error;  // error: what its call throws
+        Wake wake;
+    };
+    struct SaveMember {
+        const Key* key;
+        Fence fence;
+        std::string_view result;
+        enum class Got { alone, saved, lost } got = Got::alone;
+        bool waiters = false;  // saved: a blocking store's caller waits for it
+        bool sent = false;     // alone: the group's statement may have committed it
+        Wake wake;
+    };
+    std::vector<ClaimMember*> claim_queue;
+    std::vector<SaveMember*> save_queue;
+    std::size_t claims_in_flight = 0, saves_in_flight = 0;
+    bool citus_seen = false;  // a connection found Citus installed: no groups
+
+    std::size_t in_flight_bound() const noexcept { return kInFlightPerConnection * options.pool_size; }
+
+    template <class Member>
+    net::awaitable<void> wait_in(std::vector<Member*>& queue, Member& me) {
+        co_await net::async_initiate<decltype(net::use_awaitable), void()>(
+            [&queue, &me](auto handler) {
+                me.wake.emplace(std::move(handler));
+                queue.push_back(&me);
+            },
+            net::use_awaitable);
+    }
+
+    template <class Member>
+    void wake_all(std::vector<Member*>& group) {
+        for (Member* m : group) {
+            net::post(strand, [h = std::move(*m->wake)]() mutable { std::move(h)(); });
+        }
+    }
+
+    template <class Member>
+    static std::vector<Member*> next_group(std::vector<Member*>& queue) {
+        const std::size_t n = std::min(queue.size(), kLargestGroup);
+        std::vector<Member*> group(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+        queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+        return group;
+    }
+
+    void launch_groups() {
+        while (claims_in_flight < in_flight_bound() && !claim_queue.empty()) {
+            ++claims_in_flight;
+            net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
+        }
+        while (saves_in_flight < in_flight_bound() && !save_queue.empty()) {
+            ++saves_in_flight;
+            net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
+        }
+    }
+
+    // A claim's first round trip: alone at once while below the bound, else in the next group.
+    net::awaitable<void> claim_first(ClaimMember& me) {
+        if (citus_seen || (claims_in_flight < in_flight_bound() && claim_queue.empty())) {
+            ++claims_in_flight;
+            try {
+                me.plain = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
+                    return claim_round_trip(conn, *me.key, *me.fp, me.fence, me.lease, me.retention);
+                });
+                me.got = ClaimMember::Got::plain;
+            } catch (...) {
+                me.got = ClaimMember::Got::error, me.error = std::current_exception();
+            }
+            --claims_in_flight;
+            launch_groups();
+            co_return;
+        }
+        co_await wait_in(claim_queue, me);
+    }
+
+    // Never throws: every member leaves with an answer, an error, or "alone" (its own call then
+    // sends its own statements, with its fence, and recognises whatever the group committed).
+    net::awaitable<void> run_claim_group(std::vector<ClaimMember*> group) {
+        note_group(counters.claim_groups, counters.grouped_claims, counters.largest_claim_group, group.size());
+        // Rows in key order: concurrent groups lock shared keys in one order.
+        std::sort(group.begin(), group.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+        for (ClaimMember* c : group) c->got = ClaimMember::Got::alone;
+        std::shared_ptr<AsyncConnection> conn;
+        std::exception_ptr unreachable;
+        try {
+            conn = co_await acquire();
+        } catch (...) {
+            unreachable = std::current_exception();  // nothing sent: each gets what its own call would
+        }
+        if (unreachable) {
+            for (ClaimMember* c : group) c->got = ClaimMember::Got::error, c->error = unreachable;
+        } else if (conn->citus()) {
+            citus_seen = true;  // each goes alone: the single-key statements know Citus
+        } else {
+            try {
+                std::vector<pg::ClaimRow> rows;
+                rows.reserve(group.size());
+                for (const ClaimMember* c : group) {
+                    rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                                    static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                                    c->retention.count()});
+                }
+                const pg::ClaimRowsPlan plan(defs, pg::Layout::plain, rows);
+                count(counters.round_trips);
+                const pg::ClaimAnswers a = plan.read(co_await conn->run(plan.steps(), deadline()));
+                for (std::size_t j = 0; j < group.size(); ++j) {
+                    ClaimMember* c = group[j];
+                    switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, c->error)) {
+                        case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
+                        case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
+                        case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
+                        case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
+                        case pg::MemberAnswer::error: c->got = ClaimMember::Got::error; break;
+                    }
+                }
+            } catch (const pg::connection_broken&) {
+                // The group may have committed before its answer was lost: each goes alone with its
+                // fence and recognises its row.
+                suspect_idle();
+                for (ClaimMember* c : group) c->got = ClaimMember::Got::alone, c->out->existing.reset();
+            } catch (...) {
+                for (ClaimMember* c : group) c->got = ClaimMember::Got::alone, c->out->existing.reset();
+            }
+        }
+        --claims_in_flight;
+        wake_all(group);
+        launch_groups();
+    }
+
+    // A save's first attempt: alone at once while below the bound (the caller saves by itself), else
+    // in the next group. Returns false for "alone".
+    net::awaitable<bool> save_first(SaveMember& me) {
+        if (citus_seen || (saves_in_flight < in_flight_bound() && save_queue.empty())) co_return false;
+        co_await wait_in(save_queue, me);
+        co_return me.got != SaveMember::Got::alone;
+    }
+
+    net::awaitable<void> run_save_group(std::vector<SaveMember*> group) {
+        note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group, group.size());
+        std::sort(group.begin(), group.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
+        // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
+        // goes alone, after the group, as a concurrent save of it would.
+        std::vector<SaveMember*> sent;
+        std::unordered_set<Fence> fences;
+        for (std::size_t j = 0; j < group.size(); ++j) {
+            group[j]->got = SaveMember::Got::alone;
+            if ((j > 0 && *group[j]->key == *group[j - 1]->key) || !fences.insert(group[j]->fence).second) continue;
+            sent.push_back(group[j]);
+        }
+        std::shared_ptr<AsyncConnection> conn;
+        bool reached = true;
+        try {
+            conn = co_await acquire();
+        } catch (...) {
+            reached = false;  // nothing sent: each goes alone (and keeps trying for its save_retry_window)
+        }
+        if (reached && conn->citus()) {
+            citus_seen = true;
+        } else if (reached) {
+            for (SaveMember* m : sent) m->sent = true;
+            try {
+                std::vector<pg::SaveRow> rows;
+                rows.reserve(sent.size());
+                for (const SaveMember* m : sent) rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
+                const pg::SaveRowsPlan plan(defs, pg::Layout::plain, rows);
+                count(counters.round_trips);
+                const pg::SaveAnswers a = plan.read(co_await conn->run(plan.steps(), deadline()));
+                for (std::size_t j = 0; j < sent.size(); ++j) {
+                    SaveMember* m = sent[j];
+                    if (a.row_failed[j]) continue;  // nothing of it committed: it goes alone (40001 retried there...)
+                    const auto it = a.saved.find(m->fence);
+                    m->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
+                    if (it != a.saved.end()) m->waiters = it->second;
+                }
+            } catch (const pg::connection_broken&) {
+                suspect_idle();
+                for (SaveMember* m : sent) m->got = SaveMember::Got::alone;
+            } catch (...) {
+                for (SaveMember* m : sent) m->got = SaveMember::Got::alone;
+            }
+        }
+        --saves_in_flight;
+        wake_all(group);
+        launch_groups();
+    }
+
     net::awaitable<Claim> claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options_) {
         count(counters.claims);
         // One fence for every attempt: after a broken connection, the retry recognises its own claim.
@@ -229,10 +452,28 @@ struct AsyncPostgresStore::Impl {
         Claim out;
         pg::ClaimMachine machine(out, fence, fp, options_, options.claim_attempts, options.max_retry_after);
         auto poll = std::chrono::milliseconds(20);
+        bool first = true;
         using Next = pg::ClaimMachine::Next;
         for (Next next = Next::round_trip; next != Next::done;) {
             switch (next) {
                 case Next::round_trip: {
+                    if (first) {
+                        // The first attempt may share a transaction with concurrent claims.
+                        first = false;
+                        ClaimMember me;
+                        me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention;
+                        me.out = &out;
+                        co_await claim_first(me);
+                        switch (me.got) {
+                            case ClaimMember::Got::plain: next = machine.on_round_trip(me.plain); break;
+                            case ClaimMember::Got::won: next = machine.on_won(); break;
+                            case ClaimMember::Got::found: next = machine.on_found(); break;
+                            case ClaimMember::Got::absent: next = machine.on_absent(false); break;
+                            case ClaimMember::Got::error: std::rethrow_exception(me.error);
+                            case ClaimMember::Got::alone: break;
+                        }
+                        if (me.got != ClaimMember::Got::alone) break;
+                    }
                     auto res = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
                         return claim_round_trip(conn, key, fp, fence, lease, retention);
                     });
@@ -308,14 +549,37 @@ struct AsyncPostgresStore::Impl {
                                      std::string(result));
         }
         count(counters.saves);
-        const bool waiters = co_await with_connection<bool>(
+        SaveMember me;
+        me.key = &key, me.fence = fence, me.result = result;
+        bool waiters = false;
+        if (co_await save_first(me)) {
+            if (me.got == SaveMember::Got::lost) pg::throw_save_lost(fence);
+            waiters = me.waiters;
+        } else {
+            waiters = co_await save_alone(key, fence, result, me.sent);
+        }
+        if (waiters) co_await notify_waiters(key);
+    }
+
+    // A save by itself: [UPDATE | Sync], retried for save_retry_window. `resent`: a group's
+    // statement may already have committed it.
+    net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent) {
+        ++saves_in_flight;
+        struct Done {
+            Impl& m;
+            ~Done() {
+                --m.saves_in_flight;
+                m.launch_groups();
+            }
+        } done{*this};
+        co_return co_await with_connection<bool>(
             "save",
             [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
                 Params p;
                 p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
                 auto res = co_await run_one(conn, pg::kSave, p);
                 bool notify = false;
-                switch (pg::save_answer(res, attempt > 1, notify)) {
+                switch (pg::save_answer(res, attempt > 1 || resent, notify)) {
                     case pg::SaveAnswer::saved: co_return notify;
                     case pg::SaveAnswer::check_record:
                         if (pg::own_save(co_await select(conn, key), fence, result)) co_return false;
@@ -325,9 +589,12 @@ struct AsyncPostgresStore::Impl {
                 pg::throw_save_lost(fence);
             },
             options.save_retry_window);
-        if (waiters) {
-            // A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best
-            // effort — a waiter also wakes at its deadline and re-reads.
+    }
+
+    // A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort — a
+    // waiter also wakes at its deadline and re-reads.
+    net::awaitable<void> notify_waiters(const Key& key) {
+        {
             try {
                 co_await with_connection<bool>("notify", [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
                     Params p;
@@ -506,6 +773,12 @@ StoreStats AsyncPostgresStore::stats() const {
     s.retries += get(c.retries);
     s.connections_opened += get(c.opened);
     s.connections_discarded += get(c.discarded);
+    s.claim_groups += get(c.claim_groups);
+    s.grouped_claims += get(c.grouped_claims);
+    s.largest_claim_group = std::max(s.largest_claim_group, get(c.largest_claim_group));
+    s.save_groups += get(c.save_groups);
+    s.grouped_saves += get(c.grouped_saves);
+    s.largest_save_group = std::max(s.largest_save_group, get(c.largest_save_group));
     return s;
 }
 
