@@ -7,8 +7,8 @@
 //
 // No thread waits on the database: the store keeps up to PostgresOptions::pool_size non-blocking
 // libpq connections in pipeline mode, watched by the executor's event loop, and sends the
-// statements of many requests on each one at once — every request still its own transaction (a
-// claim is committed when its own Sync is answered). The same SQL, the same fences, and the same
+// statements of many requests on each one at once — each its own transaction (a claim is committed
+// when its Sync is answered) unless group commit puts concurrent ones together (below). The same SQL, the same fences, and the same
 // decisions as PostgresStore (one copy of the rules: src/postgres/machine.hpp), so every guarantee of
 // store.hpp holds: the winning claim is durable before the claim completes; a claim, save or
 // release interrupted by a broken connection is sent again on another connection with the same
@@ -18,8 +18,13 @@
 // Differences from PostgresStore, all on purpose:
 //   * ClaimOptions::wait polls the key (every 20 ms, then up to 200 ms apart) instead of LISTENing:
 //     no connection is held by a waiter. A save still NOTIFYs blocking waiters of other stores.
-//   * group_commit and pool_wait do not apply: requests share connections by pipelining, which
-//     costs no extra wait (PostgresOptions::group_commit is ignored).
+//   * Group commit is always on (PostgresOptions::group_commit and pool_wait are ignored): at most
+//     2 × pool_size claim transactions, and as many save transactions, are in flight; the first
+//     attempts that arrive meanwhile go out together as one transaction (up to 256 rows, the batch
+//     statements) when one of them ends. A lone request never waits: below the bound it goes at
+//     once with the single-key statements. A group's failure reaches each member as its own call's
+//     would (a member whose row failed goes alone with its fence). Not on a Citus coordinator:
+//     there every request goes alone. stats() counts the groups.
 //   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
 //     timer per connection: a connection that does not answer in time fails every request on it
 //     (each is retried or reported as the blocking store would).
