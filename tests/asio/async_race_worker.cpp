@@ -18,6 +18,7 @@
 #include "idem/asio.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "race.hpp"
 #include "store_env.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -53,19 +54,9 @@ std::vector<std::string> out_lines;  // touched on the store's strand only
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 9) {
-        std::cerr << "usage: idem_async_race_worker CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS COROUTINES "
-                     "START_AT_MS OUTFILE\n";
-        return 2;
-    }
-    const std::string conninfo = argv[1];
-    const std::string table = argv[2];
-    const std::string effects = argv[3];
-    const std::string scope = argv[4];
-    const int keys = std::stoi(argv[5]);
-    const int coroutines = std::stoi(argv[6]);
-    const long long start_at_ms = std::stoll(argv[7]);
-    const std::string outfile = argv[8];
+    const auto parsed = idem_test::race::WorkerArgs::parse(argc, argv, "COROUTINES");
+    if (!parsed) return 2;
+    const auto& [conninfo, table, effects, scope, keys, coroutines, start_at_ms, outfile] = *parsed;
     const int pid = static_cast<int>(::getpid());
 
     std::atomic<int> contract_violations{0};
@@ -127,8 +118,7 @@ int main(int argc, char** argv) {
                                                                " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
                                                            {scope, "key-" + std::to_string(k), std::to_string(pid),
                                                             std::to_string(c)});
-                                co_return "key=" + std::to_string(k) + ";pid=" + std::to_string(pid) +
-                                    ";tid=" + std::to_string(c);
+                                co_return idem_test::race::effect_body(k, pid, c);
                             },
                             net::use_awaitable);
                     },
@@ -198,12 +188,5 @@ int main(int argc, char** argv) {
         return 1;
     }
     failed += contract_violations.load();
-    std::ofstream out(outfile);
-    for (const auto& line : out_lines) out << line << '\n';
-    out.close();
-    if (!out) {
-        std::cerr << "worker " << pid << ": cannot write " << outfile << "\n";
-        return 1;
-    }
-    return failed == 0 ? 0 : 1;
+    return idem_test::race::finish_worker(*parsed, out_lines, failed);
 }

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -385,36 +386,25 @@ private:
     std::vector<Call> calls_;
 };
 
-/// One execute_once call, classified for the history. The effect inserts an effect row.
-inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, const Key& key,
-                     bool right_fp = true, const idem::ClaimOptions& options = {}) {
-    Call c(key, right_fp);
-    const auto started = Clock::now();
+/// What the caller was told by an outcome.
+inline Told told_of(idem::Outcome outcome) {
+    switch (outcome) {
+    case idem::Outcome::executed:
+        return Told::executed;
+    case idem::Outcome::replayed:
+        return Told::replayed;
+    case idem::Outcome::in_progress:
+        return Told::in_progress;
+    case idem::Outcome::mismatch:
+        return Told::mismatch;
+    }
+    return Told::other_error;
+}
+
+/// What the caller of one call was told, from the exception the call ended by.
+inline void classify(Call& c, const std::exception_ptr& failure) {
     try {
-        auto r = idem::execute_once(
-            store, key, right_fp ? fp_for(key) : other_fp_for(key),
-            [&] {
-                c.fn_started = true;
-                c.effect_id = writer.run(key);
-                return response_for(key, c.effect_id);
-            },
-            options);
-        switch (r.outcome()) {
-        case idem::Outcome::executed:
-            c.told = Told::executed;
-            break;
-        case idem::Outcome::replayed:
-            c.told = Told::replayed;
-            break;
-        case idem::Outcome::in_progress:
-            c.told = Told::in_progress;
-            break;
-        case idem::Outcome::mismatch:
-            c.told = Told::mismatch;
-            break;
-        }
-        if (r.has_response())
-            c.bytes = idem::codec<Response>::encode(r.response());
+        std::rethrow_exception(failure);
     } catch (const idem::not_performed& e) {
         c.told = Told::not_performed, c.detail = e.what();
     } catch (const idem::response_too_large& e) {
@@ -436,6 +426,28 @@ inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, con
     } catch (const std::exception& e) {
         c.told = Told::other_error, c.detail = e.what();
     }
+}
+
+/// One execute_once call, classified for the history. The effect inserts an effect row.
+inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, const Key& key,
+                     bool right_fp = true, const idem::ClaimOptions& options = {}) {
+    Call c(key, right_fp);
+    const auto started = Clock::now();
+    try {
+        auto r = idem::execute_once(
+            store, key, right_fp ? fp_for(key) : other_fp_for(key),
+            [&] {
+                c.fn_started = true;
+                c.effect_id = writer.run(key);
+                return response_for(key, c.effect_id);
+            },
+            options);
+        c.told = told_of(r.outcome());
+        if (r.has_response())
+            c.bytes = idem::codec<Response>::encode(r.response());
+    } catch (...) {
+        classify(c, std::current_exception());
+    }
     c.ms = ms_since(started);
     return c;
 }
@@ -454,22 +466,36 @@ struct LoadOptions {
     std::chrono::milliseconds backoff{10};
 };
 
-class Load {
+/// A load of clients racing on shared keys (Load: threads; tests/asio: coroutines).
+class LoadDriver {
+public:
+    LoadDriver() = default;
+    LoadDriver(const LoadDriver&) = delete;
+    LoadDriver& operator=(const LoadDriver&) = delete;
+    virtual ~LoadDriver() = default;
+    virtual void start() = 0;
+    /// Clients finish the call they are in, start no other.
+    virtual void request_stop() = 0;
+    /// Waits for every client.
+    virtual void stop() = 0;
+    [[nodiscard]] virtual bool finished() const = 0;
+};
+
+class Load final : public LoadDriver {
 public:
     Load(idem::IdempotencyStore& store, const Effects& effects, History& history,
          LoadOptions options)
         : store_(store), effects_(effects), history_(history), options_(std::move(options)) {}
-    ~Load() { stop(); }
+    ~Load() override { Load::stop(); }
     Load(const Load&) = delete;
     Load& operator=(const Load&) = delete;
 
-    void start() {
+    void start() override {
         for (int t = 0; t < options_.threads; ++t)
             threads_.emplace_back([this, t] { client(t); });
     }
-    /// Clients finish the call they are in, start no other.
-    void request_stop() { stop_ = true; }
-    void stop() {
+    void request_stop() override { stop_ = true; }
+    void stop() override {
         stop_ = true;
         for (auto& th : threads_) {
             if (th.joinable())
@@ -480,7 +506,7 @@ public:
         return std::min<std::size_t>(next_.load() / 2, options_.max_keys);
     }
     [[nodiscard]] std::size_t answered() const { return answered_.load(); }
-    [[nodiscard]] bool finished() const { return done_.load() == options_.threads; }
+    [[nodiscard]] bool finished() const override { return done_.load() == options_.threads; }
 
 private:
     void client(int t) {

@@ -52,3 +52,7 @@ cmake --build "$consumer_bin"
 
 echo "package test: running consumer"
 "$consumer_bin/consumer"
+if [[ -x "$consumer_bin/consumer_asio" ]]; then
+    echo "package test: running consumer_asio (find_package(idem COMPONENTS asio))"
+    "$consumer_bin/consumer_asio"
+fi

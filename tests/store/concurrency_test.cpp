@@ -5,71 +5,38 @@
 #include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "race_run.hpp"
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cstdio>
 #include <exception>
-#include <filesystem>
-#include <fstream>
 #include <latch>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
-#include <set>
-#include <spawn.h>
-#include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
-
-extern char** environ;
 
 using namespace std::chrono_literals;
 using namespace std::string_literals;
 using idem::Outcome;
 using idem::Response;
 using idem_test::PgConn;
+namespace race = idem_test::race;
+using race::require_db;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
-
 /// An idem table and an effects table, both dropped at the end.
-struct Tables {
-    std::string conninfo;
-    std::string idem = idem_test::unique_name("idem_t");
-    std::string effects = idem_test::unique_name("idem_effects");
-
-    explicit Tables(std::string url) : conninfo(std::move(url)) {
-        // No unique constraint on purpose: a second run of an effect must show up as a second row.
-        PgConn(conninfo).exec(
-            "CREATE TABLE " + effects +
-            " (scope text NOT NULL, key text NOT NULL, pid int NOT NULL, tid int NOT NULL, "
-            "at timestamptz NOT NULL DEFAULT clock_timestamp())");
-    }
-    ~Tables() {
-        try {
-            PgConn conn(conninfo);
-            conn.exec("DROP TABLE IF EXISTS " + idem + ", " + effects);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {idem});
-        } catch (...) {
-        }
-    }
-    Tables(const Tables&) = delete;
-    Tables& operator=(const Tables&) = delete;
+struct Tables : race::Tables {
+    explicit Tables(std::string url) : race::Tables(std::move(url), "idem_t", "idem_effects") {}
 
     idem::PostgresOptions options(std::size_t pool_size) const {
         idem::PostgresOptions o;
@@ -272,112 +239,13 @@ TEST_CASE("4 processes x 8 threads race on 200 keys: one effect row per key",
         idem::PostgresStore store(url, idem_test::env_options(tables.options(1)));
         store.ensure_schema(); // the workers run it again, all at once
     }
-    const auto scope = idem_test::unique_name("procs");
     constexpr int kProcesses = 4;
     constexpr int kKeys = 200;
     constexpr int kThreads = 8;
-    const auto dir = std::filesystem::temp_directory_path() / idem_test::unique_name("idem_race");
-    std::filesystem::create_directories(dir);
-    struct RemoveDir {
-        std::filesystem::path dir;
-        ~RemoveDir() {
-            std::error_code ec;
-            std::filesystem::remove_all(dir, ec);
-        }
-    } remove_dir{dir};
-
-    const auto start_at = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              (std::chrono::system_clock::now() + 1500ms).time_since_epoch())
-                              .count();
-    std::vector<pid_t> pids;
-    std::vector<std::string> outfiles;
-    for (int p = 0; p < kProcesses; ++p) {
-        outfiles.push_back((dir / ("worker" + std::to_string(p) + ".txt")).string());
-        std::vector<std::string> args = {IDEM_RACE_WORKER,
-                                         url,
-                                         tables.idem,
-                                         tables.effects,
-                                         scope,
-                                         std::to_string(kKeys),
-                                         std::to_string(kThreads),
-                                         std::to_string(start_at),
-                                         outfiles.back()};
-        std::vector<char*> argv;
-        for (auto& a : args)
-            argv.push_back(a.data());
-        argv.push_back(nullptr);
-        pid_t pid = 0;
-        const int rc =
-            ::posix_spawn(&pid, IDEM_RACE_WORKER, nullptr, nullptr, argv.data(), environ);
-        REQUIRE(rc == 0);
-        pids.push_back(pid);
-    }
-    std::map<pid_t, int> exit_codes;
-    for (pid_t pid : pids) {
-        int status = 0;
-        REQUIRE(::waitpid(pid, &status, 0) == pid);
-        exit_codes[pid] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    for (const auto& [pid, code] : exit_codes) {
-        CAPTURE(pid);
-        CHECK(code == 0);
-    }
-
-    // What the database says happened: key -> pid of the process whose effect ran.
+    // What the database says happened (one effect row per key, and whose) and what the processes
+    // say happened must agree, and the outcomes add up.
+    const auto ran =
+        race::run_race(IDEM_RACE_WORKER, tables, "procs", kProcesses, kKeys, kThreads, 1500ms);
     PgConn admin(url);
-    CHECK(admin.scalar("SELECT count(*) FROM " + tables.effects) == kKeys);
-    CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + tables.effects) == kKeys);
-    std::map<std::string, std::string> effect_pid;
-    const auto rows = admin.exec("SELECT key, pid FROM " + tables.effects);
-    for (int i = 0; i < rows.rows(); ++i)
-        effect_pid[rows.text(i, 0)] = rows.text(i, 1);
-
-    // What the processes say happened must agree.
-    std::map<int, std::string> executed_body; // key -> body, from the executing process
-    std::map<int, pid_t> executed_by;
-    int executed_lines = 0;
-    std::vector<std::tuple<pid_t, int, std::string>> replays; // R and F lines
-    std::map<pid_t, int> finals;
-    for (int p = 0; p < kProcesses; ++p) {
-        std::ifstream in(outfiles[static_cast<std::size_t>(p)]);
-        REQUIRE(in.good());
-        std::string line;
-        while (std::getline(in, line)) {
-            std::istringstream fields(line);
-            std::string kind;
-            int k = -1;
-            std::string body;
-            fields >> kind >> k >> body;
-            if (kind == "E") {
-                ++executed_lines;
-                executed_body[k] = body;
-                executed_by[k] = pids[static_cast<std::size_t>(p)];
-            } else if (kind == "R" || kind == "F") {
-                replays.emplace_back(pids[static_cast<std::size_t>(p)], k, body);
-                if (kind == "F")
-                    ++finals[pids[static_cast<std::size_t>(p)]];
-            }
-        }
-    }
-    CHECK(executed_lines == kKeys);
-    CHECK(executed_body.size() == static_cast<std::size_t>(kKeys));
-    int disagreements = 0;
-    for (const auto& [k, pid] : executed_by) {
-        const auto& row_pid = effect_pid["key-" + std::to_string(k)];
-        if (row_pid != std::to_string(pid))
-            ++disagreements;
-        if (executed_body[k].find(";pid=" + row_pid + ";") == std::string::npos)
-            ++disagreements;
-    }
-    CHECK(disagreements == 0);
-    int wrong_replays = 0;
-    for (const auto& [pid, k, body] : replays) {
-        if (body != executed_body[k])
-            ++wrong_replays;
-    }
-    CHECK(wrong_replays == 0);
-    for (pid_t pid : pids) {
-        CAPTURE(pid);
-        CHECK(finals[pid] == kKeys * kThreads); // every thread saw every key replay at the end
-    }
+    race::check_race(admin, tables, ran, kKeys, kThreads);
 }

@@ -16,6 +16,7 @@
 #include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "race.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -47,20 +48,10 @@ void emit(std::string line) {
 } // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 9) {
-        std::cerr << "usage: idem_race_worker CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS THREADS "
-                     "START_AT_MS "
-                     "OUTFILE\n";
+    const auto parsed = idem_test::race::WorkerArgs::parse(argc, argv, "THREADS");
+    if (!parsed)
         return 2;
-    }
-    const std::string conninfo = argv[1];
-    const std::string table = argv[2];
-    const std::string effects = argv[3];
-    const std::string scope = argv[4];
-    const int keys = std::stoi(argv[5]);
-    const int thread_count = std::stoi(argv[6]);
-    const long long start_at_ms = std::stoll(argv[7]);
-    const std::string outfile = argv[8];
+    const auto& [conninfo, table, effects, scope, keys, thread_count, start_at_ms, outfile] = *parsed;
     const int pid = static_cast<int>(::getpid());
 
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(thread_count));
@@ -102,8 +93,7 @@ int main(int argc, char** argv) {
                             conn.exec("INSERT INTO " + effects +
                                           " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
                                       {scope, key.value(), std::to_string(pid), std::to_string(t)});
-                            return "key=" + std::to_string(k) + ";pid=" + std::to_string(pid) +
-                                   ";tid=" + std::to_string(t);
+                            return idem_test::race::effect_body(k, pid, t);
                         });
                         switch (r.outcome()) {
                         case idem::Outcome::executed:
@@ -172,13 +162,5 @@ int main(int argc, char** argv) {
         }
         ++failed;
     }
-    std::ofstream out(outfile);
-    for (const auto& line : out_lines)
-        out << line << '\n';
-    out.close();
-    if (!out) {
-        std::cerr << "worker " << pid << ": cannot write " << outfile << "\n";
-        return 1;
-    }
-    return failed == 0 ? 0 : 1;
+    return idem_test::race::finish_worker(*parsed, out_lines, failed);
 }

@@ -18,7 +18,13 @@
 // The effect fn is called on the store's executor (a strand), with no argument or an AsyncContext&.
 // It returns the result (R), or a boost::asio::awaitable<R> that the call co_awaits: an effect that
 // itself waits (a timer, an HTTP request) does not block the event loop. R needs an idem::codec.
-// fn is moved into the operation and lives until it completes; key and fingerprint are copied.
+// fn is taken by value (moved into the operation, alive until it completes); key and fingerprint
+// are copied. Pass a lambda with by-reference captures, or std::ref, to avoid copying a big functor.
+// GCC 12: a lambda with an init-capture of a class type (`[s = std::string(...)]`) written inside a
+// co_await expression is destroyed twice by the compiler (seen with GCC 12.2 under ASan: a double
+// free of the capture). Name such a lambda first (`auto effect = [s = ...] {...};
+// co_await async_execute_once(store, key, fp, effect, use_awaitable);`). By-reference captures and
+// named lambdas are not affected.
 //
 // Completion signature: void(std::exception_ptr, idem::Result<R>). With an exception, the Result is a
 // placeholder (in_progress, retry_after 0) and means nothing, as with Asio's own exception_ptr
@@ -222,8 +228,8 @@ template <class F>
 using async_effect_result_t = typename detail::async_effect<std::decay_t<F>>::type;
 
 template <class F, class Token>
-auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F&& fn, AsyncOptions options, Token&& token) {
-    using Fn = std::decay_t<F>;
+auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn, AsyncOptions options, Token&& token) {
+    using Fn = F;
     using R = async_effect_result_t<F>;
     static_assert(!std::is_void_v<R>, "idem::asio::async_execute_once: the effect must return the result to store");
     static_assert(std::is_same_v<decltype(codec<R>::encode(std::declval<const R&>())), std::string>,
@@ -264,12 +270,12 @@ auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F&& 
                                                                   boost::asio::bind_executor(handler_ex, std::move(done))));
     };
     return boost::asio::async_initiate<Token, Signature>(std::move(initiation), token, std::move(key), std::move(fp),
-                                                         Fn(std::forward<F>(fn)), options);
+                                                         std::move(fn), options);
 }
 
 template <class F, class Token>
-auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F&& fn, Token&& token) {
-    return async_execute_once(store, std::move(key), std::move(fp), std::forward<F>(fn), AsyncOptions{},
+auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn, Token&& token) {
+    return async_execute_once(store, std::move(key), std::move(fp), std::move(fn), AsyncOptions{},
                               std::forward<Token>(token));
 }
 
