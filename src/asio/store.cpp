@@ -10,6 +10,7 @@
 #include <boost/asio/use_future.hpp>
 
 #include <algorithm>
+#include <type_traits>
 #include <unordered_set>
 #include <atomic>
 #include <future>
@@ -245,6 +246,7 @@ struct AsyncPostgresStore::Impl {
     // table's layout is not asked here): there every request goes alone.
     static constexpr std::size_t kInFlightPerConnection = 2;
     static constexpr std::size_t kLargestGroup = 256;
+    static constexpr std::size_t kLargestSaveGroupBytes = 4u << 20;
     // (in an optional, constructed in place: Boost 1.81's any_completion_handler move assignment
     // copies from an lvalue and recurses without end)
     using Wake = std::optional<net::any_completion_handler<void()>>;
@@ -294,9 +296,21 @@ struct AsyncPostgresStore::Impl {
         }
     }
 
+    // The next group: up to kLargestGroup members, and for saves up to kLargestSaveGroupBytes of
+    // results (one statement of tens of megabytes would run into its own deadline); at least one.
     template <class Member>
     static std::vector<Member*> next_group(std::vector<Member*>& queue) {
-        const std::size_t n = std::min(queue.size(), kLargestGroup);
+        std::size_t n = std::min(queue.size(), kLargestGroup);
+        if constexpr (std::is_same_v<Member, SaveMember>) {
+            std::size_t bytes = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                bytes += queue[i]->result.size();
+                if (i > 0 && bytes > kLargestSaveGroupBytes) {
+                    n = i;
+                    break;
+                }
+            }
+        }
         std::vector<Member*> group(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
         queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
         return group;
@@ -335,7 +349,6 @@ struct AsyncPostgresStore::Impl {
     // Never throws: every member leaves with an answer, an error, or "alone" (its own call then
     // sends its own statements, with its fence, and recognises whatever the group committed).
     net::awaitable<void> run_claim_group(std::vector<ClaimMember*> group) {
-        note_group(counters.claim_groups, counters.grouped_claims, counters.largest_claim_group, group.size());
         // Rows in key order: concurrent groups lock shared keys in one order.
         std::sort(group.begin(), group.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
         for (ClaimMember* c : group) c->got = ClaimMember::Got::alone;
@@ -360,6 +373,7 @@ struct AsyncPostgresStore::Impl {
                                     c->retention.count()});
                 }
                 const pg::ClaimRowsPlan plan(defs, pg::Layout::plain, rows);
+                note_group(counters.claim_groups, counters.grouped_claims, counters.largest_claim_group, group.size());
                 count(counters.round_trips);
                 const pg::ClaimAnswers a = plan.read(co_await conn->run(plan.steps(), deadline()));
                 for (std::size_t j = 0; j < group.size(); ++j) {
@@ -380,6 +394,10 @@ struct AsyncPostgresStore::Impl {
             } catch (...) {
                 for (ClaimMember* c : group) c->got = ClaimMember::Got::alone, c->out->existing.reset();
             }
+            // (a member going alone after the group's statement makes a second attempt: a retry)
+            for (const ClaimMember* c : group) {
+                if (c->got == ClaimMember::Got::alone) count(counters.retries);
+            }
         }
         --claims_in_flight;
         wake_all(group);
@@ -395,7 +413,6 @@ struct AsyncPostgresStore::Impl {
     }
 
     net::awaitable<void> run_save_group(std::vector<SaveMember*> group) {
-        note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group, group.size());
         std::sort(group.begin(), group.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
         // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
         // goes alone, after the group, as a concurrent save of it would.
@@ -422,6 +439,7 @@ struct AsyncPostgresStore::Impl {
                 rows.reserve(sent.size());
                 for (const SaveMember* m : sent) rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
                 const pg::SaveRowsPlan plan(defs, pg::Layout::plain, rows);
+                note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group, sent.size());
                 count(counters.round_trips);
                 const pg::SaveAnswers a = plan.read(co_await conn->run(plan.steps(), deadline()));
                 for (std::size_t j = 0; j < sent.size(); ++j) {
@@ -436,6 +454,9 @@ struct AsyncPostgresStore::Impl {
                 for (SaveMember* m : sent) m->got = SaveMember::Got::alone;
             } catch (...) {
                 for (SaveMember* m : sent) m->got = SaveMember::Got::alone;
+            }
+            for (const SaveMember* m : sent) {
+                if (m->got == SaveMember::Got::alone) count(counters.retries);
             }
         }
         --saves_in_flight;

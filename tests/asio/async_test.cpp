@@ -299,11 +299,18 @@ TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls o
         // behind them: far fewer round trips than 2 per call, every claim won once.
         REQUIRE(after.connections_opened - before.connections_opened == 1);
         REQUIRE(after.claims_won - before.claims_won == 200);
-        REQUIRE(after.claim_groups - before.claim_groups > 0);
-        REQUIRE(after.save_groups - before.save_groups > 0);
-        REQUIRE(after.largest_claim_group > 1);
-        REQUIRE(after.round_trips - before.round_trips < 200);
         REQUIRE(after.retries - before.retries == 0);
+        if (idem_test::citus_run()) {
+            // On a Citus coordinator every request goes alone: 2 round trips per call.
+            REQUIRE(after.claim_groups - before.claim_groups == 0);
+            REQUIRE(after.save_groups - before.save_groups == 0);
+            REQUIRE(after.round_trips - before.round_trips == 400);
+        } else {
+            REQUIRE(after.claim_groups - before.claim_groups > 0);
+            REQUIRE(after.save_groups - before.save_groups > 0);
+            REQUIRE(after.largest_claim_group > 1);
+            REQUIRE(after.round_trips - before.round_trips < 200);
+        }
     }
     PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
 }

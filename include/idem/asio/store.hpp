@@ -20,8 +20,8 @@
 //     no connection is held by a waiter. A save still NOTIFYs blocking waiters of other stores.
 //   * Group commit is always on (PostgresOptions::group_commit and pool_wait are ignored): at most
 //     2 × pool_size claim transactions, and as many save transactions, are in flight; the first
-//     attempts that arrive meanwhile go out together as one transaction (up to 256 rows, the batch
-//     statements) when one of them ends. A lone request never waits: below the bound it goes at
+//     attempts that arrive meanwhile go out together as one transaction (up to 256 rows and, for
+//     saves, 4 MiB of results; the batch statements) when one of them ends. A lone request never waits: below the bound it goes at
 //     once with the single-key statements. A group's failure reaches each member as its own call's
 //     would (a member whose row failed goes alone with its fence). Not on a Citus coordinator:
 //     there every request goes alone. stats() counts the groups.
