@@ -8,8 +8,9 @@
 // No thread waits on the database: the store keeps up to PostgresOptions::pool_size non-blocking
 // libpq connections in pipeline mode, watched by the executor's event loop, and sends the
 // statements of many requests on each one at once — each its own transaction (a claim is committed
-// when its Sync is answered) unless group commit puts concurrent ones together (below). The same SQL, the same fences, and the same
-// decisions as PostgresStore (one copy of the rules: src/postgres/machine.hpp), so every guarantee of
+// when its Sync is answered) unless group commit puts concurrent ones together (below). The same
+// SQL, the same fences, and the same decisions as PostgresStore (one copy of the rules:
+// src/postgres/machine.hpp and rows.hpp), so every guarantee of
 // store.hpp holds: the winning claim is durable before the claim completes; a claim, save or
 // release interrupted by a broken connection is sent again on another connection with the same
 // fence and recognises its own earlier write; a server that cannot be reached is store_unavailable
@@ -21,8 +22,8 @@
 //   * Group commit is always on (PostgresOptions::group_commit and pool_wait are ignored): at most
 //     2 × pool_size claim transactions, and as many save transactions, are in flight; the first
 //     attempts that arrive meanwhile go out together as one transaction (up to 256 rows and, for
-//     saves, 4 MiB of results; the batch statements) when one of them ends. A lone request never waits: below the bound it goes at
-//     once with the single-key statements. A group's failure reaches each member as its own call's
+//     saves, 4 MiB of results; the batch statements) when one of them ends. A lone request never
+//     waits: below the bound it goes at once with the single-key statements. A group's failure reaches each member as its own call's
 //     would (a member whose row failed goes alone with its fence). Not on a Citus coordinator:
 //     there every request goes alone. stats() counts the groups.
 //   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
@@ -38,8 +39,9 @@
 // idem::http::respond or tests: claim/save/release/extend_lease/record_phase/take_over/read run
 // through the asynchronous connections and wait for the answer (never call them on the store's
 // own executor: they would wait for themselves — they throw config_error instead; and the event
-// loop must be running on another thread). list_stale, purge_expired and the batches go through
-// blocking(), a small blocking PostgresStore on the same database and table.
+// loop must be running on another thread). claim_batch / save_batch are IdempotencyStore's
+// defaults (one claim or save per key, through those connections); list_stale and purge_expired go
+// through blocking(), a small blocking PostgresStore on the same database and table.
 //
 // Thread-safety: every member may be called from any thread. The store's state lives on a strand of
 // the given executor, so an io_context run by several threads is fine. Destroy the store after the
