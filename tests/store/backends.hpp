@@ -82,56 +82,75 @@ private:
     std::vector<std::unique_ptr<idem::MemoryStore>> stores_;
 };
 
+#if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC)
+/// The private table of one database backend: its name, and its removal (best effort: the cluster
+/// is throwaway) once the backend's stores are gone.
+struct PrivateTable {
+    explicit PrivateTable(const std::string& prefix) : conninfo(database_url()), name(unique_name(prefix)) {
+        if (conninfo.empty())
+            FAIL(kNoDatabaseMessage);
+    }
+    void drop() const noexcept {
+        if (!created)
+            return;
+        try {
+            PgConn conn(conninfo);
+            conn.exec("DROP TABLE IF EXISTS " + name);
+            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name});
+        } catch (...) {
+        }
+    }
+    std::string conninfo;
+    std::string name;
+    bool created = false;  // ensure_schema() ran
+};
+
+/// The store options of a contract backend on `table`, with the environment's choices applied.
+inline idem::PostgresOptions contract_options(const std::string& table, const StoreConfig& config,
+                                              const char* application) {
+    idem::PostgresOptions options;
+    options.table = table;
+    options.pool_size = 4;
+    options.max_result_bytes = config.max_result_bytes;
+    options.max_retry_after = config.max_retry_after;
+    options.default_lease = config.default_lease;
+    options.application_name = application;
+    return env_options(options);
+}
+#endif
+
 #if defined(IDEM_CONTRACT_POSTGRES)
 class PostgresBackend : public BlockingCalls {
 public:
     static constexpr const char* name = "PostgresStore";
     static constexpr bool shares_data = true;
 
-    PostgresBackend() : conninfo_(database_url()), table_(unique_name("idem_t")) {
-        if (conninfo_.empty())
-            FAIL(kNoDatabaseMessage);
-    }
+    PostgresBackend() : table_("idem_t") {}
 
     ~PostgresBackend() {
         stores_.clear(); // close every pooled connection before dropping the table
-        if (!created_)
-            return;
-        try {
-            PgConn conn(conninfo_);
-            conn.exec("DROP TABLE IF EXISTS " + table_);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table_});
-        } catch (...) { // best effort: the cluster is throwaway
-        }
+        table_.drop();
     }
 
     PostgresBackend(const PostgresBackend&) = delete;
     PostgresBackend& operator=(const PostgresBackend&) = delete;
 
     idem::IdempotencyStore& make(const StoreConfig& config = {}) {
-        idem::PostgresOptions options;
-        options.table = table_;
-        options.pool_size = 4;
-        options.max_result_bytes = config.max_result_bytes;
-        options.max_retry_after = config.max_retry_after;
-        options.default_lease = config.default_lease;
-        options.application_name = "idem_contract_test";
-        auto store = std::make_unique<idem::PostgresStore>(conninfo_, idem_test::env_options(options));
-        if (!created_) {
+        auto store = std::make_unique<idem::PostgresStore>(
+            table_.conninfo, contract_options(table_.name, config, "idem_contract_test"));
+        if (!table_.created) {
             store->ensure_schema();
-            created_ = true;
+            table_.created = true;
         }
         stores_.push_back(std::move(store));
         return *stores_.back();
     }
 
-    [[nodiscard]] const std::string& table() const { return table_; }
-    [[nodiscard]] const std::string& conninfo() const { return conninfo_; }
+    [[nodiscard]] const std::string& table() const { return table_.name; }
+    [[nodiscard]] const std::string& conninfo() const { return table_.conninfo; }
 
 private:
-    std::string conninfo_;
-    std::string table_;
-    bool created_ = false;
+    PrivateTable table_;
     std::vector<std::unique_ptr<idem::PostgresStore>> stores_;
 };
 #endif
@@ -150,43 +169,25 @@ public:
     static constexpr bool shares_data = true;
 
     AsyncPostgresBackend()
-        : conninfo_(database_url()), table_(unique_name("idem_ta")), work_(io_.get_executor()),
-          runner_([this] { io_.run(); }) {
-        if (conninfo_.empty())
-            FAIL(kNoDatabaseMessage);
-    }
+        : table_("idem_ta"), work_(io_.get_executor()), runner_([this] { io_.run(); }) {}
 
     ~AsyncPostgresBackend() {
         stores_.clear(); // every call made through them has completed (the suite waits for each)
         work_.reset();
         runner_.join();
         effects_.join();
-        if (!created_)
-            return;
-        try {
-            PgConn conn(conninfo_);
-            conn.exec("DROP TABLE IF EXISTS " + table_);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table_});
-        } catch (...) { // best effort: the cluster is throwaway
-        }
+        table_.drop();
     }
 
     AsyncPostgresBackend(const AsyncPostgresBackend&) = delete;
     AsyncPostgresBackend& operator=(const AsyncPostgresBackend&) = delete;
 
     idem::IdempotencyStore& make(const StoreConfig& config = {}) {
-        idem::PostgresOptions options;
-        options.table = table_;
-        options.pool_size = 4;
-        options.max_result_bytes = config.max_result_bytes;
-        options.max_retry_after = config.max_retry_after;
-        options.default_lease = config.default_lease;
-        options.application_name = "idem_contract_async_test";
-        auto store = std::make_unique<idem::asio::AsyncPostgresStore>(io_.get_executor(), conninfo_,
-                                                                      idem_test::env_options(options));
-        if (!created_) {
+        auto store = std::make_unique<idem::asio::AsyncPostgresStore>(
+            io_.get_executor(), table_.conninfo, contract_options(table_.name, config, "idem_contract_async_test"));
+        if (!table_.created) {
             store->blocking().ensure_schema();
-            created_ = true;
+            table_.created = true;
         }
         stores_.push_back(std::move(store));
         return *stores_.back();
@@ -228,13 +229,11 @@ public:
         return idem::asio::async_execute_once(async, key, fp, std::move(effect), options, net::use_future).get();
     }
 
-    [[nodiscard]] const std::string& table() const { return table_; }
-    [[nodiscard]] const std::string& conninfo() const { return conninfo_; }
+    [[nodiscard]] const std::string& table() const { return table_.name; }
+    [[nodiscard]] const std::string& conninfo() const { return table_.conninfo; }
 
 private:
-    std::string conninfo_;
-    std::string table_;
-    bool created_ = false;
+    PrivateTable table_;
     boost::asio::io_context io_;
     boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
     std::thread runner_;
