@@ -34,38 +34,9 @@ std::string with_variables(const std::string& sql, const std::vector<std::string
 
 // Runs argv, returns (exit status, stdout+stderr).
 std::pair<int, std::string> capture(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (::pipe(fds) != 0) return {-1, "pipe failed"};
-    const pid_t pid = ::fork();
-    if (pid < 0) return {-1, "fork failed"};
-    if (pid == 0) {
-        ::dup2(fds[1], 1);
-        ::dup2(fds[1], 2);
-        ::close(fds[0]);
-        ::close(fds[1]);
-        std::vector<char*> args;
-        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-        args.push_back(nullptr);
-        ::execv(args[0], args.data());
-        std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
-        ::_exit(127);
-    }
-    ::close(fds[1]);
-    std::string out;
-    char buf[4096];
-    for (;;) {
-        const ssize_t n = ::read(fds[0], buf, sizeof buf);
-        if (n > 0) {
-            out.append(buf, static_cast<std::size_t>(n));
-        } else if (n == 0 || errno != EINTR) {
-            break;
-        }
-    }
-    ::close(fds[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
+    ChildRun run = run_child(argv, true);
+    if (run.status < 0) return {-1, run.output};
+    return {WIFEXITED(run.status) ? WEXITSTATUS(run.status) : 128, std::move(run.output)};
 }
 
 }  // namespace

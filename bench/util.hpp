@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <sys/resource.h>
 
 namespace bench {
 
@@ -127,6 +130,17 @@ struct Memory {
 
 /// Reads VmRSS and VmHWM from /proc/self/status (zeros elsewhere).
 Memory memory_now();
+
+/// A child process run to its end: its wait status, what it wrote, and its resource usage.
+struct ChildRun {
+    int status = 0;       ///< as from waitpid (WIFEXITED...); -1 when it could not be started
+    std::string output;   ///< its stdout (and stderr with merge_stderr)
+    rusage usage{};       ///< the child's own (ru_maxrss: its peak RSS, in kB)
+};
+
+/// Runs argv[0] with argv (no shell), reading its stdout — and its stderr too with merge_stderr;
+/// otherwise the child's stderr is ours. Flushes our stdio first.
+ChildRun run_child(const std::vector<std::string>& argv, bool merge_stderr);
 
 inline double seconds_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();

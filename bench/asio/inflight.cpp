@@ -576,39 +576,11 @@ ScenarioRun spawn_scenario(const Options& o, const std::string& scenario, const 
         args.push_back(std::to_string(o.statement_timeout_ms));
     }
     if (!o.replay) args.emplace_back("--no-replay");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-        ::close(fds[0]);
-        if (::dup2(fds[1], STDOUT_FILENO) < 0) ::_exit(127);
-        ::close(fds[1]);
-        ::execv(self.c_str(), argv.data());
-        ::_exit(127);
-    }
-    ::close(fds[1]);
-    std::string out;
-    char buf[4096];
-    for (;;) {
-        const ssize_t n = ::read(fds[0], buf, sizeof buf);
-        if (n > 0) {
-            out.append(buf, static_cast<std::size_t>(n));
-        } else if (n == 0 || errno != EINTR) {
-            break;
-        }
-    }
-    ::close(fds[0]);
-    int status = 0;
-    rusage ru{};
-    while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
-    }
+    const bench::ChildRun child = bench::run_child(args, false);  // its stderr is ours: its progress lines show
+    if (child.status < 0) throw std::runtime_error("idem-asio-bench: " + child.output);
+    const int status = child.status;
+    const rusage& ru = child.usage;
+    const std::string& out = child.output;
     ScenarioRun r;
     r.scenario = scenario;
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
