@@ -45,6 +45,9 @@
 #include "pgbench.hpp"
 #include "postgres/sql.hpp"  // internal: only to check that the floor's copy of the SQL is current
 #include "util.hpp"
+#ifdef IDEM_BENCH_REDIS
+#include "redis.hpp"  // --store redis | tiered (bench/redis.cpp)
+#endif
 
 #ifndef IDEM_BENCH_WITH_POSTGRES
 #define IDEM_BENCH_WITH_POSTGRES ""
@@ -168,21 +171,12 @@ Checks (when given, they run instead of the matrix):
                           --rss-threads threads (default 4), half replays, half new keys
 Other:
   --keep-tables           leave the bench_<pid>_* tables in place
+  --store postgres        this matrix (the default); --store redis | tiered: RedisStore vs a raw-hiredis
+                          floor, or the Redis replay tier vs PostgresStore (with idem::redis; see
+                          idem-bench --store redis --help)
 Without --db: $IDEM_TEST_DATABASE_URL if set, else a throwaway cluster (scripts/with-postgres.sh).
 )");
     std::exit(code);
-}
-
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> out;
-    std::size_t start = 0;
-    while (start <= s.size()) {
-        const auto comma = s.find(',', start);
-        const auto end = comma == std::string::npos ? s.size() : comma;
-        if (end > start) out.push_back(s.substr(start, end - start));
-        start = end + 1;
-    }
-    return out;
 }
 
 long long to_int(const std::string& s, const char* what) {
@@ -198,22 +192,9 @@ long long to_int(const std::string& s, const char* what) {
 
 Options parse(int argc, char** argv) {
     Options o;
-    std::vector<std::string> args(argv + 1, argv + argc);
-    for (std::size_t i = 0; i < args.size(); ++i) {
-        std::string arg = args[i];
-        std::optional<std::string> inline_value;
-        if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-            inline_value = arg.substr(eq + 1);
-            arg = arg.substr(0, eq);
-        }
-        const auto value = [&]() -> std::string {
-            if (inline_value) return *inline_value;
-            if (i + 1 >= args.size()) {
-                std::fprintf(stderr, "idem-bench: %s needs a value\n", arg.c_str());
-                usage(2);
-            }
-            return args[++i];
-        };
+    for (Args args(argc, argv, usage); args.next();) {
+        const std::string& arg = args.name();
+        const auto value = [&args] { return args.value(); };
         if (arg == "--db") {
             o.db = value();
         } else if (arg == "--threads") {
@@ -290,6 +271,8 @@ Options parse(int argc, char** argv) {
             if (o.only != "idem" && o.only != "floor" && o.only != "ideal" && o.only != "idem_gc") usage(2);
         } else if (arg == "--store-per-thread") {
             o.store_per_thread = true;
+        } else if (arg == "--store") {
+            if (value() != "postgres") usage(2);  // redis / tiered: main() hands over to redis_main
         } else if (arg == "--print-pgbench-scripts") {
             o.print_scripts = true;
         } else if (arg == "-h" || arg == "--help") {
@@ -1190,9 +1173,28 @@ void write_json(const std::string& path, const Options& o, const std::string& se
     }
 }
 
+// The value of --store (postgres when not given).
+std::string store_arg(int argc, char** argv) {
+    std::string store = "postgres";
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--store" && i + 1 < argc) store = argv[++i];
+        if (a.rfind("--store=", 0) == 0) store = a.substr(8);
+    }
+    return store;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (const std::string store = store_arg(argc, argv); store != "postgres") {
+#ifdef IDEM_BENCH_REDIS
+        return bench::redis_main(argc, argv);
+#else
+        std::fprintf(stderr, "idem-bench: --store %s needs the idem::redis component (-DIDEM_REDIS=ON)\n", store.c_str());
+        return 2;
+#endif
+    }
     Options o = parse(argc, argv);
     if (o.print_scripts) {
         for (const char* kind : {"new", "replay", "conflict"}) {

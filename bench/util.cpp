@@ -5,11 +5,47 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 namespace bench {
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (start <= s.size()) {
+        const auto comma = s.find(',', start);
+        const auto end = comma == std::string::npos ? s.size() : comma;
+        if (end > start) out.push_back(s.substr(start, end - start));
+        start = end + 1;
+    }
+    return out;
+}
+
+bool Args::next() {
+    if (started_) ++i_;
+    started_ = true;
+    if (i_ >= args_.size()) return false;
+    name_ = args_[i_];
+    inline_value_.reset();
+    if (const auto eq = name_.find('='); name_.rfind("--", 0) == 0 && eq != std::string::npos) {
+        inline_value_ = name_.substr(eq + 1);
+        name_.resize(eq);
+    }
+    return true;
+}
+
+std::string Args::value() {
+    if (inline_value_) return *inline_value_;
+    if (i_ + 1 >= args_.size()) {
+        std::fprintf(stderr, "idem-bench: %s needs a value\n", name_.c_str());
+        usage_(2);
+        std::exit(2);
+    }
+    return args_[++i_];
+}
 
 Memory memory_now() {
     Memory m;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,30 @@ struct ChildRun {
 /// Runs argv[0] with argv (no shell), reading its stdout — and its stderr too with merge_stderr;
 /// otherwise the child's stderr is ours. Flushes our stdio first.
 ChildRun run_child(const std::vector<std::string>& argv, bool merge_stderr);
+
+/// "a,b,,c" → {"a", "b", "c"}: a comma-separated option value, empty parts dropped.
+std::vector<std::string> split(const std::string& s);
+
+/// Walks a command line: for (Args args(argc, argv, usage); args.next();) { args.name() ... }.
+/// "--name=value" and "--name value" both give name() "--name" and value() "value".
+class Args {
+public:
+    /// `usage(2)` is called when an option's value is missing.
+    Args(int argc, char** argv, void (*usage)(int)) : args_(argv + 1, argv + argc), usage_(usage) {}
+    /// Moves to the next argument; false after the last.
+    bool next();
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+    /// The current option's value (after '=', else the next argument, which it consumes).
+    std::string value();
+
+private:
+    std::vector<std::string> args_;
+    void (*usage_)(int);
+    std::size_t i_ = 0;
+    bool started_ = false;
+    std::string name_;
+    std::optional<std::string> inline_value_;
+};
 
 inline double seconds_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();

@@ -57,6 +57,9 @@
 #   label bench       idem_bench_smoke, idem_batch_bench_smoke (bench;batch): benchmarks
 #   label package     idem_find_package: installs the build, builds a consumer; no database
 #   label unit        idem_batch_memory_tests (batch;unit): MemoryStore only, no database
+#   label redis       the idem::redis tests: RedisStore needs no PostgreSQL (its concurrency test
+#                     only counts effects there), and the tiered contract's primary is the
+#                     PostgresStore the other suites cover
 #   idem_fault_crash, idem_fault_crash_gc_on: kill -9 of the postmaster and every server process
 #                     mid-load, then a restart (crash recovery), and ALTER SYSTEM on the server:
 #                     a single-node scenario that would kill the coordinator
@@ -136,7 +139,7 @@ done
 ctest_args=("${rest[@]+"${rest[@]}"}")
 
 labels='^(store|concurrency|lifecycle|batch|cache|http|fault)$'
-excluded_labels="^(disruptive|failover|bench|package|unit)\$${user_label_exclude}"
+excluded_labels="^(disruptive|failover|bench|package|unit|redis)\$${user_label_exclude}"
 excluded_tests="^idem_fault_crash(_gc_on)?\$${user_exclude}"
 
 # ---- 1. Is Citus installed for the PostgreSQL of scripts/with-postgres.sh? -----------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install (or report) the Debian packages needed to build and test idem.
 #
-# Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--all]
+# Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--all]
 #
 #   (core, always)    cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2
 #                     postgresql-15 postgresql-client-15
@@ -10,6 +10,8 @@
 #   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
 #   --with-clang      clang libclang-rt-14-dev (libFuzzer and clang sanitizer runtimes)
 #   --with-failover   patroni etcd-server etcd-client (the Patroni failover scenario)
+#   --with-docs       doxygen (the `docs` target and the idem_docs test: the API reference)
+#   --with-redis      libhiredis-dev redis-server (the idem::redis component and its tests)
 #   --all             everything above
 #
 # As root, missing packages are installed with apt-get. Otherwise the missing packages and
@@ -25,8 +27,10 @@ asio_pkgs=(libboost1.81-dev)
 clang_pkgs=(clang libclang-rt-14-dev)
 fault_pkgs=(pgbouncer)
 failover_pkgs=(patroni etcd-server etcd-client)
+docs_pkgs=(doxygen)
+redis_pkgs=(libhiredis-dev redis-server)
 
-usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
 
 wanted=("${core[@]}")
 with_examples=0
@@ -34,6 +38,8 @@ with_clang=0
 with_asio=0
 with_fault=0
 with_failover=0
+with_docs=0
+with_redis=0
 for arg in "$@"; do
     case "$arg" in
         --with-examples) with_examples=1 ;;
@@ -41,7 +47,9 @@ for arg in "$@"; do
         --with-fault) with_fault=1 ;;
         --with-clang) with_clang=1 ;;
         --with-failover) with_failover=1 ;;
-        --all) with_examples=1; with_asio=1; with_clang=1; with_fault=1; with_failover=1 ;;
+        --with-docs) with_docs=1 ;;
+        --with-redis) with_redis=1 ;;
+        --all) with_examples=1; with_asio=1; with_clang=1; with_fault=1; with_failover=1; with_docs=1; with_redis=1 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "install-deps: unknown argument: $arg" >&2; usage >&2; exit 2 ;;
     esac
@@ -51,6 +59,8 @@ done
 ((with_clang)) && wanted+=("${clang_pkgs[@]}")
 ((with_fault)) && wanted+=("${fault_pkgs[@]}")
 ((with_failover)) && wanted+=("${failover_pkgs[@]}")
+((with_docs)) && wanted+=("${docs_pkgs[@]}")
+((with_redis)) && wanted+=("${redis_pkgs[@]}")
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "install-deps: dpkg-query not found; this script supports Debian/Ubuntu only." >&2

@@ -28,12 +28,13 @@ done
 step() { printf '\n==> %s\n' "$*"; }
 
 if ((!inner)); then
-    step "Building payments-server and payments-client ($build_dir)"
+    step "Building payments-server, payments-client and the quickstart examples ($build_dir)"
     scripts/install-deps.sh --with-examples
     # Same configuration as scripts/test.sh, so the build directory is shared.
     cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DIDEM_WERROR=ON -DIDEM_BUILD_TESTS=ON \
         -DIDEM_BUILD_EXAMPLES=ON >/dev/null
-    cmake --build "$build_dir" -j"$(nproc)" --target payments-server payments-client
+    # quickstart and quickstart-http too: the README's next commands after the demo run them.
+    cmake --build "$build_dir" -j"$(nproc)" --target payments-server payments-client quickstart quickstart-http
     exec scripts/with-postgres.sh "$0" --inner --build-dir "$build_dir"
 fi
 
@@ -148,6 +149,7 @@ ok=1
 ((status == 0)) || ok=0
 if ((ok)); then
     echo "OK: one charge per payment at the gateway; every retry got the identical response."
+    echo "next (README): scripts/with-postgres.sh $build_dir/examples/quickstart/quickstart"
 else
     echo "FAILED: see above (server logs: instance stderr)" >&2
     cat "$work"/*.log >&2 || true

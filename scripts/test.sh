@@ -35,12 +35,16 @@ while (($# > 0)); do
     shift
 done
 
+# ON, not the default AUTO: every test, example and the API reference are built, and a missing
+# dependency stops the configure instead of skipping a part.
 cmake_args=(
     -DCMAKE_BUILD_TYPE=Debug
     -DIDEM_WERROR=ON
     -DIDEM_BUILD_TESTS=ON
     -DIDEM_BUILD_EXAMPLES=ON
+    -DIDEM_BUILD_DOCS=ON
     -DIDEM_ASIO=ON
+    -DIDEM_REDIS=ON
 )
 case "$sanitize" in
     address | asan)

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "idem/errors.hpp"
+
 namespace idem {
 namespace {
 
@@ -19,15 +21,64 @@ bool cacheable(const Claim& c) {
 }  // namespace
 
 CachedStore::CachedStore(IdempotencyStore& primary, ReplayCacheOptions options)
-    : primary_(primary), cache_(std::move(options)) {}
+    : primary_(primary), tiers_{std::make_shared<ReplayCache>(std::move(options))} {}
+
+CachedStore::CachedStore(IdempotencyStore& primary, std::vector<std::shared_ptr<ReplayTier>> tiers)
+    : primary_(primary), tiers_(std::move(tiers)) {
+    if (tiers_.empty()) throw config_error("idem: CachedStore: no tiers");
+    for (const auto& tier : tiers_) {
+        if (!tier) throw config_error("idem: CachedStore: a tier is null");
+    }
+}
+
+ReplayCache& CachedStore::cache() {
+    for (const auto& tier : tiers_) {
+        if (auto* local = dynamic_cast<ReplayCache*>(tier.get())) return *local;
+    }
+    throw config_error("idem: CachedStore::cache(): no tier of this store is a ReplayCache");
+}
+
+bool CachedStore::forget(const Key& key) {
+    bool any = false;
+    for (const auto& tier : tiers_) any = tier->erase(key) || any;
+    return any;
+}
+
+std::vector<ReplayTier::time_point> CachedStore::now_of_tiers() const {
+    std::vector<ReplayTier::time_point> now;
+    now.reserve(tiers_.size());
+    for (const auto& tier : tiers_) now.push_back(tier->now());
+    return now;
+}
+
+std::shared_ptr<const Record> CachedStore::find(const Key& key) {
+    if (tiers_.size() == 1) return tiers_[0]->find(key);  // the common case: no clocks to read
+    // Each tier's clock before the tiers behind it are asked, so a copy never outlives its source.
+    std::vector<ReplayTier::time_point> asked_at;
+    asked_at.reserve(tiers_.size());
+    for (std::size_t i = 0; i < tiers_.size(); ++i) {
+        asked_at.push_back(tiers_[i]->now());
+        auto hit = tiers_[i]->find(key);
+        if (!hit) continue;
+        if (tiers_[i]->states_time_left()) {
+            for (std::size_t j = 0; j < i; ++j) tiers_[j]->insert(key, *hit, asked_at[j]);
+        }
+        return hit;
+    }
+    return nullptr;
+}
+
+void CachedStore::keep(const Key& key, const Record& record, const std::vector<ReplayTier::time_point>& asked_at) {
+    for (std::size_t i = 0; i < tiers_.size(); ++i) tiers_[i]->insert(key, record, asked_at[i]);
+}
 
 Claim CachedStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
-    if (const auto hit = cache_.find(key)) return from_cache(*hit, fp);
-    // Taken before the primary is asked, so the entry's expiry never lies past what the database
-    // stated (its read_at is later than this moment).
-    const auto asked_at = cache_.now();
+    if (const auto hit = find(key)) return from_cache(*hit, fp);
+    // Taken before the primary is asked, so no entry's expiry lies past what the database stated
+    // (its read_at is later than this moment).
+    const auto asked_at = now_of_tiers();
     Claim c = primary_.claim(key, fp, options);
-    if (cacheable(c)) cache_.insert(key, *c.existing, asked_at);
+    if (cacheable(c)) keep(key, *c.existing, asked_at);
     return c;
 }
 
@@ -38,7 +89,7 @@ std::vector<Claim> CachedStore::claim_batch(std::span<const Key> keys, std::span
     std::vector<Key> miss_keys;
     std::vector<Fingerprint> miss_fps;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-        if (const auto hit = cache_.find(keys[i])) {
+        if (const auto hit = find(keys[i])) {
             out[i] = from_cache(*hit, fps[i]);
         } else {
             misses.push_back(i);
@@ -47,10 +98,10 @@ std::vector<Claim> CachedStore::claim_batch(std::span<const Key> keys, std::span
         }
     }
     if (misses.empty()) return out;
-    const auto asked_at = cache_.now();
+    const auto asked_at = now_of_tiers();
     std::vector<Claim> answers = primary_.claim_batch(miss_keys, miss_fps, options);
     for (std::size_t j = 0; j < misses.size(); ++j) {
-        if (cacheable(answers[j])) cache_.insert(miss_keys[j], *answers[j].existing, asked_at);
+        if (cacheable(answers[j])) keep(miss_keys[j], *answers[j].existing, asked_at);
         out[misses[j]] = std::move(answers[j]);
     }
     return out;

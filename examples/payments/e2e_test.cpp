@@ -4,8 +4,9 @@
 //   payments-e2e --server PATH --client PATH [--db CONNINFO]   (default: $IDEM_TEST_DATABASE_URL)
 //
 // Starts instances A and B (--lease-ms 300 --reconcile-every-ms 100 --gateway-latency-ms 50) and,
-// for the rate limit, C and D (--rate-limit-per-second 3), then checks every rule of the payments
-// example through HTTP alone, using the fake gateway's ledger (GET /gateway/charges) as the witness
+// for the rate limit, C and D (--rate-limit-per-second 3), and E (GET /metrics: its counters
+// against a known sequence of calls), then checks every rule of the payments example through HTTP
+// alone, using the fake gateway's ledger (GET /gateway/charges) as the witness
 // of how often a card was charged. Finally stops every instance with SIGTERM and expects exit
 // status 0. Exit status: 0 if every check passed, 1 otherwise (each failure is printed).
 //
@@ -705,6 +706,17 @@ int main(int argc, char** argv) {
         check(send(s.url, "GET", "/healthz", {}).status == 200,
               "instance answers /healthz: " + s.url);
     }
+    // E: only the /metrics section calls it, so its counters are exactly that section's calls (the
+    // default 30 s lease and an hourly reconciler: no other section's key reaches its observer).
+    const auto metrics_instance =
+        start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms",
+                                  "3600000", "--db-pool", "4", "--threads", "8"});
+    if (!metrics_instance) {
+        std::cout << "FAILED: could not start instance E" << std::endl;
+        return 1;
+    }
+    servers.push_back(*metrics_instance);
+    const std::string E = metrics_instance->url;
 
     section("401: no or malformed Authorization");
     {
@@ -999,6 +1011,82 @@ int main(int argc, char** argv) {
         check(rc4 == 1 && out4.find("HTTP 400") != std::string::npos &&
                   out4.find("retrying") == std::string::npos,
               "client does not retry a 400: " + out4);
+    }
+
+    section("GET /metrics: instance E's Prometheus counters are exactly the calls made");
+    {
+        // The value of one sample line ("name{labels} value"), or "" if the series is missing.
+        const auto value = [](const std::string& text, const std::string& series) {
+            const auto at = text.find("\n" + series + " ");
+            if (at == std::string::npos)
+                return std::string();
+            const auto from = at + series.size() + 2;
+            return text.substr(from, text.find('\n', from) - from);
+        };
+        const auto calls = [&](const std::string& text, const std::string& outcome) {
+            return value(text, "idem_calls_total{outcome=\"" + outcome + "\"}");
+        };
+        const std::vector<std::string> outcomes{"executed", "replayed",  "in_progress",
+                                                "mismatch", "released", "unknown"};
+        const Reply before = send(E, "GET", "/metrics", {});
+        check(before.status == 200 &&
+                  before.header("Content-Type").starts_with("text/plain; version=0.0.4"),
+              "/metrics answers 200 text/plain; version=0.0.4: " + describe(before) + " " +
+                  before.header("Content-Type"));
+        for (const auto& outcome : outcomes)
+            check(calls(before.body, outcome) == "0",
+                  "before any payment, calls " + outcome + " = 0, got '" +
+                      calls(before.body, outcome) + "'");
+
+        const std::string acct_m = acct + "_metrics";
+        constexpr int kNew = 4, kReplays = 3;
+        std::vector<std::string> keys;
+        for (int i = 0; i < kNew; ++i) {
+            keys.push_back(fresh_key("metrics"));
+            const Reply r = pay(E, acct_m, keys.back(), payment_body(60 + i, 700, "tok_ok"));
+            check(r.status == 201 && !r.replayed(), "metrics: new payment -> 201, got " + describe(r));
+        }
+        for (int i = 0; i < kReplays; ++i) {
+            const Reply r = pay(E, acct_m, keys[static_cast<std::size_t>(i)],
+                                payment_body(60 + i, 700, "tok_ok"));
+            check(r.status == 201 && r.replayed(), "metrics: replay -> 201 replayed, got " + describe(r));
+        }
+        const Reply reused = pay(E, acct_m, keys[0], payment_body(60, 701, "tok_ok"));
+        check(reused.status == 422, "metrics: reused key -> 422, got " + describe(reused));
+        const Reply invalid = pay(E, acct_m, fresh_key("metrics"), "{");
+        check(invalid.status == 400, "metrics: invalid body -> 400 (no claim), got " + describe(invalid));
+        const std::string timeout_key = fresh_key("metrics-timeout");
+        const Reply lost = pay(E, acct_m, timeout_key, payment_body(70, 700, "tok_timeout"));
+        check(lost.status == 503, "metrics: tok_timeout -> 503 (unknown), got " + describe(lost));
+        const Reply busy = pay(E, acct_m, timeout_key, payment_body(70, 700, "tok_timeout"));
+        check(busy.status == 409, "metrics: its retry -> 409 (in progress), got " + describe(busy));
+
+        const Reply after = send(E, "GET", "/metrics", {});
+        check(after.status == 200, "/metrics answers 200 again: " + describe(after));
+        const std::map<std::string, std::string> expected{
+            {"executed", std::to_string(kNew)}, {"replayed", std::to_string(kReplays)},
+            {"in_progress", "1"},               {"mismatch", "1"},
+            {"released", "0"},                  {"unknown", "1"}};
+        for (const auto& [outcome, n] : expected) {
+            check(calls(after.body, outcome) == n,
+                  "calls " + outcome + " = " + n + ", got '" + calls(after.body, outcome) + "'");
+            const std::string histogram = "idem_call_duration_seconds";
+            const std::string label = "{outcome=\"" + outcome + "\"";
+            check(value(after.body, histogram + "_count" + label + "}") == n &&
+                      value(after.body, histogram + "_bucket" + label + ",le=\"+Inf\"}") == n,
+                  "duration histogram of " + outcome + " counts " + n);
+        }
+        check(value(after.body, "idem_pool_connections_max") == "4", "pool max 4");
+        const std::string open = value(after.body, "idem_pool_connections_open");
+        check(open >= "1" && open <= "4" && open.size() == 1, "1..4 connections open: " + open);
+        check(value(after.body, "idem_pool_waiters") == "0", "no caller waits for a connection");
+        check(value(after.body, "idem_pool_acquire_timeouts_total") == "0", "no pool timeout");
+        check(value(after.body, "idem_reconcile_failures_total{kind=\"sweep\"}") == "0",
+              "no failed reconciler sweep");
+        check(value(after.body, "idem_store_claims_total") ==
+                  std::to_string(kNew + kReplays + 1 + 2),
+              "the store saw one claim per call that reached it: " +
+                  value(after.body, "idem_store_claims_total"));
     }
 
     section("loopback only");

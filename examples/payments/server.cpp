@@ -8,6 +8,7 @@
 //   POST /payments           the idempotent payment endpoint (see README.md for every status code)
 //   GET  /gateway/charges    the fake gateway's ledger for ?idempotency_key=K[&account=A]
 //   GET  /healthz            200 once the server accepts requests
+//   GET  /metrics            idem's Prometheus metrics for this instance (idem::PrometheusObserver)
 // and runs a reconciler thread that settles keys left in progress (a gateway timeout, a crash)
 // by asking the gateway what happened. SIGTERM / SIGINT stop it cleanly (exit status 0).
 // --listen must be a loopback address; port 0 picks a free port. The one line written to stdout is
@@ -425,6 +426,11 @@ int main(int argc, char** argv) {
         store_options.application_name = "payments-server";
         idem::PostgresStore store(options.db, store_options);
         store.ensure_schema();
+        // Every call, reconciler sweep and purge of this instance, with its pool's figures: GET /metrics.
+        const auto metrics = std::make_shared<idem::PrometheusObserver>();
+        metrics->set_pool_source([&store] { return store.pool_stats(); });
+        metrics->set_store_source([&store] { return store.stats(); });
+        store.set_observer(metrics);
 
         payments::PgPool pool(options.db, options.db_pool, kGatewayTimeout);
         payments::ensure_app_schema(pool);
@@ -454,6 +460,10 @@ int main(int argc, char** argv) {
                    });
         server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
             reply(res, 200, "{\"status\":\"ok\"}");
+        });
+        server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
+            res.status = 200;
+            res.set_content(metrics->render(), std::string(idem::PrometheusObserver::content_type));
         });
         server.set_exception_handler(
             [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

@@ -8,3 +8,6 @@
 
 #include "idem/asio/execute_once.hpp"
 #include "idem/asio/store.hpp"
+
+/// \namespace idem::asio
+/// The idem::asio component: AsyncPostgresStore and async_execute_once for Boost.Asio event loops.

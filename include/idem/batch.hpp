@@ -45,13 +45,18 @@
 
 namespace idem {
 
+/// One message of a batch: its idempotency key (e.g. the event id) and the fingerprint of its body.
 struct Message {
+    /// The key, e.g. Key{"orders-consumer", event.id}.
     Key key;
+    /// The fingerprint of the message's content.
     Fingerprint fingerprint;
 };
 
+/// What execute_batch did with one message (see the top of this header).
 enum class BatchOutcome { executed, replayed, duplicate, in_progress, mismatch, released, failed };
 
+/// The outcome's name, e.g. "duplicate".
 [[nodiscard]] constexpr std::string_view to_string(BatchOutcome o) noexcept {
     constexpr std::string_view names[] = {"executed", "replayed", "duplicate", "in_progress",
                                           "mismatch", "released", "failed"};
@@ -59,10 +64,12 @@ enum class BatchOutcome { executed, replayed, duplicate, in_progress, mismatch, 
 }
 
 template <class R>
+/// The answer for one message of a batch: results[i] answers messages[i].
 struct BatchEntry {
+    /// What happened to the message.
     BatchOutcome outcome = BatchOutcome::failed;
-    std::optional<R> response;  ///< executed, replayed
-    std::exception_ptr error;   ///< released, failed
+    std::optional<R> response{};  ///< executed, replayed
+    std::exception_ptr error{};   ///< released, failed
     std::chrono::milliseconds retry_after{0};  ///< in_progress
 };
 
@@ -78,6 +85,10 @@ decltype(auto) invoke_message(F& fn, std::size_t index, const Message& message) 
 }  // namespace detail
 
 template <class F>
+/// Runs `fn` once per distinct, unclaimed message of `messages`: claims them in one call
+/// (claim_batch), calls fn(index) or fn(message) for the winners in order, saves their results in
+/// one call (save_batch). Returns one BatchEntry per message. Throws store_unavailable /
+/// database_error when the claim of the whole batch fails (nothing is left claimed).
 [[nodiscard]] auto execute_batch(IdempotencyStore& store, std::span<const Message> messages, F&& fn,
                                  const ClaimOptions& options = {}) {
     using R = std::remove_cvref_t<decltype(detail::invoke_message(fn, std::size_t{}, messages[0]))>;

@@ -36,6 +36,8 @@ namespace idem {
 /// Root of every exception idem throws.
 class error : public std::runtime_error {
 public:
+    /// `what` is the message (it starts with "idem: "); `sqlstate` PostgreSQL's code when the
+    /// database produced the error.
     explicit error(const std::string& what, std::string sqlstate = {})
         : std::runtime_error(what), sqlstate_(std::move(sqlstate)) {}
 
@@ -115,9 +117,12 @@ public:
 /// result type) so the caller can still answer its client truthfully.
 class response_not_saved : public outcome_unknown {
 public:
+    /// `encoded_result`: the bytes the save was to store; `sqlstate` as for error.
     response_not_saved(const std::string& what, std::string encoded_result, std::string sqlstate = {})
         : outcome_unknown(what, std::move(sqlstate)), encoded_(std::move(encoded_result)) {}
 
+    /// The encoded result that was to be stored: decode it with codec<R>::decode to answer the
+    /// client.
     [[nodiscard]] const std::string& encoded_result() const noexcept { return encoded_; }
 
 private:

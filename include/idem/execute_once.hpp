@@ -43,9 +43,12 @@ namespace idem {
 /// What the effect may know about, and do with, the claim it runs under.
 class Context {
 public:
+    /// Made by execute_once for the effect; `taken_over` is the earlier attempt's record after a
+    /// resume-mode takeover, else null.
     Context(IdempotencyStore& store, const Key& key, Fence fence, const Record* taken_over) noexcept
         : store_(store), key_(key), fence_(fence), taken_over_(taken_over) {}
 
+    /// The key this call claimed.
     [[nodiscard]] const Key& key() const noexcept { return key_; }
     /// The fence token of this claim (pass it on if a downstream write should be fenced too).
     [[nodiscard]] Fence fence() const noexcept { return fence_; }
@@ -55,6 +58,7 @@ public:
     [[nodiscard]] std::optional<std::string> phase() const {
         return taken_over_ ? taken_over_->phase : std::nullopt;
     }
+    /// The data recorded with phase() (resume mode).
     [[nodiscard]] std::optional<std::string> phase_data() const {
         return taken_over_ ? taken_over_->phase_data : std::nullopt;
     }
@@ -166,6 +170,9 @@ template <class F>
 using effect_result_t = typename detail::effect_result<F>::type;
 
 template <class F>
+/// Runs `fn` at most once for `key`: claims the key, runs fn() or fn(Context&), saves its result
+/// and returns executed; answers replayed, in_progress or mismatch without running fn when the
+/// claim was lost (see the top of this header for every step and error).
 [[nodiscard]] Result<effect_result_t<F>> execute_once(IdempotencyStore& store, const Key& key,
                                                      const Fingerprint& fp, F&& fn,
                                                      const ClaimOptions& options = {}) {

@@ -23,24 +23,35 @@
 
 namespace idem {
 
+/// The digest a Fingerprint holds; stored with it, so another algorithm could be added.
 enum class FingerprintAlgorithm : std::int16_t { sha256 = 1 };
 
+/// The SHA-256 of a request's parts (see fingerprint()): a reused key with another fingerprint is a
+/// mismatch.
 class Fingerprint {
 public:
+    /// Digest size in bytes.
     static constexpr std::size_t size = 32;
+    /// The digest's bytes.
     using Digest = std::array<std::byte, size>;
 
+    /// A fingerprint from a digest computed elsewhere (fingerprint() and FingerprintBuilder make
+    /// them).
     Fingerprint(FingerprintAlgorithm algorithm, const Digest& digest) noexcept
         : algorithm_(algorithm), digest_(digest) {}
 
     /// Rebuilds a fingerprint from stored bytes; throws corrupt_record on a wrong length or algorithm.
     static Fingerprint from_bytes(std::int16_t algorithm, std::string_view bytes);
 
+    /// The algorithm of the digest.
     [[nodiscard]] FingerprintAlgorithm algorithm() const noexcept { return algorithm_; }
+    /// The digest.
     [[nodiscard]] const Digest& digest() const noexcept { return digest_; }
+    /// The digest as 32 raw bytes (what the store keeps).
     [[nodiscard]] std::string_view bytes() const noexcept {
         return {reinterpret_cast<const char*>(digest_.data()), digest_.size()};
     }
+    /// The digest in lower-case hexadecimal (64 characters), for logs.
     [[nodiscard]] std::string hex() const;
 
     // (memcmp: the defaulted member-wise == compared the 32 bytes one by one, on every replay)
@@ -58,18 +69,28 @@ class FingerprintBuilder {
 public:
     FingerprintBuilder();
     ~FingerprintBuilder();
+    /// Moves the digest in progress.
     FingerprintBuilder(FingerprintBuilder&&) noexcept;
+    /// Moves the digest in progress.
     FingerprintBuilder& operator=(FingerprintBuilder&&) noexcept;
     FingerprintBuilder(const FingerprintBuilder&) = delete;
     FingerprintBuilder& operator=(const FingerprintBuilder&) = delete;
 
+    /// Adds a text part (tagged as text: "1" differs from the integer 1).
     FingerprintBuilder& add_string(std::string_view text);
+    /// Adds a binary part.
     FingerprintBuilder& add_bytes(std::span<const std::byte> bytes);
+    /// Adds a signed integer (8 bytes, big-endian two's complement).
     FingerprintBuilder& add_signed(std::int64_t number);
+    /// Adds an unsigned integer (8 bytes, big-endian; tagged apart from signed ones).
     FingerprintBuilder& add_unsigned(std::uint64_t number);
+    /// Adds a boolean.
     FingerprintBuilder& add_bool(bool flag);
 
     template <class T>
+    /// Adds `part` by its type: bool, char, integers, enums (their underlying value), anything
+    /// convertible to std::string_view or to std::span<const std::byte>. Floating point does not
+    /// compile.
     FingerprintBuilder& add(const T& part) {
         using U = std::remove_cvref_t<T>;
         static_assert(!std::is_floating_point_v<U>,

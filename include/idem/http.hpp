@@ -60,20 +60,22 @@
 #include "idem/response.hpp"
 #include "idem/store.hpp"
 
+/// The Idempotency-Key header's rules (the IETF draft's 400 / 409 / 422, byte-identical replays)
+/// for any HTTP framework; adapters in idem/http/.
 namespace idem::http {
 
 /// One header field line as received. Names compare case-insensitively.
 struct Header {
-    std::string_view name;
-    std::string_view value;
+    std::string_view name{};  ///< field name as sent
+    std::string_view value{};  ///< field value as sent
 };
 
 /// A framework-neutral view of a request. Every field line is listed, in order, duplicates kept.
 struct Request {
-    std::string_view method;
-    std::string_view target;  ///< request target as sent: path and query
-    std::vector<Header> headers;
-    std::string_view body;
+    std::string_view method{};  ///< e.g. "POST"
+    std::string_view target{};  ///< request target as sent: path and query
+    std::vector<Header> headers{};  ///< every field line, in order
+    std::string_view body{};  ///< body bytes
     /// False when the adapter cannot see header values as sent (cpp-httplib 0.11 percent-decodes
     /// them): a key holding '%' is then refused with 400, since a decode may have changed it.
     bool exact_header_values = true;
@@ -87,13 +89,14 @@ struct Request {
 /// What the request fingerprint covers (a reused key with another fingerprint gets 422).
 /// Default: method, target and body bytes.
 struct FingerprintPolicy {
+    /// How the body enters the fingerprint.
     enum class Body {
         bytes,           ///< the body as sent
         canonical_json,  ///< RFC 8259 JSON, object members sorted, insignificant whitespace dropped;
                          ///< an empty body stays empty; anything not strict JSON (or duplicate
                          ///< member names, nesting over 64) → 400 before the key is claimed
     };
-    Body body = Body::bytes;
+    Body body = Body::bytes;  ///< how the body is covered
     /// Header fields covered too (every line of each, in order; a missing header differs from an
     /// empty one).
     std::vector<std::string> headers{};
@@ -119,6 +122,7 @@ enum class Disposition {
 
 /// Per-route storage policy: what a response's status means. Factories for the usual rules.
 struct StoragePolicy {
+    /// What a response means for the key; empty: Disposition::store for every response.
     std::function<Disposition(const Response&)> classify{};
 
     /// Stripe's rule (the default): every response is stored and replayed, 402 and 5xx included.
@@ -129,6 +133,7 @@ struct StoragePolicy {
     /// whose non-2xx answers certainly performed nothing.
     [[nodiscard]] static StoragePolicy success_only();
 
+    /// The disposition of `response` under this policy.
     [[nodiscard]] Disposition operator()(const Response& response) const {
         return classify ? classify(response) : Disposition::store;
     }
@@ -136,30 +141,32 @@ struct StoragePolicy {
 
 /// An error answer before rendering (RFC 9457 members plus a short machine code).
 struct Problem {
-    int status = 500;
-    std::string type;    ///< a URI; "about:blank" when only the status matters
-    std::string title;
-    std::string detail;
-    std::string code;    ///< e.g. "idempotency_key_missing", stable (docs/http.md lists them)
+    int status = 500;      ///< HTTP status of the answer
+    std::string type{};    ///< a URI; "about:blank" when only the status matters
+    std::string title{};   ///< a short, human-readable summary
+    std::string detail{};  ///< what happened in this case, for the client
+    std::string code{};    ///< e.g. "idempotency_key_missing", stable (docs/http.md lists them)
 };
 
 /// Everything one route decides. Designated initialisers read well: Route{.key_required = false}.
 struct Route {
-    FingerprintPolicy fingerprint{};
+    FingerprintPolicy fingerprint{};  ///< what the request fingerprint covers
+    /// Which forms of the Idempotency-Key value are accepted.
     KeyForm key_form = KeyForm::sf_string;
     /// Missing header: 400 when true; when false the handler just runs, without idempotency.
     bool key_required = true;
-    StoragePolicy storage{};
+    StoragePolicy storage{};  ///< what each response status means for the key
     /// Lease, retention (per route) and waiting instead of 409 — passed to execute_once.
     ClaimOptions claim{};
     /// When not empty, executed and replayed responses carry this header with the retention in
     /// seconds (claim.retention, else `advertised_retention`).
     std::string retention_header{};
+    /// The retention retention_header states when claim.retention is not set.
     std::chrono::seconds advertised_retention{std::chrono::hours(24)};
     /// Retry-After of a 503 for an unreachable store, and of a 503 for an unknown outcome (sent as
     /// at least 1).
     std::chrono::seconds unavailable_retry_after{1};
-    std::chrono::seconds unknown_retry_after{1};
+    std::chrono::seconds unknown_retry_after{1};  ///< Retry-After of the 503 for an unknown outcome
     /// The "type" of the idempotency problems (400 / 409 / 422): documentation for the client.
     std::string problem_type = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
     /// Renders a problem; empty: application/problem+json. Retry-After is added afterwards.
@@ -172,8 +179,10 @@ struct Route {
 /// (a 429, a validation 400, ...) is sent without being stored.
 class not_performed : public idem::not_performed {
 public:
+    /// `response` is sent as is (not stored); `why` is the exception's message.
     explicit not_performed(Response response, const std::string& why = "not performed")
         : idem::not_performed(why), response_(std::move(response)) {}
+    /// The response to send.
     [[nodiscard]] const Response& response() const noexcept { return response_; }
 
 private:

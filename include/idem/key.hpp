@@ -21,14 +21,18 @@
 
 namespace idem {
 
+/// An idempotency key: the client's value within a mandatory scope (see the top of this header).
 class Key {
 public:
+    /// The longest scope, and the longest value, in bytes.
     static constexpr std::size_t max_bytes = 255;
 
     /// Throws invalid_key if scope or value breaks the contract above.
     Key(std::string scope, std::string value);
 
+    /// The scope, e.g. "acct_42:POST /payments".
     [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
+    /// The client's value (the Idempotency-Key header).
     [[nodiscard]] const std::string& value() const noexcept { return value_; }
 
     friend bool operator==(const Key&, const Key&) = default;
@@ -62,11 +66,13 @@ void validate_key_part(std::string_view part, std::string_view what);
 /// reconciler to every tenant. Say all() when every scope is meant.
 class ScopeFilter {
 public:
+    /// Which of the three forms a filter is.
     enum class Kind : std::uint8_t { all, exact, prefix };
 
     /// Every scope; the same as all().
     ScopeFilter() noexcept = default;
 
+    /// Every scope.
     [[nodiscard]] static ScopeFilter all() noexcept { return ScopeFilter(); }
     /// Only `scope`. Throws invalid_key if it is not a valid scope.
     [[nodiscard]] static ScopeFilter exact(std::string scope);
@@ -74,6 +80,7 @@ public:
     /// than Key::max_bytes, not UTF-8 or contains a control character.
     [[nodiscard]] static ScopeFilter prefix(std::string scope_prefix);
 
+    /// all, exact or prefix.
     [[nodiscard]] Kind kind() const noexcept { return kind_; }
     /// The scope (exact) or the prefix (prefix); empty for all.
     [[nodiscard]] const std::string& text() const noexcept { return text_; }

@@ -16,10 +16,15 @@
 
 namespace idem {
 
+/// Settings of a MemoryStore.
 struct MemoryStoreOptions {
+    /// Lease of a claim when ClaimOptions::lease is not set.
     std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
+    /// Retention of a completed record when ClaimOptions::retention is not set.
     std::chrono::seconds default_retention{std::chrono::hours(24)};
+    /// Upper bound of the retry-after hint of an in_progress answer.
     std::chrono::milliseconds max_retry_after{std::chrono::seconds(1)};
+    /// Largest result save() accepts, in bytes.
     std::size_t max_result_bytes = 16u << 20;
     /// The time leases, retention and retry hints are measured against; empty means
     /// std::chrono::system_clock::now. A test injects a clock it moves by hand, so that expiry
@@ -29,8 +34,10 @@ struct MemoryStoreOptions {
     std::function<std::chrono::system_clock::time_point()> clock{};
 };
 
+/// The IdempotencyStore contract in process memory, for unit tests (see the top of this header).
 class MemoryStore final : public IdempotencyStore {
 public:
+    /// An empty store.
     explicit MemoryStore(MemoryStoreOptions options = {});
     ~MemoryStore() override;
     MemoryStore(const MemoryStore&) = delete;
@@ -48,6 +55,7 @@ public:
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
+    /// Calls counted as a database store counts them (each call counts as one round trip).
     [[nodiscard]] StoreStats stats() const override;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
 

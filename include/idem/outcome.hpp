@@ -19,8 +19,10 @@
 
 namespace idem {
 
+/// What execute_once decided for a call (see the top of this header).
 enum class Outcome { executed, replayed, in_progress, mismatch };
 
+/// The outcome's name: "executed", "replayed", "in_progress" or "mismatch".
 [[nodiscard]] constexpr std::string_view to_string(Outcome outcome) noexcept {
     switch (outcome) {
         case Outcome::executed: return "executed";
@@ -32,24 +34,34 @@ enum class Outcome { executed, replayed, in_progress, mismatch };
 }
 
 template <class T>
+/// The value execute_once returns: the Outcome, and the response for executed and replayed.
 class [[nodiscard]] Result {
 public:
+    /// This call ran the effect and saved `value`.
     static Result executed(T value) { return Result(Outcome::executed, std::move(value), {}); }
+    /// An earlier call completed the key; `value` is its stored result.
     static Result replayed(T value) { return Result(Outcome::replayed, std::move(value), {}); }
+    /// Another call holds the key; the client may retry after `retry_after`.
     static Result in_progress(std::chrono::milliseconds retry_after) {
         return Result(Outcome::in_progress, std::nullopt, retry_after);
     }
+    /// The key was used with another request fingerprint.
     static Result mismatch() { return Result(Outcome::mismatch, std::nullopt, {}); }
 
+    /// What happened to this call.
     [[nodiscard]] Outcome outcome() const noexcept { return outcome_; }
     /// True for executed and replayed: there is a response.
     [[nodiscard]] bool has_response() const noexcept { return value_.has_value(); }
+    /// True for replayed.
     [[nodiscard]] bool is_replay() const noexcept { return outcome_ == Outcome::replayed; }
 
+    /// The response (executed, replayed); throws std::logic_error for in_progress and mismatch.
     [[nodiscard]] const T& response() const& {
         if (!value_) throw std::logic_error("idem::Result::response() on an outcome without one");
         return *value_;
     }
+    /// Moves the response out (executed, replayed); throws std::logic_error for in_progress and
+    /// mismatch.
     [[nodiscard]] T&& response() && {
         if (!value_) throw std::logic_error("idem::Result::response() on an outcome without one");
         return std::move(*value_);

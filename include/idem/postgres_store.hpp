@@ -23,7 +23,8 @@
 //   claim of the same key; it then answers in_progress).
 // * Prepared statements per connection by default; behind PgBouncer < 1.21 in transaction pooling
 //   mode set prepared_statements=false and session_options=false (see docs/reliability.md).
-//   ClaimOptions::wait (LISTEN/NOTIFY) needs a session: not through a transaction-mode pooler.
+//   ClaimOptions::wait works through one too: wait_strategy automatic sees the pooler and polls
+//   the key instead of LISTENing (LISTEN/NOTIFY needs a session of its own).
 // * Citus: distribute() shards the table by scope or key, inspect() reports the layout and the
 //   settings the shards miss (lock_timeout on the role). Where Citus is installed a claim runs in
 //   an explicit BEGIN … COMMIT (same round trip); on a distributed table batches and groups send
@@ -61,24 +62,31 @@
 #include <string>
 #include <vector>
 
+#include "idem/pool_stats.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
 
 class Transaction;
 
+/// Settings of a PostgresStore (and of idem::asio::AsyncPostgresStore); see the top of this header.
 struct PostgresOptions {
     /// Maximum number of open connections.
     std::size_t pool_size = 8;
     /// Table, optionally schema-qualified ("billing.idem_keys"); plain identifiers only.
     std::string table = "idem_keys";
+    /// Bound on connecting to one host.
     std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
+    /// Server-side statement_timeout, and the client's bound on each wait for an answer.
     std::chrono::milliseconds statement_timeout{std::chrono::seconds(5)};
+    /// How long a claim waits on a concurrent uncommitted claim of its key.
     std::chrono::milliseconds lock_timeout{std::chrono::seconds(1)};
     /// How long a caller waits for a free pooled connection.
     std::chrono::milliseconds pool_wait{std::chrono::seconds(5)};
     /// A connection idle longer than this is pinged before it is used.
     std::chrono::milliseconds health_check_after{std::chrono::seconds(30)};
+    /// Prepare idem's statements once per connection; false behind PgBouncer < 1.21 in transaction
+    /// mode.
     bool prepared_statements = true;
     /// Send statement_timeout / lock_timeout / idle_in_transaction_session_timeout and
     /// enable_seqscan=off in the startup packet (no round trip). enable_seqscan=off keeps every cached
@@ -88,7 +96,9 @@ struct PostgresOptions {
     /// and set them on the role (ALTER ROLE … SET) instead (enable_seqscan only matters with
     /// prepared_statements on: unnamed statements are planned afresh every time).
     bool session_options = true;
+    /// Lease of a claim when ClaimOptions::lease is not set.
     std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
+    /// Retention when ClaimOptions::retention is not set.
     std::chrono::seconds default_retention{std::chrono::hours(24)};
     /// Upper bound of the retry-after hint given with in_progress.
     std::chrono::milliseconds max_retry_after{std::chrono::seconds(1)};
@@ -101,7 +111,7 @@ struct PostgresOptions {
     /// answers 40001 / 40P01: the effect already happened, and a fenced save is safe to repeat.
     /// Past it: response_not_saved.
     std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
-    std::string application_name = "idem";
+    std::string application_name = "idem";  ///< application_name of the sessions (pg_stat_activity)
     /// Group commit (opt-in): concurrent claim() / save() calls on this store share transactions
     /// (one statement and one commit for a group of callers; a lone caller goes at once, alone, with
     /// the plain statements). Every caller keeps its own outcome, fence and errors. Off by default:
@@ -116,7 +126,25 @@ struct PostgresOptions {
     /// on one node, or when the catalog cannot be asked). Forced one-shard shapes also put each
     /// claim in an explicit BEGIN … COMMIT, as on Citus.
     enum class StatementShape { automatic, arrays, per_scope, per_key };
-    StatementShape statement_shape = StatementShape::automatic;
+    StatementShape statement_shape = StatementShape::automatic;  ///< see StatementShape
+    /// How a caller waiting with ClaimOptions::wait learns that the running attempt saved
+    /// (docs/design.md, "Waiting instead of 409"). Every strategy reads the key once more at the
+    /// wait's end, so a wait never answers in_progress for a key already saved.
+    /// automatic: LISTEN/NOTIFY on a connection held while waiting, and the key read again as a
+    /// backstop (20 ms after the first look, doubling to 200 ms): a notification that never
+    /// comes (the saver's NOTIFY failed, a save through another Citus node) costs at most one
+    /// interval. Behind a pooler (PgBouncer in any pool mode: the server's backend pid differs
+    /// from the one the pooler gave libpq; asked once per store, on its first wait) it only
+    /// polls: a transaction-mode pooler never delivers the notification, and LISTEN would stay on
+    /// a server connection that other clients get. Also polls while pool_size - 1 callers listen.
+    /// notify: LISTEN/NOTIFY only, no polls: the key is read again when a notification arrives
+    /// and at the wait's end (for direct sessions with many long waits). Behind a
+    /// transaction-mode pooler a waiter so sleeps the whole wait, then replays or answers
+    /// in_progress. Past pool_size - 1 listeners: in_progress at once.
+    /// poll: no LISTEN and no connection held: the key is read 20 ms → 200 ms apart (one
+    /// primary-key SELECT each), so any number of callers may wait; for poolers.
+    enum class WaitStrategy { automatic, notify, poll };
+    WaitStrategy wait_strategy = WaitStrategy::automatic;  ///< see WaitStrategy
 };
 
 /// The distribution column of idem's table on a Citus cluster (docs/scale-out.md): `scope` keeps a
@@ -127,15 +155,17 @@ enum class DistributeBy { scope, key };
 /// What PostgresStore::inspect() found about the database a store serves.
 struct Deployment {
     bool citus = false;         ///< the citus extension is installed in the database
-    std::string citus_version;  ///< the extension's version (e.g. "13.2-1"); empty without Citus
+    std::string citus_version{};  ///< the extension's version (e.g. "13.2-1"); empty without Citus
     bool coordinator = true;    ///< false: connected to a Citus worker node
     /// The table's distribution column; none: not distributed (plain PostgreSQL, a local table).
-    std::optional<DistributeBy> distributed_by;
+    std::optional<DistributeBy> distributed_by{};
     /// What a service should log (or refuse to start on), each with its fix: e.g. idem's
     /// lock_timeout not in force on the Citus workers (session settings do not reach the shards).
-    std::vector<std::string> warnings;
+    std::vector<std::string> warnings{};
 };
 
+/// The IdempotencyStore contract over PostgreSQL, with its connection pool (see the top of this
+/// header).
 class PostgresStore final : public IdempotencyStore {
 public:
     /// `conninfo` is a libpq connection string or URI. Nothing connects until first use.
@@ -186,14 +216,20 @@ public:
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     [[nodiscard]] StoreStats stats() const override;
+    /// The connection pool now: open, idle and waiting callers, and the acquires so far with how long
+    /// they waited (idem/pool_stats.hpp; PrometheusObserver renders it). Takes the pool's lock
+    /// briefly; does not touch the database and does not throw. Thread-safe.
+    [[nodiscard]] PoolStats pool_stats() const;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
 
+    /// The options the store was made with.
     [[nodiscard]] const PostgresOptions& options() const noexcept;
 
     /// What in-transaction mode decided (see idem/transaction.hpp, which wraps this).
     struct TransactionOutcome {
-        ClaimStatus status;  ///< claimed = executed and committed
-        std::string result;  ///< completed: the stored bytes
+        ClaimStatus status = ClaimStatus::in_progress;  ///< claimed = executed and committed
+        std::string result{};                           ///< completed: the stored bytes
+        /// In_progress: when the client should try again.
         std::chrono::milliseconds retry_after{0};
     };
     /// Claim, effect(tx) and save in one transaction; effect returns the encoded result.

@@ -61,6 +61,7 @@
 
 namespace idem {
 
+/// Settings of a Reconciler.
 struct ReconcilerOptions {
     /// Stale keys taken per sweep.
     std::size_t batch = 100;
@@ -78,13 +79,18 @@ struct ReconcilerOptions {
 /// The longest ReconcilerOptions::failure_backoff (100 years): what every store can add to its clock.
 inline constexpr std::chrono::milliseconds max_failure_backoff = std::chrono::hours(24 * 365 * 100);
 
+/// One stale key handed to the resolver: read key() and record(), then decide with save(),
+/// release() or leave() (the default).
 class Reconciliation {
 public:
+    /// What the resolver decided: leave it in progress, save a result, or release the key.
     enum class Decision { leave, save, release };
 
+    /// Made by the Reconciler for each key it took (`fence` is the reconciler's own).
     Reconciliation(const Key& key, const Record& record, Fence fence) noexcept
         : key_(key), record_(record), fence_(fence) {}
 
+    /// The stale key: ask the provider about it (with the same idempotency key).
     [[nodiscard]] const Key& key() const noexcept { return key_; }
     /// The stale record (fingerprint, attempt, phase and phase_data of the attempt, times).
     [[nodiscard]] const Record& record() const noexcept { return record_; }
@@ -96,15 +102,20 @@ public:
     void save(const T& result) {
         save_encoded(codec<T>::encode(result));
     }
+    /// save() with bytes already encoded (e.g. by codec<Response>::encode).
     void save_encoded(std::string bytes) {
         decision_ = Decision::save;
         bytes_ = std::move(bytes);
     }
     /// The effect certainly did not happen: release the key so a retry runs it.
     void release() noexcept { decision_ = Decision::release; }
+    /// Not known yet: leave the key in progress (the default); it is listed again once the lease
+    /// passes.
     void leave() noexcept { decision_ = Decision::leave; }
 
+    /// What was decided so far.
     [[nodiscard]] Decision decision() const noexcept { return decision_; }
+    /// The bytes save() will store (Decision::save).
     [[nodiscard]] const std::string& encoded_result() const noexcept { return bytes_; }
 
 private:
@@ -115,8 +126,10 @@ private:
     std::string bytes_;
 };
 
+/// Resolves stale in-progress keys through the service's resolver (see the top of this header).
 class Reconciler {
 public:
+    /// The service's decision for one stale key.
     using Resolver = std::function<void(Reconciliation&)>;
 
     /// Where handling a key failed.
@@ -130,29 +143,30 @@ public:
     /// A key this sweep could not resolve. It stays in progress (clients still get in_progress)
     /// unless another owner resolves it (stage save/release, error_type "lease_lost").
     struct Failure {
-        Key key;
-        Stage stage;
+        Key key;  ///< the key that failed
+        Stage stage{};  ///< where it failed
         /// What was thrown: the idem::error class ("response_too_large", "lease_lost",
         /// "database_error", "store_unavailable", ...), "std::exception" or "unknown".
-        std::string error_type;
+        std::string error_type{};
         /// PostgreSQL's SQLSTATE when the database produced the error, else empty.
-        std::string sqlstate;
+        std::string sqlstate{};
         /// The exception's whole message. From PostgreSQL it may include the DETAIL line, which
         /// for a refused row shows its values (the start of the result): mind where you log it.
-        std::string message;
+        std::string message{};
         /// The failure will repeat with the same decision, and the key's lease was extended by
         /// options.failure_backoff: it is not tried again before then.
         bool backed_off = false;
     };
 
+    /// What one run_once() did.
     struct Sweep {
         std::size_t listed = 0;    ///< stale keys seen
         std::size_t taken = 0;     ///< taken by this reconciler (others were taken by someone else)
-        std::size_t saved = 0;
-        std::size_t released = 0;
-        std::size_t left = 0;
+        std::size_t saved = 0;  ///< resolved with a saved result
+        std::size_t released = 0;  ///< released (certainly not performed)
+        std::size_t left = 0;  ///< left in progress by the resolver
         std::size_t failed = 0;    ///< failures.size()
-        std::vector<Failure> failures;  ///< in the order the keys were handled
+        std::vector<Failure> failures{};  ///< in the order the keys were handled
     };
 
     /// Throws config_error without a resolver or with batch 0, or a failure_backoff that is negative
@@ -181,6 +195,7 @@ private:
     ReconcilerOptions options_;
 };
 
+/// The stage's name, e.g. "take_over".
 [[nodiscard]] constexpr std::string_view to_string(Reconciler::Stage stage) noexcept {
     switch (stage) {
         case Reconciler::Stage::take_over: return "take_over";

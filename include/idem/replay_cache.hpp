@@ -2,7 +2,7 @@
 //
 // A completed record cannot change until its retention passes, so a replay can be answered from
 // memory. CachedStore (idem/cached_store.hpp) puts one in front of any store; use this class directly
-// only to build such a decorator.
+// only to build such a decorator. It is the in-process ReplayTier (idem/replay_tier.hpp).
 //
 // * Only completed records are kept (never in-progress ones), and only when the store said how much
 //   retention is left: an entry expires at (local steady time taken before the store was asked)
@@ -31,10 +31,12 @@
 #include <memory>
 
 #include "idem/key.hpp"
+#include "idem/replay_tier.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
 
+/// Size and sharding of a ReplayCache (and so of a CachedStore).
 struct ReplayCacheOptions {
     /// Upper bound of the bytes the entries account for (results, keys, bookkeeping).
     std::size_t max_bytes = 64u << 20;
@@ -47,43 +49,46 @@ struct ReplayCacheOptions {
 
 /// Counters since the cache was made (summed over the shards; not one atomic snapshot).
 struct ReplayCacheStats {
-    std::uint64_t hits = 0;
+    std::uint64_t hits = 0;  ///< finds answered from the cache
     std::uint64_t misses = 0;      ///< not there, or expired (expired entries are dropped)
-    std::uint64_t inserts = 0;
+    std::uint64_t inserts = 0;  ///< records kept
     std::uint64_t evictions = 0;   ///< dropped to make room (least recently used)
     std::uint64_t rejected = 0;    ///< not kept: too large, not completed, no read_at, expired
-    std::uint64_t entries = 0;
-    std::uint64_t bytes = 0;
+    std::uint64_t entries = 0;  ///< entries held now
+    std::uint64_t bytes = 0;  ///< bytes the entries account for now
 };
 
-class ReplayCache {
+/// Completed records in process memory, bounded by bytes, sharded (see the top of this header).
+class ReplayCache final : public ReplayTier {
 public:
-    /// The clock a cache reads.
-    using time_point = std::chrono::steady_clock::time_point;
 
     /// Throws config_error on invalid options (see the top of this header).
     explicit ReplayCache(ReplayCacheOptions options = {});
-    ~ReplayCache();
+    ~ReplayCache() override;
     ReplayCache(const ReplayCache&) = delete;
     ReplayCache& operator=(const ReplayCache&) = delete;
 
     /// The cached completed record of `key`, or nullptr (none, or its retention has passed).
-    [[nodiscard]] std::shared_ptr<const Record> find(const Key& key);
+    [[nodiscard]] std::shared_ptr<const Record> find(const Key& key) override;
 
     /// Keeps `record` for `key` if it qualifies (completed, read_at set, retention left, small
     /// enough); `asked_at` is this cache's clock() taken before the store was asked for it. Replaces
     /// an older entry of the key. Returns whether it was kept.
-    bool insert(const Key& key, const Record& record, time_point asked_at);
+    bool insert(const Key& key, const Record& record, time_point asked_at) override;
 
     /// Drops the entry of `key`; returns whether there was one.
-    bool erase(const Key& key);
+    bool erase(const Key& key) override;
     /// Drops every entry.
     void clear();
 
     /// This cache's clock (the injected one, or steady_clock::now).
-    [[nodiscard]] time_point now() const;
+    [[nodiscard]] time_point now() const override;
+    /// false: find() answers the record as inserted (its read_at is the source's).
+    [[nodiscard]] bool states_time_left() const noexcept override { return false; }
 
+    /// Counters since the cache was made.
     [[nodiscard]] ReplayCacheStats stats() const;
+    /// The options the cache was made with.
     [[nodiscard]] const ReplayCacheOptions& options() const noexcept;
 
 private:

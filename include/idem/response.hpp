@@ -22,15 +22,21 @@
 
 namespace idem {
 
+/// An HTTP-shaped result (status, body bytes, headers), stored and replayed byte for byte.
 struct Response {
+    /// Header fields in order, duplicates kept.
     using Headers = std::vector<std::pair<std::string, std::string>>;
 
     Response() = default;
+    /// A response with this status, body and headers.
     Response(int status_code, std::string body_bytes = {}, Headers header_list = {})
         : status(status_code), body(std::move(body_bytes)), headers(std::move(header_list)) {}
 
+    /// HTTP status code.
     int status = 200;
+    /// Body bytes (any bytes, NUL included).
     std::string body;
+    /// Header fields, in order.
     Headers headers;
 
     friend bool operator==(const Response&, const Response&) = default;
@@ -41,6 +47,7 @@ template <class T>
 struct codec;
 
 template <>
+/// How a Response is stored: versioned, length-prefixed binary.
 struct codec<Response> {
     /// Versioned, length-prefixed binary layout; see src/response.cpp.
     static std::string encode(const Response& response);
@@ -49,8 +56,11 @@ struct codec<Response> {
 };
 
 template <>
+/// A std::string result is stored as its bytes, unchanged.
 struct codec<std::string> {
+    /// The bytes themselves.
     static std::string encode(const std::string& value) { return value; }
+    /// The bytes themselves.
     static std::string decode(std::string_view bytes) { return std::string(bytes); }
 };
 

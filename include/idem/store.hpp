@@ -46,15 +46,18 @@ using Fence = std::int64_t;
 /// Per-call settings; what is left empty takes the store's default.
 struct ClaimOptions {
     /// How long the claimer owns the key before it counts as stale (default 30 s).
-    std::optional<std::chrono::milliseconds> lease;
+    std::optional<std::chrono::milliseconds> lease{};
     /// How long the completed record (and so the replay) is kept, from the claim (default 24 h).
-    std::optional<std::chrono::seconds> retention;
+    std::optional<std::chrono::seconds> retention{};
     /// Resume mode (opt-in): a key in progress whose lease has passed, claimed again with the same
     /// fingerprint, is taken over (new fence, attempt + 1) and the effect runs again. Only for
     /// effects whose downstream deduplicates by the same key.
     bool resume_stale = false;
     /// Wait instead of in_progress (opt-in): wait up to this long for the running attempt to save
-    /// its result, woken by LISTEN/NOTIFY, and replay it. Zero answers in_progress at once.
+    /// its result, and replay it; the key is read once more at the wait's end, then in_progress.
+    /// Zero answers in_progress at once. PostgresStore: woken by LISTEN/NOTIFY and polling the key
+    /// as a backstop, or polling only behind a pooler such as PgBouncer
+    /// (PostgresOptions::wait_strategy); idem::asio polls.
     std::chrono::milliseconds wait{0};
     /// In-transaction mode only (execute_once_in_transaction, PostgresStore): how long a duplicate
     /// waits on the row lock of a transaction still open for its key. Unset: up to
@@ -65,89 +68,101 @@ struct ClaimOptions {
     std::optional<std::chrono::milliseconds> transaction_lock_wait{};
 };
 
+/// A stored record's state: claimed and running (or of unknown outcome), or completed with its
+/// result.
 enum class RecordState { in_progress, completed };
 
+/// "in_progress" or "completed".
 [[nodiscard]] constexpr std::string_view to_string(RecordState state) noexcept {
     return state == RecordState::in_progress ? "in_progress" : "completed";
 }
 
 /// A stored key, as read back.
 struct Record {
-    RecordState state = RecordState::in_progress;
+    RecordState state = RecordState::in_progress;  ///< in progress, or completed with a result
+    /// The fingerprint of the request that claimed the key.
     Fingerprint fingerprint{FingerprintAlgorithm::sha256, {}};
-    Fence fence = 0;
+    Fence fence = 0;  ///< the fence token of the current owner
     /// 1 for the first attempt; resume-mode takeovers add one.
     std::int32_t attempt = 1;
     /// The stored result bytes; set when state == completed.
-    std::optional<std::string> result;
+    std::optional<std::string> result{};
     /// The last recovery point the effect recorded (record_phase), and its data.
-    std::optional<std::string> phase;
-    std::optional<std::string> phase_data;
-    std::chrono::system_clock::time_point created_at;
-    std::chrono::system_clock::time_point lease_until;
-    std::chrono::system_clock::time_point expires_at;
+    std::optional<std::string> phase{};
+    std::optional<std::string> phase_data{};  ///< the data recorded with `phase`
+    std::chrono::system_clock::time_point created_at{};  ///< when the key was claimed
+    /// When the owner's lease passes (in progress).
+    std::chrono::system_clock::time_point lease_until{};
+    std::chrono::system_clock::time_point expires_at{};  ///< when the retention passes (completed)
     /// When the record was read, by the store's clock (PostgresStore: the database's now() of the
     /// reading transaction; MemoryStore: its clock). expires_at - read_at is the retention left as
     /// the store stated it, whatever the local clock says (the replay cache relies on it). Left
     /// at the epoch by a store that does not know it.
-    std::chrono::system_clock::time_point read_at;
+    std::chrono::system_clock::time_point read_at{};
     /// As of the read, by the database's clock: the lease has passed (in progress only) / the
     /// retention has passed (completed only).
     bool lease_expired = false;
-    bool expired = false;
+    bool expired = false;  ///< the retention has passed (completed only)
 };
 
+/// What a claim decided: this call owns the key, another call does, the key is completed (replay),
+/// or the key was used with another fingerprint.
 enum class ClaimStatus { claimed, in_progress, completed, mismatch };
 
 /// What claim() decided.
 struct Claim {
-    ClaimStatus status = ClaimStatus::in_progress;
+    ClaimStatus status = ClaimStatus::in_progress;  ///< what the claim decided
     /// claimed: the token every later write for this key must carry.
     Fence fence = 0;
     /// in_progress, completed, mismatch: the record found. claimed after a resume-mode takeover:
     /// the record taken over (attempt, phase and phase data of the earlier attempt).
-    std::optional<Record> existing;
+    std::optional<Record> existing{};
     /// in_progress: when the client should try again.
     std::chrono::milliseconds retry_after{0};
 };
 
 /// An in-progress key whose lease has passed: its owner crashed, hangs, or met an unknown outcome.
 struct StaleKey {
-    Key key;
-    Record record;
+    Key key;  ///< the key
+    Record record{};  ///< its record, as listed
 };
 
 /// One save of a batch (see IdempotencyStore::save_batch).
 struct SaveRequest {
-    const Key& key;
-    Fence fence;
-    std::string_view result;
+    const Key& key;  ///< the key to complete
+    Fence fence = 0;  ///< the fence token of its claim
+    std::string_view result{};  ///< the encoded result to store
 };
 
+/// What save_batch did with one save: stored; refused because the fence lost the key; refused
+/// because the result exceeds max_result_bytes().
 enum class SaveStatus { saved, lease_lost, too_large };
 
 /// Counters since the store was made. A "round trip" is one wait for the database's answer: a
 /// pipeline of statements flushed together counts once. Connection set-up is not counted.
 struct StoreStats {
-    std::uint64_t round_trips = 0;
+    std::uint64_t round_trips = 0;  ///< waits for the database's answer
     std::uint64_t claims = 0;             ///< claim() calls
     std::uint64_t claims_won = 0;         ///< claims that created (or took over) the record
-    std::uint64_t saves = 0;
-    std::uint64_t releases = 0;
-    std::uint64_t reads = 0;
-    std::uint64_t retries = 0;            ///< statements retried (broken connection, 40001, 55P03...)
-    std::uint64_t connections_opened = 0;
+    std::uint64_t saves = 0;  ///< save() calls (and saves of a batch)
+    std::uint64_t releases = 0;  ///< release() calls
+    std::uint64_t reads = 0;  ///< read() calls
+    /// Statements retried (broken connection, 40001, 55P03...).
+    std::uint64_t retries = 0;
+    std::uint64_t connections_opened = 0;  ///< database connections opened
     std::uint64_t connections_discarded = 0;  ///< closed after an error or a failed health check
     /// Group commit (PostgresStore): shared transactions sent for concurrent claims / saves, the calls
     /// that went in them, and the largest group seen. A caller that went alone counts as a group of 1.
     std::uint64_t claim_groups = 0;
-    std::uint64_t grouped_claims = 0;
-    std::uint64_t largest_claim_group = 0;
-    std::uint64_t save_groups = 0;
-    std::uint64_t grouped_saves = 0;
-    std::uint64_t largest_save_group = 0;
+    std::uint64_t grouped_claims = 0;  ///< claims sent in those shared transactions
+    std::uint64_t largest_claim_group = 0;  ///< the most claims one shared transaction carried
+    std::uint64_t save_groups = 0;  ///< shared transactions sent for concurrent saves
+    std::uint64_t grouped_saves = 0;  ///< saves sent in those shared transactions
+    std::uint64_t largest_save_group = 0;  ///< the most saves one shared transaction carried
 };
 
+/// The interface every backend implements (see the top of this header for the states of a key).
+/// Implemented by PostgresStore, MemoryStore, CachedStore and idem::asio::AsyncPostgresStore.
 class IdempotencyStore {
 public:
     virtual ~IdempotencyStore() = default;
@@ -217,6 +232,7 @@ public:
     virtual std::size_t purge_expired(std::size_t batch_size = 1000,
                                       std::size_t max_batches = SIZE_MAX) = 0;
 
+    /// Counters since the store was made.
     [[nodiscard]] virtual StoreStats stats() const = 0;
 
     /// Largest result save() accepts, in bytes.
@@ -225,6 +241,7 @@ public:
     /// Observer of this store's events (execute_once, reconciler, purge report here too).
     /// Set it before sharing the store between threads.
     void set_observer(std::shared_ptr<Observer> observer) noexcept { observer_ = std::move(observer); }
+    /// The observer set with set_observer(), or null.
     [[nodiscard]] Observer* observer() const noexcept { return observer_.get(); }
     /// Reports an event to the observer, if any.
     void emit(Event event, const Key* key, std::chrono::nanoseconds duration = {}, std::uint64_t count = 1,
@@ -233,8 +250,11 @@ public:
     }
 
 protected:
+    /// For implementations.
     IdempotencyStore() = default;
+    /// For implementations (copies the observer).
     IdempotencyStore(const IdempotencyStore&) = default;
+    /// For implementations (copies the observer).
     IdempotencyStore& operator=(const IdempotencyStore&) = default;
 
 private:

@@ -45,23 +45,29 @@ struct pg_conn;  // libpq's PGconn, for native_handle(); no libpq header needed 
 
 namespace idem {
 
+/// The effect's handle on the in-transaction mode's transaction (see the top of this header).
 class Transaction {
 public:
+    /// One row: text columns, NULL as std::nullopt.
     using Row = std::vector<std::optional<std::string>>;
 
+    /// The answer to exec().
     struct Rows {
-        std::vector<Row> rows;
+        std::vector<Row> rows{};  ///< the rows returned, in order
         std::size_t affected = 0;  ///< rows inserted/updated/deleted (or returned)
     };
 
     /// Runs one parameterised statement ($1, $2, …) inside the transaction. Throws database_error
     /// (the transaction is then rolled back when fn exits by the exception).
     Rows exec(std::string_view sql, const std::vector<std::optional<std::string>>& params = {});
+    /// exec() with the parameters written inline: tx.exec("… $1, $2", {a, b}).
     Rows exec(std::string_view sql, std::initializer_list<std::optional<std::string>> params) {
         return exec(sql, std::vector<std::optional<std::string>>(params));
     }
 
+    /// The key being executed.
     [[nodiscard]] const Key& key() const noexcept { return key_; }
+    /// libpq's PGconn of the transaction (pipeline mode; see the top of this header).
     [[nodiscard]] pg_conn* native_handle() const noexcept;
 
     Transaction(const Transaction&) = delete;

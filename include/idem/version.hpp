@@ -6,5 +6,6 @@
 #define IDEM_VERSION_PATCH 0
 
 namespace idem {
+/// The library version, "MAJOR.MINOR.PATCH" (as IDEM_VERSION_MAJOR, _MINOR, _PATCH).
 inline constexpr const char* version_string = "0.1.0";
 }  // namespace idem

@@ -472,7 +472,6 @@ struct AsyncPostgresStore::Impl {
         const auto retention = options_.retention.value_or(options.default_retention);
         Claim out;
         pg::ClaimMachine machine(out, fence, fp, options_, options.claim_attempts, options.max_retry_after);
-        auto poll = std::chrono::milliseconds(20);
         bool first = true;
         using Next = pg::ClaimMachine::Next;
         for (Next next = Next::round_trip; next != Next::done;) {
@@ -521,7 +520,8 @@ struct AsyncPostgresStore::Impl {
                 }
                 case Next::wait: {
                     // No LISTEN here (it would hold a connection per waiter): poll the key, 20 ms
-                    // at first, then up to 200 ms apart, until the wait's end.
+                    // at first, then up to 200 ms apart, until the wait's end (the machine's
+                    // schedule, as PostgresStore's wait_strategy poll).
                     const auto left = machine.wait_until() - Clock::now();
                     // The call's cancellation (or deadline) ends the wait: in_progress now.
                     const auto state = co_await net::this_coro::cancellation_state;
@@ -529,9 +529,8 @@ struct AsyncPostgresStore::Impl {
                         next = machine.on_waited(false);
                         break;
                     }
-                    co_await pause_for(std::min(poll, std::chrono::duration_cast<std::chrono::milliseconds>(left) +
-                                                          std::chrono::milliseconds(1)));
-                    poll = std::min(poll * 2, std::chrono::milliseconds(200));
+                    // (rounded up: a poll due at the deadline reads after it, and so answers)
+                    co_await pause_for(std::chrono::ceil<std::chrono::milliseconds>(machine.next_poll() - Clock::now()));
                     next = machine.on_waited(true);
                     break;
                 }

@@ -213,4 +213,23 @@ ClaimMachine::Next ClaimMachine::on_waited(bool still_waiting) {
     return Next::done;
 }
 
+ClaimMachine::Next ClaimMachine::on_polled(const StepResults& res) {
+    step();
+    if (!res[0].ok()) throw_statement_error(res[0], "wait");
+    // No row: saved, released, or taken over since we looked. A passed lease matters to resume mode
+    // only (found() takes the key over). Either way the claim's round trip reads and decides again.
+    if (res[0].rows() == 0 || (resume_stale_ && get_bool(res[0].result.get(), 0, 0))) {
+        out_.existing.reset();
+        return Next::round_trip;
+    }
+    if (Clock::now() < wait_until_) return Next::wait;
+    return on_waited(false);
+}
+
+Clock::time_point ClaimMachine::next_poll() noexcept {
+    const Clock::time_point at = std::min(Clock::now() + poll_interval_, wait_until_);
+    poll_interval_ = std::min(poll_interval_ * 2, kMaxPollInterval);
+    return at;
+}
+
 }  // namespace idem::pg

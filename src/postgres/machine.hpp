@@ -107,6 +107,15 @@ public:
     /// `still_waiting`: the wait ended with a reason to read again (a save was announced, or a poll
     /// is due); false answers in_progress now.
     Next on_waited(bool still_waiting);
+    /// The answer of a poll while waiting (kWaitPoll for stale_fence()): wait (the attempt still
+    /// runs, the wait has time left), round_trip (something changed: read the record and decide
+    /// again) or done (in_progress: the wait is over). Throws the statement's error.
+    Next on_polled(const StepResults& res);
+    /// When the wait should read the key again (a poll): 20 ms after the first look, then twice the
+    /// last interval, at most kMaxPollInterval; never past wait_until(). Each call moves on one step.
+    [[nodiscard]] Clock::time_point next_poll() noexcept;
+    /// The longest interval between two polls: what a missed notification costs at most.
+    static constexpr std::chrono::milliseconds kMaxPollInterval{200};
 
     /// Before the next round trip, after a conflict: a jittered pause (zero: go at once).
     [[nodiscard]] std::chrono::milliseconds pause() const noexcept { return pause_; }
@@ -133,6 +142,7 @@ private:
     std::chrono::milliseconds pause_{0};
     bool retrying_ = false;
     bool took_over_ = false;
+    std::chrono::milliseconds poll_interval_{20};
 };
 
 }  // namespace idem::pg

@@ -1,5 +1,6 @@
 #include "pool.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -40,6 +41,21 @@ std::unique_ptr<Connection> Pool::take_parked() noexcept {
 }
 
 Lease Pool::acquire() {
+    // Counted in this thread's slot: its line is written by the exchange below anyway.
+    own_slot().acquires.fetch_add(1, std::memory_order_relaxed);
+    // The time this acquire spends blocked, recorded once however it ends (a lease, a timeout, a
+    // failed connect); the clock is read around the blocking waits only.
+    struct WaitRecord {
+        Pool& pool;
+        Clock::duration total{0};
+        bool waited = false;
+        explicit WaitRecord(Pool& p) noexcept : pool(p) {}
+        WaitRecord(const WaitRecord&) = delete;
+        WaitRecord& operator=(const WaitRecord&) = delete;
+        ~WaitRecord() {
+            if (waited) pool.record_wait(total);
+        }
+    } waiting{*this};
     std::optional<Clock::time_point> deadline;  // read the clock only if we have to wait
     for (;;) {
         // The common path: this thread's own parked connection, one atomic exchange, no lock.
@@ -72,11 +88,17 @@ Lease Pool::acquire() {
                     break;
                 }
                 if (!deadline) deadline = Clock::now() + wait_;
+                ++blocked_;
+                const Clock::time_point began = Clock::now();
                 const bool timed_out = returned_.wait_until(lock, *deadline) == std::cv_status::timeout;
+                waiting.total += Clock::now() - began;
+                waiting.waited = true;
+                --blocked_;
                 waiters_.fetch_sub(1, std::memory_order_relaxed);
                 if (timed_out && idle_.empty() && open_ >= size_) {
                     conn = take_parked();
                     if (conn) break;
+                    timeouts_.fetch_add(1, std::memory_order_relaxed);
                     throw pool_timeout("idem: no PostgreSQL connection free within " + std::to_string(wait_.count()) +
                                        " ms (pool_size " + std::to_string(size_) + ")");
                 }
@@ -112,6 +134,52 @@ Lease Pool::acquire() {
         conn->mark_broken();
         give_back(std::move(conn));  // closed and its place freed
     }
+}
+
+namespace {
+
+// PoolStats::wait_bounds in whole nanoseconds (a wait of exactly a bound is within it).
+constexpr auto kWaitBoundNanos = [] {
+    std::array<std::int64_t, PoolStats::wait_bounds.size()> nanos{};
+    for (std::size_t i = 0; i < nanos.size(); ++i) {
+        nanos[i] = static_cast<std::int64_t>(PoolStats::wait_bounds[i] * 1e9 + 0.5);
+    }
+    return nanos;
+}();
+
+}  // namespace
+
+void Pool::record_wait(Clock::duration waited) noexcept {
+    const std::int64_t nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count();
+    std::size_t bucket = 0;
+    while (bucket < kWaitBoundNanos.size() && nanos > kWaitBoundNanos[bucket]) ++bucket;
+    wait_buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+    wait_nanos_.fetch_add(nanos, std::memory_order_relaxed);
+}
+
+PoolStats Pool::stats() const {
+    PoolStats s;
+    s.size = size_;
+    std::uint64_t acquires = 0;
+    for (std::size_t i = 0; i < size_; ++i) acquires += parked_[i].acquires.load(std::memory_order_relaxed);
+    std::uint64_t within = 0;
+    for (std::size_t i = 0; i < wait_buckets_.size(); ++i) {
+        within += wait_buckets_[i].load(std::memory_order_relaxed);
+        if (i < s.waits_within.size()) s.waits_within[i] = within;
+    }
+    s.waited = within;
+    s.acquires = std::max(acquires, s.waited);  // (relaxed loads: never fewer acquires than waits)
+    s.timeouts = timeouts_.load(std::memory_order_relaxed);
+    s.wait_time = std::chrono::nanoseconds(wait_nanos_.load(std::memory_order_relaxed));
+    std::lock_guard lock(mutex_);
+    std::size_t parked = 0;
+    for (std::size_t i = 0; i < size_; ++i) {
+        if (parked_[i].conn.load(std::memory_order_relaxed) != nullptr) ++parked;
+    }
+    s.open = open_;
+    s.idle = std::min(open_, idle_.size() + parked);
+    s.waiters = blocked_;
+    return s;
 }
 
 void Pool::abandon_in_child() noexcept {

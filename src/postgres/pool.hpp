@@ -19,6 +19,7 @@
 // pool grows with concurrency, not with the number of threads that ever used it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "connection.hpp"
+#include "idem/pool_stats.hpp"
 
 namespace idem::pg {
 
@@ -76,11 +78,18 @@ public:
     /// before now is pinged before its next use (a retry then lands on a live or fresh connection).
     void suspect_idle() noexcept;
 
+    /// Gauges now (under the mutex) and counters so far (PostgresStore::pool_stats). Acquires are
+    /// counted in the caller's parking slot (a line the common path writes anyway: no shared
+    /// counter); waits, their times and timeouts only on the path that blocks.
+    [[nodiscard]] PoolStats stats() const;
+
 private:
     friend class Lease;
     void give_back(std::unique_ptr<Connection> conn) noexcept;
+    void record_wait(Clock::duration waited) noexcept;  // one acquire that waited, in total
     struct alignas(64) Slot {  // one cache line each: no false sharing between threads' slots
         std::atomic<Connection*> conn{nullptr};
+        std::atomic<std::uint64_t> acquires{0};  // acquire() calls of the threads of this slot
     };
     Slot& own_slot() noexcept;
     std::unique_ptr<Connection> take_parked() noexcept;  // any thread's parked connection
@@ -93,7 +102,7 @@ private:
     Ping ping_;
     Event event_;
 
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     std::condition_variable returned_;
     struct Idle {
         std::thread::id last_thread;  // who gave it back
@@ -105,6 +114,12 @@ private:
     // parks without the mutex, so it must see a waiter and wake it (see give_back).
     std::unique_ptr<Slot[]> parked_;
     std::atomic<std::size_t> waiters_{0};
+    std::size_t blocked_ = 0;  // callers blocked on returned_ now (under the mutex; the waiters gauge)
+    // Acquires that waited, by total wait (wait_buckets_[i]: within PoolStats::wait_bounds[i] and
+    // above the bound before; the last one: longer than every bound), their summed wait, timeouts.
+    std::array<std::atomic<std::uint64_t>, PoolStats::wait_bounds.size() + 1> wait_buckets_{};
+    std::atomic<std::int64_t> wait_nanos_{0};
+    std::atomic<std::uint64_t> timeouts_{0};
     // Idle connections last used before this get pinged (Clock::rep: read without the mutex).
     std::atomic<Clock::rep> suspect_before_{Clock::time_point::min().time_since_epoch().count()};
 };

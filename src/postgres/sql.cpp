@@ -183,6 +183,18 @@ std::vector<StatementDef> statements(const TableName& t) {
     defs[kNotify] = {"idem_notify", fmt::format("SELECT pg_notify('{}', $1)", kChannel), {text}};
     defs[kListen] = {"", fmt::format("LISTEN {}", kChannel), {}};
     defs[kUnlisten] = {"", fmt::format("UNLISTEN {}", kChannel), {}};
+    // ClaimOptions::wait reads the key again (a poll): a row while the attempt waited for (fence $3)
+    // is still running, and whether its lease has passed. A plain primary-key SELECT: routed to one
+    // shard on Citus, and correct through any pooler (LISTEN is not, see kOwnSession).
+    defs[kWaitPoll] = {"idem_wait_poll",
+                       fmt::format("SELECT lease_until < now() FROM {} WHERE scope = $1 AND key = $2 "
+                                   "AND state = 'in_progress' AND fence = $3",
+                                   T),
+                       {text, text, int8}};
+    // Is this connection a session of its own? $1 is the backend pid libpq was told at connect
+    // (BackendKeyData). A pooler (PgBouncer, in any pool mode) makes that key up, so the server's
+    // pid differs: LISTEN would then run on a server connection that is not ours to keep.
+    defs[kOwnSession] = {"", "SELECT pg_backend_pid() = $1", {int4}};
     // One statement per kind of ScopeFilter rather than one with a mode parameter: only a plain
     // `scope = $2` conjunct lets Citus route the exact form to one shard (and use the primary key).
     // starts_with() compares literally: no LIKE pattern, so nothing in a prefix acts as a wildcard.

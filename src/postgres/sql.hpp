@@ -45,6 +45,8 @@ enum Stmt : std::size_t {
     kNotify,
     kListen,
     kUnlisten,
+    kWaitPoll,
+    kOwnSession,
     kListStale,
     kListStaleInScope,
     kListStaleScopePrefix,

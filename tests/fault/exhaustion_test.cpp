@@ -93,14 +93,16 @@ bool typed(Told t) {
 }
 
 /// Waits (bounded) until `n` of the app's connections sit idle right after marking a key waited
-/// for, i.e. are held by callers LISTENing for a save (ClaimOptions::wait).
+/// for or polling it (the backstop poll, kWaitPoll), i.e. are held by callers LISTENing for a save
+/// (ClaimOptions::wait).
 void wait_for_waiters(const std::string& url, const std::string& app, int n) {
     PgConn admin(url);
     const auto until = Clock::now() + 20s;
     while (
         admin.scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "
-            "AND query LIKE '%SET waiters = true%'",
+            "AND (query LIKE '%SET waiters = true%' OR query LIKE '%state = ''in_progress'' AND "
+            "fence = $3')",
             {app}) < n &&
         Clock::now() < until) {
         std::this_thread::sleep_for(10ms);
@@ -271,7 +273,8 @@ TEST_CASE("scenario 4B: idem's backends hang (SIGSTOP) for 2.5 s", "[fault][exha
 }
 
 // Waiters (ClaimOptions::wait) hold a pooled connection while they LISTEN, so the store lets at
-// most pool_size - 1 of them wait: the last connection stays free for saves and new calls.
+// most pool_size - 1 of them listen (the others poll): the last connection stays free for saves
+// and new calls.
 TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
           "[fault][exhaustion]") {
     const std::string url = require_db();
@@ -287,7 +290,8 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
     const Key busy(scope, "busy");
 
     // The owner claims `busy` and holds its effect; two callers want to wait for it. With a pool of
-    // 2 only one may (it holds a connection while LISTENing); the other is answered in_progress.
+    // 2 only one may listen (it holds a connection while LISTENing); the other polls the key,
+    // taking a connection only for each poll's SELECT.
     std::atomic<bool> let_go{false};
     std::thread owner([&] {
         Effects::Writer writer(effects);

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <future>
 #include <latch>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -185,6 +186,82 @@ idem::PostgresOptions bouncer_options(const IdemTable& table) {
     o.lock_timeout = 1s;
     o.application_name = "idem_fault_pgbouncer";
     return o;
+}
+
+/// One ClaimOptions::wait round: caller A holds `key` (its effect blocked until let go), caller B
+/// calls the same key with `wait`; A's effect then runs (one row in `effects`, counted outside
+/// idem) and A saves — unless `complete` is false: then A is let go only after B returned.
+struct WaitRound {
+    Call a{Key("-", "-"), true};
+    Call b{Key("-", "-"), true};
+    double b_after_save_ms = 0; ///< B's return after A's execute_once returned (its save committed)
+    bool b_waited = false;      ///< B had not returned when A was let go (or had waited, !complete)
+};
+
+WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b, Effects& effects,
+                     const Key& key, std::chrono::milliseconds wait, bool complete) {
+    WaitRound w;
+    w.a = Call(key, true);
+    std::latch inside(1);
+    std::promise<void> let_go;
+    auto let_go_signal = let_go.get_future();
+    Clock::time_point a_returned;
+    std::thread a([&] {
+        Effects::Writer writer(effects);
+        const auto started = Clock::now();
+        try {
+            auto r = idem::execute_once(store_a, key, fp_for(key), [&] {
+                w.a.fn_started = true;
+                inside.count_down();
+                let_go_signal.wait();
+                w.a.effect_id = writer.run(key);
+                return response_for(key, w.a.effect_id);
+            });
+            w.a.told = told_of(r.outcome());
+            if (r.has_response())
+                w.a.bytes = idem::codec<Response>::encode(r.response());
+        } catch (...) {
+            classify(w.a, std::current_exception());
+            inside.count_down();
+        }
+        a_returned = Clock::now();
+        w.a.ms = ms_since(started);
+    });
+    inside.wait();
+    std::atomic<bool> b_returned{false};
+    Clock::time_point b_returned_at;
+    std::thread b([&] {
+        Effects::Writer writer(effects);
+        idem::ClaimOptions options;
+        options.wait = wait;
+        w.b = run_call(store_b, writer, key, true, options);
+        b_returned_at = Clock::now();
+        b_returned = true;
+    });
+    if (complete) {
+        // B cannot return before A saves, however slow the machine; this pause only lets it reach
+        // its wait (if it did not, it replays at once: still checked, just not a wait).
+        std::this_thread::sleep_for(500ms);
+        w.b_waited = !b_returned;
+        let_go.set_value();
+        a.join();
+        b.join();
+    } else {
+        b.join();
+        w.b_waited = true;
+        let_go.set_value();
+        a.join();
+    }
+    w.b_after_save_ms =
+        std::chrono::duration<double, std::milli>(b_returned_at - a_returned).count();
+    return w;
+}
+
+/// Effect rows recorded for `key`.
+std::size_t effects_of(const Effects& effects, const Key& key) {
+    const auto all = effects.all();
+    const auto it = all.find({key.scope(), key.value()});
+    return it == all.end() ? 0 : it->second.size();
 }
 
 bool skip_without_pgbouncer() {
@@ -381,5 +458,105 @@ TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[
         f.print();
         CHECK(failed > 0);
         CHECK(f.anomalies.empty());
+    }
+}
+
+// ClaimOptions::wait behind PgBouncer in transaction mode. LISTEN runs in one transaction on one
+// server connection, which PgBouncer then hands to other clients; the waiting client is linked to
+// no server while it waits, so the saver's NOTIFY never reaches it.
+//
+// Found before waiting learned to poll (LISTEN/NOTIFY only, what wait_strategy notify still does):
+// B's LISTEN and mark succeeded, no notification ever arrived, B slept the whole wait (30 s) and
+// then answered in_progress — for a key A had saved 29.5 s earlier, 3 rounds out of 3: the replay
+// was missed, because the wait's end did not read the key again. No error, no hang past the wait.
+// Now: automatic sees the pooler (the server's backend pid is not the one PgBouncer gave libpq)
+// and polls the key; poll always polls; notify reads the key at the wait's end (replays late).
+// Each strategy also runs directly against PostgreSQL, where all three are prompt.
+TEST_CASE("scenario 6: PgBouncer in transaction mode — ClaimOptions::wait replays the owner's save",
+          "[fault][pgbouncer][wait]") {
+    using Strategy = idem::PostgresOptions::WaitStrategy;
+    const std::string url = require_db();
+    if (skip_without_pgbouncer())
+        return;
+    const Strategy strategy = GENERATE(Strategy::automatic, Strategy::poll, Strategy::notify);
+    const bool through_bouncer = GENERATE(true, false);
+    const char* const strategy_name = strategy == Strategy::automatic ? "automatic"
+                                      : strategy == Strategy::poll    ? "poll"
+                                                                      : "notify";
+    CAPTURE(strategy_name, through_bouncer);
+    PgBouncer bouncer(3);
+    IdemTable table(url);
+    Effects effects(url);
+    auto options =
+        bouncer_options(table); // (fine directly too: unnamed statements, no startup options)
+    options.wait_strategy = strategy;
+    const std::string target = through_bouncer ? bouncer.url() : url;
+    // Two stores, as two instances of a service would be, on the same path to the database.
+    idem::PostgresStore store_a(target, options);
+    idem::PostgresStore store_b(target, options);
+    store_a.ensure_schema();
+    const std::string scope = idem_test::unique_name("bouncer_wait");
+    // notify through a transaction-mode pooler hears nothing: it replays at the wait's end.
+    const bool late = through_bouncer && strategy == Strategy::notify;
+    const bool listens =
+        strategy == Strategy::notify || (strategy == Strategy::automatic && !through_bouncer);
+    PgConn direct(url);
+
+    SECTION("the waiter replays A's exact bytes soon after A's save, the effect ran once") {
+        const auto wait = late ? 3s : 30s;
+        Figures f;
+        f.scenario = std::string("pgbouncer_wait_") + strategy_name +
+                     (through_bouncer ? "_bouncer" : "_direct");
+        std::string delays;
+        for (int i = 0; i < 3; ++i) {
+            const Key key(scope, "k" + std::to_string(i));
+            const WaitRound w = wait_round(store_a, store_b, effects, key, wait, true);
+            INFO("round " << i << ": A " << name(w.a.told) << " " << w.a.detail << ", B "
+                          << name(w.b.told) << " " << w.b.detail << " after " << w.b.ms << " ms, "
+                          << w.b_after_save_ms << " ms after A's save");
+            CHECK(w.b_waited);
+            CHECK(w.a.told == Told::executed);
+            CHECK(w.b.told == Told::replayed);
+            CHECK(w.b.bytes == w.a.bytes);
+            CHECK_FALSE(w.b.fn_started);
+            if (late) {
+                CHECK(w.b.ms >= 3000.0); // slept the whole wait, then read the key: replayed
+            } else {
+                CHECK(w.b_after_save_ms < 5000.0); // well before the 30 s wait ends
+            }
+            CHECK(effects_of(effects, key) == 1);
+            // Whether B LISTENed: it flags the row as waited for then (and only then), in the
+            // transaction after its LISTEN. automatic must not through the pooler.
+            CHECK(
+                direct
+                    .exec("SELECT waiters FROM " + table.name() + " WHERE scope = $1 AND key = $2",
+                          {key.scope(), key.value()})
+                    .text(0, 0) == (listens ? "t" : "f"));
+            delays += " " + std::to_string(static_cast<long>(w.b_after_save_ms));
+            ++f.rounds;
+        }
+        f.notes.push_back("B's return after A's save (ms):" + delays);
+        f.print();
+    }
+
+    SECTION("a wait that runs out answers in_progress, and the effect still runs once") {
+        const Key key(scope, "slow");
+        const WaitRound w = wait_round(store_a, store_b, effects, key, 2s, false);
+        INFO("B " << name(w.b.told) << " " << w.b.detail << " after " << w.b.ms << " ms");
+        CHECK(w.b.told == Told::in_progress);
+        CHECK_FALSE(w.b.fn_started);
+        CHECK(w.b.ms >= 2000.0);
+        CHECK(w.b.ms < 15000.0);
+        CHECK(w.a.told == Told::executed);
+        CHECK(effects_of(effects, key) == 1);
+        // Saved now: a waiting call answers at once with A's bytes.
+        Effects::Writer writer(effects);
+        idem::ClaimOptions claim;
+        claim.wait = 30s;
+        Call again = run_call(store_b, writer, key, true, claim);
+        CHECK(again.told == Told::replayed);
+        CHECK(again.bytes == w.a.bytes);
+        CHECK(again.ms < 5000.0);
+        CHECK(effects_of(effects, key) == 1);
     }
 }

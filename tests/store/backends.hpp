@@ -6,7 +6,10 @@
 // The suite calls execute_once through its backend: backend.execute_once(store, key, fp, fn
 // [, options]). MemoryBackend and PostgresBackend forward to idem::execute_once;
 // AsyncPostgresBackend (IDEM_CONTRACT_ASYNC) goes through idem::asio::async_execute_once(...,
-// use_future).get().
+// use_future).get(). RedisBackend (IDEM_CONTRACT_REDIS) makes RedisStores on one redis-server of
+// this process's own (appendfsync always), each backend under a key prefix of its own;
+// TieredBackend (IDEM_CONTRACT_TIERED) makes CachedStores whose tiers are a ReplayCache and a
+// RedisReplayCache in front of a PostgresStore on a private table.
 #pragma once
 
 #include "store_env.hpp"
@@ -22,8 +25,13 @@
 #include <string>
 #include <vector>
 #include <utility>
-#if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC)
+#if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC) || defined(IDEM_CONTRACT_TIERED)
 #include "pg.hpp"
+#endif
+#if defined(IDEM_CONTRACT_REDIS) || defined(IDEM_CONTRACT_TIERED)
+#include "idem/redis_replay_cache.hpp"
+#include "idem/redis_store.hpp"
+#include "redis_server.hpp"
 #endif
 #if defined(IDEM_CONTRACT_ASYNC)
 #include "idem/asio.hpp"
@@ -49,6 +57,10 @@ struct StoreConfig {
 
 /// The blocking execute_once, for the backends whose calls are the blocking ones.
 struct BlockingCalls {
+    /// Whether replays after the first are answered by a cache in front of the store, so that the
+    /// store's own counters (stats(), the primary's) never see them.
+    static constexpr bool replays_from_cache = false;
+
     template <class Fn>
     idem::Result<idem::effect_result_t<Fn>> execute_once(idem::IdempotencyStore& store, const idem::Key& key,
                                                          const idem::Fingerprint& fp, Fn&& fn,
@@ -82,7 +94,38 @@ private:
     std::vector<std::unique_ptr<idem::MemoryStore>> stores_;
 };
 
-#if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC)
+#if defined(IDEM_CONTRACT_REDIS) || defined(IDEM_CONTRACT_TIERED)
+/// This process's redis-server (appendonly yes, appendfsync always), started on first use.
+inline RedisServer& contract_redis() {
+    static RedisServer server;
+    return server;
+}
+#endif
+
+#if defined(IDEM_CONTRACT_REDIS)
+class RedisBackend : public BlockingCalls {
+public:
+    static constexpr const char* name = "RedisStore";
+    static constexpr bool shares_data = true;
+
+    idem::IdempotencyStore& make(const StoreConfig& config = {}) {
+        idem::RedisOptions options = contract_redis().store_options();
+        options.key_prefix = prefix_;
+        options.pool_size = 4;
+        options.max_result_bytes = config.max_result_bytes;
+        options.max_retry_after = config.max_retry_after;
+        options.default_lease = config.default_lease;
+        stores_.push_back(std::make_unique<idem::RedisStore>(options));
+        return *stores_.back();
+    }
+
+private:
+    std::string prefix_ = unique_name("idem") + ":";
+    std::vector<std::unique_ptr<idem::RedisStore>> stores_;
+};
+#endif
+
+#if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC) || defined(IDEM_CONTRACT_TIERED)
 /// The private table of one database backend: its name, and its removal (best effort: the cluster
 /// is throwaway) once the backend's stores are gone.
 struct PrivateTable {
@@ -155,6 +198,53 @@ private:
 };
 #endif
 
+#if defined(IDEM_CONTRACT_TIERED)
+/// CachedStore{ReplayCache, RedisReplayCache} in front of a PostgresStore on a private table: the
+/// contract holds through the tiers (replays from either cache, everything else from PostgreSQL).
+class TieredBackend : public BlockingCalls {
+public:
+    static constexpr const char* name = "CachedStore(ReplayCache, RedisReplayCache, PostgresStore)";
+    static constexpr bool shares_data = true;
+    static constexpr bool replays_from_cache = true;
+
+    TieredBackend() : table_("idem_tt") {}
+    ~TieredBackend() {
+        stores_.clear();
+        primaries_.clear();
+        table_.drop();
+    }
+    TieredBackend(const TieredBackend&) = delete;
+    TieredBackend& operator=(const TieredBackend&) = delete;
+
+    idem::IdempotencyStore& make(const StoreConfig& config = {}) {
+        auto primary = std::make_unique<idem::PostgresStore>(
+            table_.conninfo, contract_options(table_.name, config, "idem_contract_tiered_test"));
+        if (!table_.created) {
+            primary->ensure_schema();
+            table_.created = true;
+        }
+        idem::RedisReplayCacheOptions cache;
+        cache.connection = idem::RedisReplayCacheOptions::cache_connection_defaults();
+        cache.connection.unix_socket = contract_redis().socket();
+        cache.connection.key_prefix = prefix_;
+        // A busy test machine: the cache's 50 ms default would turn into misses, which the
+        // contract would survive, but then the tier would not be what is tested.
+        cache.connection.command_timeout = std::chrono::seconds(5);
+        std::vector<std::shared_ptr<idem::ReplayTier>> tiers{std::make_shared<idem::ReplayCache>(),
+                                                             std::make_shared<idem::RedisReplayCache>(cache)};
+        stores_.push_back(std::make_unique<idem::CachedStore>(*primary, std::move(tiers)));
+        primaries_.push_back(std::move(primary));
+        return *stores_.back();
+    }
+
+private:
+    PrivateTable table_;
+    std::string prefix_ = unique_name("idem") + ":";
+    std::vector<std::unique_ptr<idem::PostgresStore>> primaries_;
+    std::vector<std::unique_ptr<idem::CachedStore>> stores_;
+};
+#endif
+
 #if defined(IDEM_CONTRACT_ASYNC)
 /// AsyncPostgresStore on a private table, its io_context run by one thread of its own. The suite's
 /// direct store calls (claim, save, read...) are the store's blocking members, which run its
@@ -167,6 +257,7 @@ class AsyncPostgresBackend {
 public:
     static constexpr const char* name = "AsyncPostgresStore";
     static constexpr bool shares_data = true;
+    static constexpr bool replays_from_cache = false;
 
     AsyncPostgresBackend()
         : table_("idem_ta"), work_(io_.get_executor()), runner_([this] { io_.run(); }) {}

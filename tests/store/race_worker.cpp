@@ -3,6 +3,11 @@
 //
 // Usage: idem_race_worker CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS THREADS START_AT_MS OUTFILE
 //
+// Built three times: on PostgresStore (TABLE); as idem_redis_race_worker (IDEM_CONCURRENCY_REDIS)
+// on RedisStore at the socket in IDEM_RACE_REDIS_SOCKET, under the key prefix "TABLE:"; as
+// idem_tiered_race_worker (IDEM_CONCURRENCY_TIERED) on CachedStore{ReplayCache, RedisReplayCache
+// at that socket} in front of PostgresStore (TABLE). The effect rows go to PostgreSQL (CONNINFO).
+//
 // Waits until START_AT_MS (milliseconds since the Unix epoch) so that every process starts
 // together, then THREADS threads each walk the keys 0..KEYS-1 in their own shuffled order and call
 // execute_once. The effect INSERTs a row (scope, key, pid, tid) into EFFECTS_TABLE over its own
@@ -17,6 +22,11 @@
 #include "idem/idem.hpp"
 #include "pg.hpp"
 #include "race.hpp"
+#if defined(IDEM_CONCURRENCY_REDIS) || defined(IDEM_CONCURRENCY_TIERED)
+#include "idem/redis_replay_cache.hpp"
+#include "idem/redis_store.hpp"
+#include <cstdlib>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -57,12 +67,42 @@ int main(int argc, char** argv) {
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(thread_count));
     std::atomic<int> contract_violations{0};
     try {
+#if defined(IDEM_CONCURRENCY_REDIS)
+        // RedisStore on the parent's redis-server, under the key prefix TABLE:.
+        const char* socket = std::getenv("IDEM_RACE_REDIS_SOCKET");
+        if (socket == nullptr) {
+            std::cerr << "idem_redis_race_worker: IDEM_RACE_REDIS_SOCKET is not set\n";
+            return 2;
+        }
+        idem::RedisOptions options;
+        options.unix_socket = socket;
+        options.key_prefix = table + ":";
+        options.pool_size = static_cast<std::size_t>(thread_count);
+        idem::RedisStore store(options);
+#else
         idem::PostgresOptions options;
         options.table = table;
         options.pool_size = static_cast<std::size_t>(thread_count);
         options.application_name = "idem_race_worker";
+#if defined(IDEM_CONCURRENCY_TIERED)
+        idem::PostgresStore primary(conninfo, idem_test::env_options(options));
+        primary.ensure_schema(); // every process at once: must be harmless
+        const char* socket = std::getenv("IDEM_RACE_REDIS_SOCKET");
+        if (socket == nullptr) {
+            std::cerr << "idem_tiered_race_worker: IDEM_RACE_REDIS_SOCKET is not set\n";
+            return 2;
+        }
+        idem::RedisReplayCacheOptions cache;
+        cache.connection.unix_socket = socket;
+        cache.connection.key_prefix = table + ":";
+        cache.connection.pool_size = static_cast<std::size_t>(thread_count);
+        idem::CachedStore store(primary, {std::make_shared<idem::ReplayCache>(),
+                                          std::make_shared<idem::RedisReplayCache>(cache)});
+#else
         idem::PostgresStore store(conninfo, idem_test::env_options(options));
         store.ensure_schema(); // every process at once: must be harmless
+#endif
+#endif
         const auto fp = idem::fingerprint(std::string("race"), std::string(scope));
 
         // Each thread connects for its effect before the start, so the race is about idem only.

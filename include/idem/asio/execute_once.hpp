@@ -79,14 +79,20 @@ namespace idem::asio {
 /// counterpart of idem::Context, with awaitable writes).
 class AsyncContext {
 public:
+    /// Made by async_execute_once for the effect; `taken_over` is the earlier attempt's record
+    /// after a resume-mode takeover, else null.
     AsyncContext(AsyncPostgresStore& store, const Key& key, Fence fence, const Record* taken_over) noexcept
         : store_(store), key_(key), fence_(fence), taken_over_(taken_over) {}
 
+    /// The key this call claimed.
     [[nodiscard]] const Key& key() const noexcept { return key_; }
+    /// The fence token of this claim.
     [[nodiscard]] Fence fence() const noexcept { return fence_; }
     /// 1 for the first attempt at this key; more when resume mode took over a stale attempt.
     [[nodiscard]] int attempt() const noexcept { return taken_over_ ? taken_over_->attempt : 1; }
+    /// The last recovery point an earlier attempt recorded (resume mode).
     [[nodiscard]] std::optional<std::string> phase() const { return taken_over_ ? taken_over_->phase : std::nullopt; }
+    /// The data recorded with phase().
     [[nodiscard]] std::optional<std::string> phase_data() const {
         return taken_over_ ? taken_over_->phase_data : std::nullopt;
     }
@@ -110,7 +116,7 @@ private:
 
 /// Per-call settings of async_execute_once.
 struct AsyncOptions {
-    ClaimOptions claim{};
+    ClaimOptions claim{};  ///< lease, retention, resume mode, waiting: as for execute_once
     /// The whole call's deadline from its start; zero: none. Passing it cancels the call (see the
     /// header comment: call_cancelled before the effect, the effect's own error after).
     std::chrono::milliseconds deadline{0};
@@ -228,6 +234,8 @@ template <class F>
 using async_effect_result_t = typename detail::async_effect<std::decay_t<F>>::type;
 
 template <class F, class Token>
+/// execute_once on an event loop: completes `token` with void(std::exception_ptr, Result<R>), the
+/// same outcomes and errors as execute_once, plus call_cancelled (see the top of this header).
 auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn, AsyncOptions options, Token&& token) {
     using Fn = F;
     using R = async_effect_result_t<F>;
@@ -274,6 +282,7 @@ auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn
 }
 
 template <class F, class Token>
+/// async_execute_once with default AsyncOptions.
 auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn, Token&& token) {
     return async_execute_once(store, std::move(key), std::move(fp), std::move(fn), AsyncOptions{},
                               std::forward<Token>(token));

@@ -67,8 +67,11 @@
 
 namespace idem::asio {
 
+/// PostgreSQL for event loops: non-blocking, pipelined connections on an Asio executor, operations
+/// with completion tokens (see the top of this header).
 class AsyncPostgresStore final : public IdempotencyStore {
 public:
+    /// The strand the store's work runs on.
     using executor_type = boost::asio::strand<boost::asio::any_io_executor>;
 
     /// Connects lazily (the first operation opens the first connection). Throws config_error for
@@ -80,6 +83,7 @@ public:
 
     /// The strand every operation of this store runs on (and async_execute_once's effect too).
     [[nodiscard]] executor_type get_executor() const noexcept;
+    /// The options the store was made with.
     [[nodiscard]] const PostgresOptions& options() const noexcept;
 
     /// A blocking PostgresStore on the same database and table (2 connections, made on first use):
@@ -131,13 +135,20 @@ public:
 
     // ---- The same operations as coroutines, for code already running on get_executor() (as
     // async_execute_once's effect does): co_await them there, and only there.
+    /// claim() as a coroutine.
     boost::asio::awaitable<Claim> co_claim(Key key, Fingerprint fp, ClaimOptions options = {});
+    /// save() as a coroutine.
     boost::asio::awaitable<void> co_save(Key key, Fence fence, std::string result);
+    /// release() as a coroutine.
     boost::asio::awaitable<void> co_release(Key key, Fence fence);
+    /// extend_lease() as a coroutine.
     boost::asio::awaitable<void> co_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease);
+    /// record_phase() as a coroutine.
     boost::asio::awaitable<void> co_record_phase(Key key, Fence fence, std::string phase, std::string data);
+    /// take_over() as a coroutine.
     boost::asio::awaitable<std::optional<Fence>> co_take_over(Key key, Fence stale_fence, std::chrono::milliseconds lease,
                                                               bool new_attempt);
+    /// read() as a coroutine.
     boost::asio::awaitable<std::optional<Record>> co_read(Key key);
 
     // ---- IdempotencyStore (blocking; see the header comment).

@@ -36,6 +36,8 @@
 namespace idem::http {
 
 template <class Handler>
+/// respond() in in-transaction mode: the handler's statements (through its Transaction&) and the
+/// stored response commit together with the claim (see the top of this header).
 [[nodiscard]] Response respond_in_transaction(PostgresStore& store, const Request& request, std::string_view scope,
                                               const Route& route, Handler&& handler) {
     detail::Admission admission = detail::admit(request, scope, route);

@@ -1,0 +1,143 @@
+// A hiredis connection and a small pool of them (internal to idem::redis).
+//
+// A Connection sends commands in pipelines: append() queues one, read() waits for the oldest
+// answer (replies come back in the order the commands were sent). Every failure is typed the
+// way RedisStore reports it: I/O errors and timeouts are store_unavailable and leave the connection
+// broken (it is never reused: an answer may still be on its way); refusals by the server are
+// classified by their error code (see classify_error).
+//
+// Thread-safety: a Connection is used by one thread at a time (the pool hands it out); the Pool is
+// thread-safe.
+#pragma once
+
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/redis_store.hpp"
+
+struct redisContext;
+struct redisReply;
+
+namespace idem::redis {
+
+struct ReplyDeleter {
+    void operator()(redisReply* reply) const noexcept;
+};
+/// One answer, owned.
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+/// What a reply is, without hiredis's header.
+enum class ReplyType { string, array, integer, nil, status, error, other };
+[[nodiscard]] ReplyType type_of(const redisReply& reply) noexcept;
+[[nodiscard]] std::string_view text_of(const redisReply& reply) noexcept;  ///< string, status, error
+[[nodiscard]] long long integer_of(const redisReply& reply) noexcept;
+[[nodiscard]] std::size_t size_of(const redisReply& reply) noexcept;       ///< array elements
+[[nodiscard]] const redisReply& element(const redisReply& reply, std::size_t i) noexcept;
+
+/// Throws the idem error for an error reply to `what` (the first word of a Redis error is its code):
+/// NOAUTH / WRONGPASS / NOPERM → config_error; LOADING / BUSY / READONLY / OOM / MASTERDOWN /
+/// TRYAGAIN / CLUSTERDOWN / NOREPLICAS → store_unavailable; WRONGTYPE → corrupt_record; anything
+/// else → database_error. `where` names the server (never its password).
+[[noreturn]] void throw_error_reply(std::string_view message, std::string_view what, std::string_view where);
+
+/// Where the options point, for messages: "unix socket /p" or "127.0.0.1:6379".
+[[nodiscard]] std::string location(const RedisOptions& options);
+
+class Connection {
+public:
+    /// Connects, authenticates and selects the database, all within connect_timeout; then every
+    /// wait for an answer is bounded by command_timeout. Throws store_unavailable (cannot connect,
+    /// timed out) or config_error (authentication refused, bad database).
+    explicit Connection(const RedisOptions& options);
+    ~Connection();
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    /// Queues one command (binary-safe arguments); nothing is sent until read().
+    void append(std::span<const std::string_view> args);
+    void append(std::initializer_list<std::string_view> args) {
+        append(std::span<const std::string_view>(args.begin(), args.size()));
+    }
+    /// Sends what is queued and waits for the next answer. An error reply is returned, not thrown
+    /// (the caller knows what it means); I/O failures and timeouts throw store_unavailable and
+    /// break the connection.
+    [[nodiscard]] Reply read(std::string_view what);
+
+    [[nodiscard]] bool broken() const noexcept { return broken_; }
+    /// Whether it may go back to the pool: not broken, and no answer still owed to a command sent
+    /// (one left unread would be taken for the answer to the next command).
+    [[nodiscard]] bool reusable() const noexcept { return !broken_ && owed_ == 0; }
+    /// Script name → SHA1, as loaded on this connection's server (see RedisStore).
+    std::vector<std::string> script_shas;
+
+private:
+    // Sends what append() queued (see connection.cpp: without SIGPIPE).
+    void flush(std::string_view what);
+
+    redisContext* context_ = nullptr;
+    std::string where_;
+    bool broken_ = false;
+    std::size_t owed_ = 0;  // commands appended whose answers were not read yet
+};
+
+/// At most `size` connections, opened lazily by `open`; a caller waits up to `wait` for one (then
+/// pool_timeout). A connection that is not reusable() (broken, or owed an answer) is closed when
+/// given back.
+class Pool {
+public:
+    using Opener = std::function<std::unique_ptr<Connection>()>;
+    Pool(std::size_t size, std::chrono::milliseconds wait, Opener open);
+    ~Pool();
+
+    class Lease {
+    public:
+        Lease(Pool& pool, std::unique_ptr<Connection> conn) noexcept : pool_(&pool), conn_(std::move(conn)) {}
+        Lease(Lease&& other) noexcept : pool_(other.pool_), conn_(std::move(other.conn_)) {}
+        Lease& operator=(Lease&&) = delete;
+        ~Lease() {
+            if (conn_) pool_->give_back(std::move(conn_));
+        }
+        Connection& operator*() const noexcept { return *conn_; }
+        Connection* operator->() const noexcept { return conn_.get(); }
+        /// Closes the connection instead of giving it back (its state is unknown).
+        void discard() noexcept;
+
+    private:
+        Pool* pool_;
+        std::unique_ptr<Connection> conn_;
+    };
+
+    /// An idle connection, a new one, or one given back within the wait. Throws pool_timeout, or
+    /// what opening a connection throws.
+    [[nodiscard]] Lease acquire();
+    /// Closes every idle connection (after a failure that suggests the server restarted).
+    void drop_idle() noexcept;
+
+    std::atomic<std::uint64_t> opened{0};
+    std::atomic<std::uint64_t> discarded{0};
+
+private:
+    void give_back(std::unique_ptr<Connection> conn) noexcept;
+
+    std::size_t size_;
+    std::chrono::milliseconds wait_;
+    Opener open_;
+    std::mutex mutex_;
+    std::condition_variable returned_;
+    std::vector<std::unique_ptr<Connection>> idle_;
+    std::size_t open_count_ = 0;
+};
+
+}  // namespace idem::redis

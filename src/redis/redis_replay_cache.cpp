@@ -1,0 +1,293 @@
+#include "idem/redis_replay_cache.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "common.hpp"
+#include "connection.hpp"
+#include "idem/errors.hpp"
+
+namespace idem {
+
+using redis::Connection;
+using redis::Reply;
+using redis::ReplyType;
+using SysClock = std::chrono::system_clock;
+
+namespace {
+
+// An entry's bytes: a version tag, then the record's fields, integers little-endian, strings with
+// a 32-bit length. Optional strings carry a presence byte first.
+constexpr std::string_view kMagic = "idem-c1";
+
+class Writer {
+public:
+    void integer(std::int64_t v) {
+        for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
+    }
+    void text(std::string_view s) {
+        integer(static_cast<std::int64_t>(s.size()));
+        out_.append(s);
+    }
+    void optional_text(const std::optional<std::string>& s) {
+        out_.push_back(s ? '\1' : '\0');
+        if (s) text(*s);
+    }
+    std::string& out() { return out_; }
+
+private:
+    std::string out_;
+};
+
+class Reader {
+public:
+    explicit Reader(std::string_view in) : in_(in) {}
+    std::int64_t integer() {
+        need(8);
+        std::uint64_t v = 0;
+        for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[pos_ + static_cast<std::size_t>(i)])) << (8 * i);
+        pos_ += 8;
+        return static_cast<std::int64_t>(v);
+    }
+    std::string text() {
+        const auto n = integer();
+        if (n < 0) throw corrupt_record("idem: a Redis cache entry has a negative length");
+        need(static_cast<std::size_t>(n));
+        std::string s(in_.substr(pos_, static_cast<std::size_t>(n)));
+        pos_ += static_cast<std::size_t>(n);
+        return s;
+    }
+    std::optional<std::string> optional_text() {
+        need(1);
+        const char present = in_[pos_++];
+        if (present == '\0') return std::nullopt;
+        return text();
+    }
+    void expect(std::string_view bytes) {
+        need(bytes.size());
+        if (in_.substr(pos_, bytes.size()) != bytes) throw corrupt_record("idem: not an idem Redis cache entry");
+        pos_ += bytes.size();
+    }
+    bool done() const { return pos_ == in_.size(); }
+
+private:
+    void need(std::size_t n) const {
+        if (in_.size() - pos_ < n) throw corrupt_record("idem: a Redis cache entry is truncated");
+    }
+    std::string_view in_;
+    std::size_t pos_ = 0;
+};
+
+std::int64_t ms_of(SysClock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+std::string encode(const Record& r) {
+    Writer w;
+    w.out().append(kMagic);
+    w.integer(static_cast<std::int64_t>(r.fingerprint.algorithm()));
+    w.text(r.fingerprint.bytes());
+    w.integer(r.fence);
+    w.integer(r.attempt);
+    w.text(r.result.value_or(std::string()));
+    w.optional_text(r.phase);
+    w.optional_text(r.phase_data);
+    w.integer(ms_of(r.created_at));
+    w.integer(ms_of(r.lease_until));
+    w.integer(ms_of(r.expires_at));
+    return std::move(w.out());
+}
+
+// Unix ms as a time_point, refusing what system_clock cannot hold (a hostile or foreign entry).
+SysClock::time_point time_of(std::int64_t ms) {
+    constexpr std::int64_t kLimit =
+        std::chrono::duration_cast<std::chrono::milliseconds>(SysClock::duration::max()).count() - 1;
+    if (ms > kLimit || ms < -kLimit) throw corrupt_record("idem: a Redis cache entry holds a time out of range");
+    return SysClock::time_point(std::chrono::milliseconds(ms));
+}
+
+Record decode(std::string_view bytes) {
+    Reader in(bytes);
+    in.expect(kMagic);
+    Record r;
+    r.state = RecordState::completed;
+    const auto algorithm = in.integer();
+    const std::string fp = in.text();
+    r.fingerprint = Fingerprint::from_bytes(static_cast<std::int16_t>(algorithm), fp);
+    r.fence = in.integer();
+    r.attempt = static_cast<std::int32_t>(in.integer());
+    r.result = in.text();
+    r.phase = in.optional_text();
+    r.phase_data = in.optional_text();
+    r.created_at = time_of(in.integer());
+    r.lease_until = time_of(in.integer());
+    r.expires_at = time_of(in.integer());
+    if (!in.done()) throw corrupt_record("idem: a Redis cache entry has trailing bytes");
+    return r;
+}
+
+std::string entry_key(const std::string& prefix, const Key& key) {
+    return fmt::format("{}c:{}:{}{}", prefix, key.scope().size(), key.scope(), key.value());
+}
+
+}  // namespace
+
+struct RedisReplayCache::Impl {
+    RedisReplayCacheOptions options;
+    redis::Pool pool;
+    std::atomic<std::int64_t> paused_until{0};  // steady ns; 0: not paused
+    struct Counters {
+        std::atomic<std::uint64_t> hits{0}, misses{0}, inserts{0}, rejected{0}, errors{0}, skipped{0};
+    } counters;
+
+    explicit Impl(RedisReplayCacheOptions o)
+        : options(std::move(o)),
+          pool(options.connection.pool_size, options.connection.pool_wait,
+               [this] { return std::make_unique<Connection>(options.connection); }) {}
+
+    static std::int64_t steady_ns() {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    }
+
+    bool paused() {
+        const auto until = paused_until.load(std::memory_order_relaxed);
+        if (until == 0 || steady_ns() >= until) return false;
+        counters.skipped.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+
+    void failed() {
+        counters.errors.fetch_add(1, std::memory_order_relaxed);
+        paused_until.store(steady_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(options.pause_after_error).count(),
+                           std::memory_order_relaxed);
+    }
+
+    // Runs `fn(conn)`; a failure is counted and gives `fallback`. A failure of Redis (an error, a
+    // timeout, a lost connection) also pauses the tier; one of this process (every pooled
+    // connection busy) does not: under a burst the tier would go off for everyone. `gated` calls
+    // are skipped during a pause; erase() is not (a forget must reach Redis, or say it did not).
+    template <class T, class Fn>
+    T guarded(T fallback, bool gated, Fn&& fn) {
+        if (gated && paused()) return fallback;
+        try {
+            auto lease = pool.acquire();
+            try {
+                return fn(*lease);
+            } catch (...) {
+                lease.discard();  // an answer may still be on its way: never reuse the connection
+                throw;
+            }
+        } catch (const pool_timeout&) {
+            counters.errors.fetch_add(1, std::memory_order_relaxed);
+            return fallback;
+        } catch (const std::exception&) {
+            failed();
+            return fallback;
+        }
+    }
+
+    static void expect_ok(const Reply& reply) {
+        if (redis::type_of(*reply) == ReplyType::error) {
+            throw store_unavailable(std::string("idem: Redis cache: ") + std::string(redis::text_of(*reply)));
+        }
+    }
+};
+
+RedisReplayCache::RedisReplayCache(RedisReplayCacheOptions options) {
+    const RedisOptions& c = options.connection;
+    if (c.pool_size == 0) throw config_error("idem: RedisReplayCacheOptions: connection.pool_size must be at least 1");
+    if (c.unix_socket.empty() && c.host.empty()) throw config_error("idem: RedisReplayCacheOptions: set a host or unix_socket");
+    if (c.key_prefix.empty()) throw config_error("idem: RedisReplayCacheOptions: connection.key_prefix must not be empty");
+    if (c.connect_timeout.count() <= 0 || c.command_timeout.count() <= 0) {
+        throw config_error("idem: RedisReplayCacheOptions: timeouts must be positive");
+    }
+    if (options.pause_after_error.count() < 0) throw config_error("idem: RedisReplayCacheOptions: pause_after_error < 0");
+    if (options.max_entry_bytes == 0) throw config_error("idem: RedisReplayCacheOptions: max_entry_bytes must be > 0");
+    impl_ = std::make_unique<Impl>(std::move(options));
+}
+
+RedisReplayCache::~RedisReplayCache() = default;
+
+std::shared_ptr<const Record> RedisReplayCache::find(const Key& key) {
+    Impl& m = *impl_;
+    auto hit = m.guarded(std::shared_ptr<const Record>(), true, [&](Connection& conn) -> std::shared_ptr<const Record> {
+        const std::string k = entry_key(m.options.connection.key_prefix, key);
+        conn.append({"GET", k});
+        conn.append({"PTTL", k});
+        Reply value = conn.read("cache get");
+        Reply ttl = conn.read("cache get");
+        Impl::expect_ok(value);
+        Impl::expect_ok(ttl);
+        if (redis::type_of(*value) != ReplyType::string) return nullptr;
+        const long long left_ms = redis::integer_of(*ttl);
+        if (left_ms <= 0) return nullptr;  // expired between the two, or no TTL (not ours)
+        std::shared_ptr<Record> record;
+        try {
+            record = std::make_shared<Record>(decode(redis::text_of(*value)));
+        } catch (const corrupt_record&) {
+            // Not an entry of ours (or of another version): a miss, and it goes, so the primary's
+            // answer replaces it. Redis itself is fine: no pause.
+            m.counters.errors.fetch_add(1, std::memory_order_relaxed);
+            conn.append({"DEL", k});
+            Impl::expect_ok(conn.read("cache del"));
+            return nullptr;
+        }
+        // What is left now, stated by Redis's TTL, whatever this host's clock says.
+        record->read_at = record->expires_at - std::chrono::milliseconds(left_ms);
+        return record;
+    });
+    (hit ? m.counters.hits : m.counters.misses).fetch_add(1, std::memory_order_relaxed);
+    return hit;
+}
+
+bool RedisReplayCache::insert(const Key& key, const Record& record, time_point asked_at) {
+    Impl& m = *impl_;
+    const bool stated = record.read_at != SysClock::time_point{};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        (record.expires_at - record.read_at) - (now() - asked_at));
+    const std::size_t size = record.result.value_or(std::string()).size() +
+                             record.phase_data.value_or(std::string()).size() + key.scope().size() +
+                             key.value().size();
+    if (record.state != RecordState::completed || !record.result || !stated || record.expired ||
+        left.count() <= 0 || size > m.options.max_entry_bytes) {
+        m.counters.rejected.fetch_add(1, std::memory_order_relaxed);
+        return false;
+    }
+    const std::string value = encode(record);
+    const bool kept = m.guarded(false, true, [&](Connection& conn) {
+        conn.append({"SET", entry_key(m.options.connection.key_prefix, key), value, "PX", std::to_string(left.count())});
+        Reply reply = conn.read("cache set");
+        Impl::expect_ok(reply);
+        return true;
+    });
+    if (kept) m.counters.inserts.fetch_add(1, std::memory_order_relaxed);
+    return kept;
+}
+
+bool RedisReplayCache::erase(const Key& key) {
+    Impl& m = *impl_;
+    return m.guarded(false, false, [&](Connection& conn) {
+        conn.append({"DEL", entry_key(m.options.connection.key_prefix, key)});
+        Reply reply = conn.read("cache del");
+        Impl::expect_ok(reply);
+        return redis::integer_of(*reply) > 0;
+    });
+}
+
+ReplayTier::time_point RedisReplayCache::now() const { return std::chrono::steady_clock::now(); }
+
+RedisReplayCacheStats RedisReplayCache::stats() const noexcept {
+    const auto& c = impl_->counters;
+    RedisReplayCacheStats s;
+    s.hits = c.hits.load(std::memory_order_relaxed);
+    s.misses = c.misses.load(std::memory_order_relaxed);
+    s.inserts = c.inserts.load(std::memory_order_relaxed);
+    s.rejected = c.rejected.load(std::memory_order_relaxed);
+    s.errors = c.errors.load(std::memory_order_relaxed);
+    s.skipped = c.skipped.load(std::memory_order_relaxed);
+    return s;
+}
+
+}  // namespace idem

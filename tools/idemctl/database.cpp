@@ -1,0 +1,126 @@
+// tools/idemctl/database.cpp — idemctl's libpq session (see database.hpp).
+#include "database.hpp"
+
+#include "cli.hpp"
+#include "conninfo.hpp"
+
+#include <array>
+#include <fmt/format.h>
+#include <libpq-fe.h>
+#include <string_view>
+
+namespace idemctl {
+namespace {
+
+std::string trimmed(const char* message) {
+    std::string s = message ? message : "";
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+        s.pop_back();
+    return s;
+}
+
+// PostgreSQL's (English) words for a connection refused for good; anything else may heal.
+bool permanent_connect_failure(std::string_view message) {
+    constexpr std::array<std::string_view, 4> kPermanent{
+        "authentication failed", "does not exist", "no pg_hba.conf entry", "permission denied"};
+    for (const auto m : kPermanent) {
+        if (message.find(m) != std::string_view::npos)
+            return true;
+    }
+    return false;
+}
+
+} // namespace
+
+Rows::Rows(pg_result* result) : result_(result, &PQclear) {}
+
+int Rows::count() const noexcept {
+    return PQntuples(result_.get());
+}
+
+bool Rows::is_null(int row, int column) const noexcept {
+    return PQgetisnull(result_.get(), row, column) != 0;
+}
+
+std::string Rows::text(int row, int column) const {
+    return std::string(PQgetvalue(result_.get(), row, column),
+                       static_cast<std::size_t>(PQgetlength(result_.get(), row, column)));
+}
+
+std::optional<std::string> Rows::optional_text(int row, int column) const {
+    if (is_null(row, column))
+        return std::nullopt;
+    return text(row, column);
+}
+
+std::int64_t Rows::integer(int row, int column) const {
+    return is_null(row, column) ? 0 : std::stoll(text(row, column));
+}
+
+bool Rows::boolean(int row, int column) const noexcept {
+    return !is_null(row, column) && PQgetvalue(result_.get(), row, column)[0] == 't';
+}
+
+Database::Database(const std::string& conninfo) : conninfo_(conninfo) {
+    require_parsable(conninfo);
+    // The conninfo comes last and is expanded: what it says takes precedence over these defaults.
+    const std::array<const char*, 4> keys{"connect_timeout", "application_name", "dbname", nullptr};
+    const std::array<const char*, 4> values{"5", "idemctl", conninfo.c_str(), nullptr};
+    conn_.reset(PQconnectdbParams(keys.data(), values.data(), 1), &PQfinish);
+    if (!conn_)
+        throw ToolError(Exit::unavailable, "out of memory creating a PostgreSQL connection");
+    if (PQstatus(conn_.get()) != CONNECTION_OK) {
+        const std::string message = trimmed(PQerrorMessage(conn_.get()));
+        const bool permanent = permanent_connect_failure(message);
+        throw ToolError(permanent ? Exit::config : Exit::unavailable,
+                        fmt::format("{} ({}): cannot connect to PostgreSQL: {}",
+                                    permanent ? "configuration error" : "database unavailable",
+                                    redacted(conninfo_), message));
+    }
+    PQsetNoticeProcessor(
+        conn_.get(), [](void*, const char*) {}, nullptr);
+}
+
+Rows Database::query(const std::string& sql, const std::vector<std::optional<std::string>>& params,
+                     const std::string& table) {
+    std::vector<const char*> values;
+    values.reserve(params.size());
+    for (const auto& p : params)
+        values.push_back(p ? p->c_str() : nullptr);
+    PGresult* result = PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()),
+                                    nullptr, values.data(), nullptr, nullptr, 0);
+    const ExecStatusType status = result ? PQresultStatus(result) : PGRES_FATAL_ERROR;
+    if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK)
+        return Rows(result);
+    const char* field = result ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
+    const std::string sqlstate = field ? field : "";
+    const std::string message =
+        trimmed(result ? PQresultErrorMessage(result) : PQerrorMessage(conn_.get()));
+    PQclear(result);
+    if (sqlstate == "42P01") {
+        throw ToolError(
+            Exit::config,
+            fmt::format("table {} does not exist (create it: PostgresStore::ensure_schema(), "
+                        "or docs/schema.sql; or name another with --table)",
+                        table));
+    }
+    if (sqlstate.starts_with("42") || sqlstate.starts_with("28") || sqlstate == "3D000") {
+        throw ToolError(Exit::config, fmt::format("configuration error ({}): {}", table, message));
+    }
+    if (sqlstate.empty() || sqlstate.starts_with("08") || sqlstate.starts_with("57") ||
+        sqlstate == "55P03" || PQstatus(conn_.get()) != CONNECTION_OK) {
+        throw ToolError(Exit::unavailable,
+                        fmt::format("database unavailable ({}): {}", redacted(conninfo_), message));
+    }
+    throw ToolError(Exit::failure,
+                    fmt::format("the database refused a statement ({}): {}", sqlstate, message));
+}
+
+std::string quoted_table(const std::string& table) {
+    const auto dot = table.find('.');
+    if (dot == std::string::npos)
+        return "\"" + table + "\"";
+    return "\"" + table.substr(0, dot) + "\".\"" + table.substr(dot + 1) + "\"";
+}
+
+} // namespace idemctl
