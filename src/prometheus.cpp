@@ -326,17 +326,17 @@ std::string PrometheusObserver::render() const {
                   pool->waited);
         w.counter("idem_pool_acquire_timeouts_total", "Requests that waited pool_wait in vain (pool_timeout).",
                   pool->timeouts);
+        // Only the requests that waited are observed, each once when its wait ended: every series
+        // then only grows. (Counting the requests that found a connection free as 0 s would make the
+        // low buckets shrink whenever a request still waiting at one scrape ends by the next.)
         w.family("idem_pool_acquire_wait_seconds", "histogram",
-                 "Time each request for a pooled connection waited for one (0 when one was free).");
+                 "Time spent waiting for a pooled connection by the requests that found none free.");
         static const auto les = [] {
             std::vector<std::string> v;
             for (const double bound : PoolStats::wait_bounds) append_number(v.emplace_back(), bound);
             return v;
         }();
-        const std::uint64_t no_wait = pool->acquires - std::min(pool->acquires, pool->waited);
-        std::array<std::uint64_t, PoolStats::wait_bounds.size()> within{};
-        for (std::size_t i = 0; i < within.size(); ++i) within[i] = no_wait + pool->waits_within[i];
-        w.histogram("idem_pool_acquire_wait_seconds", "", les, within, pool->acquires,
+        w.histogram("idem_pool_acquire_wait_seconds", "", les, pool->waits_within, pool->waited,
                     seconds(static_cast<std::uint64_t>(std::max<std::int64_t>(0, pool->wait_time.count()))));
     }
     return out;

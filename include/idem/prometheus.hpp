@@ -31,8 +31,9 @@
 //   idem_pool_acquires_total, idem_pool_acquire_waits_total, idem_pool_acquire_timeouts_total
 //                                            counters   connection requests, those that waited,
 //                                                       those that ended in pool_timeout
-//   idem_pool_acquire_wait_seconds           histogram  time each acquire waited (PoolStats::
-//       wait_bounds; an acquire that did not wait is an observation of 0)
+//   idem_pool_acquire_wait_seconds           histogram  time waited by each acquire that found no
+//       connection free (PoolStats::wait_bounds), observed once when its wait ended; acquires that
+//       did not wait are not observed (idem_pool_acquires_total counts them all)
 //
 // Worth alerting on (docs/reliability.md, "Metrics"): increase(idem_reconcile_failures_total[15m])
 // > 0; idem_calls_total{outcome="unknown"} rising faster than idem_reconciled_total (keys pile up

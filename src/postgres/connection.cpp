@@ -366,7 +366,9 @@ void Connection::wait(short events, Clock::time_point deadline) {
     if (fd < 0) fail("no socket");
     for (;;) {
         if (overdue_.load(std::memory_order_acquire)) fail_overdue();
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        // Rounded up: truncated, the last fraction of a millisecond before the deadline would spin in
+        // poll(fd, 0), once per poll interval of a wait.
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
         if (left.count() <= 0) fail_overdue();
         pollfd p{fd, events, 0};
         // Watched: no timeout (no kernel timer per wait); the watchdog wakes us past the deadline.
@@ -476,7 +478,9 @@ bool Connection::wait_notification(std::string_view channel, std::string_view pa
         if (Clock::now() >= deadline) return false;
         const int fd = PQsocket(conn_.get());
         if (fd < 0) fail("no socket");
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        // Rounded up: truncated, the last fraction of a millisecond before the deadline would spin in
+        // poll(fd, 0), once per poll interval of a wait.
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
         pollfd p{fd, POLLIN, 0};
         if (::poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, 1000))) < 0 && errno != EINTR) {
             fail(std::string("poll: ") + std::strerror(errno));

@@ -199,25 +199,25 @@ idem_pool_acquire_waits_total 10
 # HELP idem_pool_acquire_timeouts_total Requests that waited pool_wait in vain (pool_timeout).
 # TYPE idem_pool_acquire_timeouts_total counter
 idem_pool_acquire_timeouts_total 1
-# HELP idem_pool_acquire_wait_seconds Time each request for a pooled connection waited for one (0 when one was free).
+# HELP idem_pool_acquire_wait_seconds Time spent waiting for a pooled connection by the requests that found none free.
 # TYPE idem_pool_acquire_wait_seconds histogram
-idem_pool_acquire_wait_seconds_bucket{le="0.0005"} 91
-idem_pool_acquire_wait_seconds_bucket{le="0.001"} 92
-idem_pool_acquire_wait_seconds_bucket{le="0.0025"} 93
-idem_pool_acquire_wait_seconds_bucket{le="0.005"} 93
-idem_pool_acquire_wait_seconds_bucket{le="0.01"} 94
-idem_pool_acquire_wait_seconds_bucket{le="0.025"} 95
-idem_pool_acquire_wait_seconds_bucket{le="0.05"} 95
-idem_pool_acquire_wait_seconds_bucket{le="0.1"} 96
-idem_pool_acquire_wait_seconds_bucket{le="0.25"} 96
-idem_pool_acquire_wait_seconds_bucket{le="0.5"} 97
-idem_pool_acquire_wait_seconds_bucket{le="1"} 98
-idem_pool_acquire_wait_seconds_bucket{le="2.5"} 98
-idem_pool_acquire_wait_seconds_bucket{le="5"} 99
-idem_pool_acquire_wait_seconds_bucket{le="10"} 99
-idem_pool_acquire_wait_seconds_bucket{le="+Inf"} 100
+idem_pool_acquire_wait_seconds_bucket{le="0.0005"} 1
+idem_pool_acquire_wait_seconds_bucket{le="0.001"} 2
+idem_pool_acquire_wait_seconds_bucket{le="0.0025"} 3
+idem_pool_acquire_wait_seconds_bucket{le="0.005"} 3
+idem_pool_acquire_wait_seconds_bucket{le="0.01"} 4
+idem_pool_acquire_wait_seconds_bucket{le="0.025"} 5
+idem_pool_acquire_wait_seconds_bucket{le="0.05"} 5
+idem_pool_acquire_wait_seconds_bucket{le="0.1"} 6
+idem_pool_acquire_wait_seconds_bucket{le="0.25"} 6
+idem_pool_acquire_wait_seconds_bucket{le="0.5"} 7
+idem_pool_acquire_wait_seconds_bucket{le="1"} 8
+idem_pool_acquire_wait_seconds_bucket{le="2.5"} 8
+idem_pool_acquire_wait_seconds_bucket{le="5"} 9
+idem_pool_acquire_wait_seconds_bucket{le="10"} 9
+idem_pool_acquire_wait_seconds_bucket{le="+Inf"} 10
 idem_pool_acquire_wait_seconds_sum 1.5
-idem_pool_acquire_wait_seconds_count 100
+idem_pool_acquire_wait_seconds_count 10
 )EXP";
     // The store's figures, then the pool's, after the observer's own families.
     const auto purged = text.find("idem_purged_rows_total 0\n");
@@ -421,7 +421,7 @@ TEST_CASE("PrometheusObserver on a PostgresStore counts the calls made; pool_sta
     CHECK(sample(text, "idem_pool_acquire_waits_total") == "1");
     CHECK(sample(text, "idem_pool_acquire_timeouts_total") == "0");
     CHECK(sample(text, "idem_pool_acquires_total") == std::to_string(after.acquires));
-    CHECK(sample(text, "idem_pool_acquire_wait_seconds_count") == std::to_string(after.acquires));
+    CHECK(sample(text, "idem_pool_acquire_wait_seconds_count") == std::to_string(after.waited));
     CHECK(sample(text, "idem_store_claims_total") == std::to_string(store.stats().claims));
     CHECK(sample(text, "idem_store_connections_opened_total") == "1");
 }

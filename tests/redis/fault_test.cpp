@@ -371,22 +371,15 @@ TEST_CASE("power-loss shim: kill -9 under appendfsync everysec loses acknowledge
     // A first burst, all of it passed on by fsyncs (everysec: within a second or two).
     REQUIRE(pipelined_sets(server.socket(), "a-", 5000) == 5000);
     REQUIRE(wait_until([&] { return aof_all_synced(server); }, 30s));
-    // Then a burst of acknowledged SETs and the server frozen; if the AOF on disk did not grow
-    // since before the burst, no fsync passed the burst to the kernel: kill -9 must lose all of it.
-    // (An fsync that fell inside the burst — once a second — shows as growth: one more burst.)
-    std::size_t before_burst = 0, acked = 0;
-    bool unsynced = false;
-    for (int burst = 0; burst < 40 && !unsynced; ++burst) {
-        before_burst = static_cast<std::size_t>(dbsize(server));
-        const auto size = aof_bytes(server);
-        acked = pipelined_sets(server.socket(), "b" + std::to_string(burst) + "-", 5000);
-        REQUIRE(acked == 5000);
-        server.pause();
-        unsynced = aof_bytes(server) == size;
-        if (!unsynced) server.resume();
-    }
-    REQUIRE(unsynced);
+    // Then the machine's last moments: its fsyncs reach nothing (the shim holds them), a burst is
+    // acknowledged, kill -9. Everything of the burst was acknowledged and is in no file.
+    server.hold_fsyncs();
+    const std::size_t before_burst = static_cast<std::size_t>(dbsize(server));
+    const std::size_t acked = pipelined_sets(server.socket(), "b-", 5000);
+    REQUIRE(acked == 5000);
+    REQUIRE(dbsize(server) == static_cast<long long>(before_burst + acked));
     server.kill9();
+    server.release_fsyncs();
     server.start();
     const auto after = dbsize(server);
     std::cout << "REDIS-FAULT-FIGURES shim_everysec: acknowledged before the last burst=" << before_burst
@@ -464,24 +457,16 @@ TEST_CASE("kill -9 mid-load with appendfsync everysec (+ power loss): the check 
         // First an fsync that passed some of the load on (the loss is then a part, not all).
         const auto initial = aof_bytes(server);
         REQUIRE(wait_until([&] { return load.saved() >= 200 && aof_bytes(server) > initial; }, 60s));
-        // Then freeze the server once at least 200 saves were acknowledged while the AOF on disk
-        // did not grow (no fsync passed them on): those saves, bar the one in flight per thread
-        // when the size was taken, are in no file, so kill -9 loses them for certain.
-        bool unsynced = false;
-        for (int attempt = 0; attempt < 60 && !unsynced; ++attempt) {
-            const auto size = aof_bytes(server);
-            const std::size_t saved = load.saved();
-            REQUIRE(wait_until([&] { return load.saved() >= saved + 200; }, 60s));
-            server.pause();
-            unsynced = aof_bytes(server) == size;
-            if (unsynced) {
-                unsynced_saves = load.saved() - saved;
-            } else {
-                server.resume();
-            }
-        }
-        REQUIRE(unsynced);
+        // Then the machine's last moments: its fsyncs reach nothing (the shim holds them) while at
+        // least 200 more saves are acknowledged; kill -9. Those saves, bar the one in flight per
+        // thread when the hold began, are in no file, so kill -9 loses them for certain.
+        server.hold_fsyncs();
+        const std::size_t saved = load.saved();
+        REQUIRE(wait_until([&] { return load.saved() >= saved + 200; }, 60s));
+        server.pause();
+        unsynced_saves = load.saved() - saved;
         server.kill9();
+        server.release_fsyncs();
     });
     std::cout << "REDIS-FAULT-FIGURES crash_everysec_negative_control: " << round.note()
               << "; saves acknowledged while no fsync ran=" << unsynced_saves << " - NEGATIVE CONTROL: loss "

@@ -263,6 +263,19 @@ public:
         }
     }
 
+    /// With power_loss: from now on the server's fsyncs pass nothing to the disk (and report
+    /// success), as when the machine dies before its next fsync; a kill9() then loses everything
+    /// written since. Only meaningful for appendfsync everysec (always fsyncs before it answers).
+    void hold_fsyncs() {
+        if (!options_.power_loss) FAIL("RedisServer::hold_fsyncs needs power_loss");
+        std::ofstream(hold_path()).put('1');
+    }
+    /// The server's fsyncs reach the disk again.
+    void release_fsyncs() {
+        std::error_code ec;
+        std::filesystem::remove(hold_path(), ec);
+    }
+
     /// SIGSTOP: the server stops answering (connections stay open).
     void pause() {
         if (pid_ > 0) ::kill(pid_, SIGSTOP);
@@ -271,6 +284,9 @@ public:
     void resume() {
         if (pid_ > 0) ::kill(pid_, SIGCONT);
     }
+
+    /// The file whose existence holds the shim's fsyncs (tests/redis/power_loss.c, held()).
+    [[nodiscard]] std::string hold_path() const { return dir_ + "/power_loss.hold"; }
 
     /// The last `lines` lines of redis.log and stdout.log (for failure messages).
     [[nodiscard]] std::string log_tail(std::size_t lines = 30) const {
@@ -319,7 +335,10 @@ private:
         for (char** e = environ; *e != nullptr; ++e) {
             if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.emplace_back(*e);
         }
-        if (options_.power_loss) env.push_back("LD_PRELOAD=" + shim_);
+        if (options_.power_loss) {
+            env.push_back("LD_PRELOAD=" + shim_);
+            env.push_back("IDEM_POWER_LOSS_HOLD=" + hold_path());
+        }
         std::vector<char*> envp;
         for (auto& e : env) envp.push_back(e.data());
         envp.push_back(nullptr);

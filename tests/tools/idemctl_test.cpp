@@ -486,6 +486,15 @@ TEST_CASE("idemctl release: fenced, confirmed, or refused with the record unchan
     CHECK(unknown.exit_code == 1);
     CHECK(f.ctl({"release", f.scope, "k", "--fence", "x1", "--yes"}).exit_code == 2);
 
+    // --yes does not release a key still within its lease: its effect may be running right now.
+    const Run live = f.ctl({"release", f.claimed.scope(), f.claimed.value(), "--fence",
+                            std::to_string(f.claimed_fence), "--yes"});
+    CHECK(live.exit_code == 2);
+    CHECK(live.err.find("is still within its lease") != std::string::npos);
+    unchanged(f.claimed, f.claimed_fence);
+    // Limits far past what the SQL can hold are usage errors, not wrapped numbers.
+    CHECK(f.ctl({"list", "--limit", "18446744073709551615"}).exit_code == 2);
+
     // The right fence with --yes: released; the other in-progress key is untouched.
     const Run released =
         f.ctl({"release", f.stale.scope(), f.stale.value(), "--fence", fence, "--yes", "--json"});
@@ -513,13 +522,19 @@ TEST_CASE("idemctl release on a terminal asks, and only \"yes\" releases", "[ide
     REQUIRE(f.store.read(f.stale));
     CHECK(f.store.read(f.stale)->fence == f.stale_fence);
 
-    // A key whose lease has not passed: the prompt says an attempt may be running.
-    const Run live =
-        idemctl_on_tty({"release", f.claimed.scope(), f.claimed.value(), "--fence",
-                        std::to_string(f.claimed_fence), "--db", f.url, "--table", f.table},
-                       "no\n");
+    // A key whose lease has not passed: refused before any prompt (its effect may be running)...
+    std::vector<std::string> live_args{"release", f.claimed.scope(), f.claimed.value(), "--fence",
+                                       std::to_string(f.claimed_fence), "--db", f.url, "--table", f.table};
+    const Run live = idemctl_on_tty(live_args, "yes\n");
     CHECK(live.exit_code == 2);
-    CHECK(live.out.find("Its lease has not passed: an attempt may be running right now.") !=
+    CHECK(live.out.find("is still within its lease") != std::string::npos);
+    CHECK(live.out.find("Type yes to release: ") == std::string::npos);
+    CHECK(f.store.read(f.claimed)->fence == f.claimed_fence);
+    // ... and with --force the prompt says an attempt may be running.
+    live_args.push_back("--force");
+    const Run forced = idemctl_on_tty(live_args, "no\n");
+    CHECK(forced.exit_code == 2);
+    CHECK(forced.out.find("Its lease has not passed: an attempt may be running right now.") !=
           std::string::npos);
     CHECK(declined.out.find("Its lease has not passed") == std::string::npos);
     CHECK(f.store.read(f.claimed)->fence == f.claimed_fence);
@@ -580,6 +595,8 @@ TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no pas
     const std::vector<std::string> unreachable{
         "host=/nonexistent-idemctl-dir port=1 dbname=app user=ops password=" + password,
         "postgresql://ops:" + password + "@127.0.0.1:1/app",
+        // sslpassword is a secret too (the key file's passphrase).
+        "host=/nonexistent-idemctl-dir port=1 dbname=app user=ops sslpassword=" + password,
     };
     for (const auto& conninfo : unreachable) {
         for (const std::string command : {"show", "list"}) {
@@ -618,4 +635,20 @@ TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no pas
     CHECK(garbled.exit_code == 2);
     CHECK(garbled.err ==
           "idemctl: --db: libpq cannot parse the conninfo (not shown: it may hold a password)\n");
+    // An unencoded '@' in a URI's password: libpq would take the rest of it for the host.
+    const Run two_at = idemctl({"show", "s", "k", "--db", "postgresql://ops:pa@" + password + "@127.0.0.1:1/app"});
+    CHECK(two_at.exit_code == 2);
+    CHECK(two_at.err.find(password) == std::string::npos);
+    CHECK(two_at.err.find("%40") != std::string::npos);
+    // A bad connection option is a configuration error, not an outage to retry.
+    CHECK(idemctl({"show", "s", "k", "--db", f.url + " sslmode=bogus"}).exit_code == 5);
+}
+
+TEST_CASE("idemctl --json stays valid JSON whatever bytes it is given", "[idemctl]") {
+    Fixture f;
+    const Run bad = f.ctl({"--json", "list", "--state", "\xff\xc3"});
+    CHECK(bad.exit_code == 2);
+    const auto doc = json::parse(bad.out);  // throws on invalid UTF-8
+    CHECK(doc["error"]["exit"] == 2);
+    CHECK(doc["error"]["message"].get<std::string>().find("\xef\xbf\xbd") != std::string::npos);
 }

@@ -30,7 +30,8 @@ Commands:
   release SCOPE KEY --fence F
                           deletes an in-progress key whose effect CERTAINLY did not happen, so a
                           retry runs it again; only while F is still the key's fence. Asks for
-                          confirmation on a terminal; without one it needs --yes
+                          confirmation on a terminal; without one it needs --yes. Refused while
+                          the key's lease has not passed (its effect may be running) unless --force
   reconcile-report        in-progress keys past their lease, oldest lease first, with attempt,
                           phase, phase data and lease age: what a reconciler faces (--scope,
                           --scope-prefix, --limit, default 100)
@@ -49,6 +50,7 @@ Options:
   --batch N               purge: rows per transaction
   --fence F               release: the fence the key must still have (idemctl show prints it)
   --yes                   release: do not ask for confirmation
+  --force                 release: also while the key's lease has not passed
   -h, --help              this text
 
 Exit codes:
@@ -72,13 +74,14 @@ struct OptionSpec {
     std::array<std::string_view, 3> commands;
 };
 
-constexpr std::array<OptionSpec, 14> kOptions{{
+constexpr std::array<OptionSpec, 15> kOptions{{
     {"--db", true, {}},
     {"--table", true, {}},
     {"--json", false, {}},
     {"--help", false, {}},
     {"-h", false, {}},
     {"--yes", false, {"release"}},
+    {"--force", false, {"release"}},
     {"--fence", true, {"release"}},
     {"--scope", true, {"list", "reconcile-report"}},
     {"--scope-prefix", true, {"list", "reconcile-report"}},
@@ -107,15 +110,23 @@ constexpr std::array<CommandSpec, 6> kCommands{{
     throw ToolError(Exit::usage, message + " (idemctl --help lists commands and options)");
 }
 
-template <class Int> Int parse_integer(std::string_view text, std::string_view what, Int min) {
+template <class Int>
+Int parse_integer(std::string_view text, std::string_view what, Int min,
+                  Int max = std::numeric_limits<Int>::max()) {
     Int value{};
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc{} || end != text.data() + text.size() || value < min) {
-        usage(fmt::format("{} must be an integer{}, not '{}'", what,
-                          min > 0 ? fmt::format(" of at least {}", min) : std::string(), text));
+    if (ec != std::errc{} || end != text.data() + text.size() || value < min || value > max) {
+        usage(fmt::format("{} must be an integer{}{}, not '{}'", what,
+                          min > 0 ? fmt::format(" of at least {}", min) : std::string(),
+                          max < std::numeric_limits<Int>::max() ? fmt::format(" and at most {}", max)
+                                                               : std::string(),
+                          text));
     }
     return value;
 }
+
+// --limit and --batch: far below what the SQL's bigint (and limit + 1) can hold.
+constexpr std::size_t kMostRows = 1'000'000'000;
 
 void apply(Options& o, std::string_view name, const std::string& value) {
     if (name == "--db")
@@ -128,6 +139,8 @@ void apply(Options& o, std::string_view name, const std::string& value) {
         o.help = true;
     else if (name == "--yes")
         o.yes = true;
+    else if (name == "--force")
+        o.force = true;
     else if (name == "--fence")
         o.fence =
             parse_integer<std::int64_t>(value, "--fence", std::numeric_limits<std::int64_t>::min());
@@ -146,9 +159,9 @@ void apply(Options& o, std::string_view name, const std::string& value) {
     else if (name == "--older-than")
         o.older_than = parse_duration(value);
     else if (name == "--limit")
-        o.limit = parse_integer<std::size_t>(value, "--limit", 1);
+        o.limit = parse_integer<std::size_t>(value, "--limit", 1, kMostRows);
     else if (name == "--batch")
-        o.batch = parse_integer<std::size_t>(value, "--batch", 1);
+        o.batch = parse_integer<std::size_t>(value, "--batch", 1, kMostRows);
 }
 
 } // namespace

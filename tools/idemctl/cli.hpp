@@ -47,6 +47,7 @@ struct Options {
     bool help = false;
     bool json = false;
     bool yes = false;
+    bool force = false;  // release: also while the key's lease has not passed
     /// --db; unset: libpq's environment (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...).
     std::string conninfo;
     std::string table;                       ///< --table; default: the library's default table

@@ -331,9 +331,9 @@ Exit stats(const Options& o, std::ostream& out) {
         if (oldest.count() == 1) {
             const TimePoint created = from_micros(oldest.integer(0, 2));
             Json k = Json::object();
-            k.set("scope", oldest.text(0, 0))
-                .set("key", oldest.text(0, 1))
-                .set("created_at", format_time(created));
+            set_bytes(k, "scope", oldest.text(0, 0));
+            set_bytes(k, "key", oldest.text(0, 1));
+            k.set("created_at", format_time(created));
             k.set("age_ms", millis_between(created, now));
             j.set("oldest_in_progress", std::move(k));
         } else {
@@ -435,6 +435,16 @@ Exit release(const Options& o, std::ostream& out) {
     };
     if (record->state != idem::RecordState::in_progress || record->fence != *o.fence)
         throw mismatch(*record);
+    if (!record->lease_expired && !o.force) {
+        // The fence does not tell a stuck key from one whose effect is running right now: releasing
+        // that one lets the next request run the effect a second time.
+        throw ToolError(
+            Exit::usage,
+            fmt::format("{} is still within its lease (until {}): an attempt may be running its effect "
+                        "right now, and releasing it would let the next request run it again. Wait "
+                        "until the lease passes, or pass --force (nothing was changed)",
+                        key_label(key.scope(), key.value()), format_time(record->lease_until)));
+    }
     if (!o.yes && !confirmed(key, *record, *o.fence)) {
         throw ToolError(Exit::usage, "release not confirmed (nothing was changed)");
     }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <libpq-fe.h>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 namespace idemctl {
@@ -34,6 +35,11 @@ std::string quoted(std::string_view value) {
     return out + "'";
 }
 
+// password, sslpassword, and any later libpq keyword of the kind.
+bool secret_keyword(std::string_view keyword) {
+    return keyword.find("password") != std::string_view::npos;
+}
+
 void replace_all(std::string& text, const std::string& secret) {
     if (secret.empty())
         return;
@@ -46,6 +52,19 @@ void replace_all(std::string& text, const std::string& secret) {
 } // namespace
 
 void require_parsable(const std::string& conninfo) {
+    // A URI whose user info holds an unencoded '@': libpq splits at the first one and takes the
+    // rest of the password for the host, which its messages would then show.
+    for (const std::string_view scheme : {"postgresql://", "postgres://"}) {
+        if (conninfo.compare(0, scheme.size(), scheme) != 0)
+            continue;
+        const std::string_view rest = std::string_view(conninfo).substr(scheme.size());
+        const std::string_view authority = rest.substr(0, rest.find_first_of("/?"));
+        if (authority.find('@') != authority.rfind('@')) {
+            throw ToolError(Exit::usage, "--db: the URI has more than one '@' before the host: "
+                                         "percent-encode '@' in the password as %40 (not shown: it "
+                                         "may hold a password)");
+        }
+    }
     if (!conninfo.empty() && parse_conninfo(conninfo) == nullptr) {
         throw ToolError(
             Exit::usage,
@@ -61,7 +80,7 @@ std::string redacted(const std::string& conninfo) {
         return "(a conninfo libpq cannot parse; not shown)";
     std::string out;
     for (const PQconninfoOption* o = parsed.get(); o->keyword != nullptr; ++o) {
-        if (o->val == nullptr || std::string_view(o->keyword) == "password")
+        if (o->val == nullptr || secret_keyword(o->keyword))
             continue;
         if (!out.empty())
             out += ' ';
@@ -78,7 +97,7 @@ std::string scrub(std::string message, const std::string& conninfo) {
         secrets.emplace_back(env);
     if (const Parsed parsed = parse_conninfo(conninfo)) {
         for (const PQconninfoOption* o = parsed.get(); o->keyword != nullptr; ++o) {
-            if (o->val != nullptr && std::string_view(o->keyword) == "password")
+            if (o->val != nullptr && secret_keyword(o->keyword))
                 secrets.emplace_back(o->val);
         }
     }

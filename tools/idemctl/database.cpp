@@ -5,6 +5,7 @@
 #include "conninfo.hpp"
 
 #include <array>
+#include <cctype>
 #include <fmt/format.h>
 #include <libpq-fe.h>
 #include <string_view>
@@ -19,12 +20,18 @@ std::string trimmed(const char* message) {
     return s;
 }
 
-// PostgreSQL's (English) words for a connection refused for good; anything else may heal.
+// PostgreSQL's and libpq's (English) words for a connection refused for good — a missing or wrong
+// password, no such role or database, a bad connection option — matched in any case; anything
+// else (no server, a timeout) may heal.
 bool permanent_connect_failure(std::string_view message) {
-    constexpr std::array<std::string_view, 4> kPermanent{
-        "authentication failed", "does not exist", "no pg_hba.conf entry", "permission denied"};
+    std::string lower(message);
+    for (char& c : lower)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    constexpr std::array<std::string_view, 7> kPermanent{
+        "authentication failed", "does not exist",         "no pg_hba.conf entry", "permission denied",
+        "no password supplied",  "for connection option", "invalid"};
     for (const auto m : kPermanent) {
-        if (message.find(m) != std::string_view::npos)
+        if (lower.find(m) != std::string::npos)
             return true;
     }
     return false;

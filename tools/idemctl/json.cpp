@@ -3,21 +3,39 @@
 
 #include <fmt/format.h>
 
+#include "utf8.hpp"
+
 namespace idemctl {
 namespace {
 
-// RFC 8259: quote and backslash escaped, every other control character as \u00XX.
+// RFC 8259: quote and backslash escaped, every other control character as \u00XX, and a byte
+// that does not start a well-formed UTF-8 sequence as U+FFFD, so the document is always valid JSON
+// (bytes that must be shown exactly go through set_bytes / *_base64).
 void escape_to(std::string& out, std::string_view s) {
     out += '"';
-    for (const char c : s) {
+    for (std::size_t i = 0; i < s.size();) {
+        const char c = s[i];
         const auto byte = static_cast<unsigned char>(c);
         if (c == '"' || c == '\\') {
             out += '\\';
             out += c;
+            ++i;
         } else if (byte < 0x20) {
             out += fmt::format("\\u{:04x}", static_cast<unsigned>(byte));
-        } else {
+            ++i;
+        } else if (byte < 0x80) {
             out += c;
+            ++i;
+        } else {
+            char32_t cp = 0;
+            const std::size_t n = idem::detail::decode_utf8(s, i, cp);
+            if (n == 0) {
+                out += "\\ufffd";
+                ++i;
+            } else {
+                out.append(s.substr(i, n));
+                i += n;
+            }
         }
     }
     out += '"';
