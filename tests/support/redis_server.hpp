@@ -193,6 +193,18 @@ public:
             remove_dir();
             FAIL("RedisServer: power_loss needs IDEM_REDIS_POWER_LOSS_SHIM (tests/redis/CMakeLists.txt)");
         }
+        if (options_.power_loss) {
+            // A copy in the server's own directory: the build tree may be unreadable for the
+            // `redis` user (a 0700 checkout), and ld.so ignores a preload it cannot open, silently.
+            const std::string copy = dir_ + "/power_loss.so";
+            std::error_code ec;
+            std::filesystem::copy_file(shim_, copy, std::filesystem::copy_options::overwrite_existing, ec);
+            if (ec || ::chmod(copy.c_str(), 0755) != 0 || (as_redis_ && ::chown(copy.c_str(), uid_, gid_) != 0)) {
+                remove_dir();
+                FAIL("RedisServer: cannot copy the power-loss shim " << shim_ << " to " << copy);
+            }
+            shim_ = copy;
+        }
         try {
             start();
         } catch (...) {
@@ -240,8 +252,14 @@ public:
         if (pid_ > 0) FAIL("RedisServer::start: already running (pid " << pid_ << ")");
         std::error_code ec;
         std::filesystem::remove(socket_, ec);  // a killed server leaves its socket file
+        std::filesystem::remove(loaded_path(), ec);
         spawn();
         wait_ready();
+        // The shim says it is in the server (its constructor writes this file): without it, a
+        // crash test would pass for the wrong reason.
+        if (options_.power_loss && !std::filesystem::exists(loaded_path())) {
+            FAIL("RedisServer: redis-server runs without the power-loss shim " << shim_ << "\n" << log_tail());
+        }
     }
 
     /// SIGKILL and wait: a process crash (with power_loss, a machine crash for the AOF).
@@ -287,6 +305,8 @@ public:
 
     /// The file whose existence holds the shim's fsyncs (tests/redis/power_loss.c, held()).
     [[nodiscard]] std::string hold_path() const { return dir_ + "/power_loss.hold"; }
+    /// The file the shim writes when it is loaded into the server.
+    [[nodiscard]] std::string loaded_path() const { return dir_ + "/power_loss.loaded"; }
 
     /// The last `lines` lines of redis.log and stdout.log (for failure messages).
     [[nodiscard]] std::string log_tail(std::size_t lines = 30) const {
@@ -338,6 +358,7 @@ private:
         if (options_.power_loss) {
             env.push_back("LD_PRELOAD=" + shim_);
             env.push_back("IDEM_POWER_LOSS_HOLD=" + hold_path());
+            env.push_back("IDEM_POWER_LOSS_LOADED=" + loaded_path());
         }
         std::vector<char*> envp;
         for (auto& e : env) envp.push_back(e.data());
