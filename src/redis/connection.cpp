@@ -80,6 +80,14 @@ void throw_error_reply(std::string_view message, std::string_view what, std::str
     throw database_error(text);
 }
 
+std::chrono::system_clock::time_point time_from_unix_ms(std::int64_t ms, std::string_view what) {
+    using SysClock = std::chrono::system_clock;
+    constexpr std::int64_t kLimit =
+        std::chrono::duration_cast<std::chrono::milliseconds>(SysClock::duration::max()).count() - 1;
+    if (ms > kLimit || ms < -kLimit) throw corrupt_record(fmt::format("idem: {} holds a time out of range", what));
+    return SysClock::time_point(std::chrono::milliseconds(ms));
+}
+
 std::string location(const RedisOptions& options) {
     if (!options.unix_socket.empty()) return "unix socket " + options.unix_socket;
     return fmt::format("{}:{}", options.host, options.port);

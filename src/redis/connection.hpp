@@ -52,6 +52,11 @@ enum class ReplyType { string, array, integer, nil, status, error, other };
 /// else → database_error. `where` names the server (never its password).
 [[noreturn]] void throw_error_reply(std::string_view message, std::string_view what, std::string_view where);
 
+/// A time stored as Unix ms, as a system_clock time_point. Beyond what that can hold (about ±292
+/// years around 1970, in nanoseconds) it is data idem did not write: corrupt_record naming `what`
+/// ("a Redis record", "a Redis cache entry").
+[[nodiscard]] std::chrono::system_clock::time_point time_from_unix_ms(std::int64_t ms, std::string_view what);
+
 /// Where the options point, for messages: "unix socket /p" or "127.0.0.1:6379".
 [[nodiscard]] std::string location(const RedisOptions& options);
 

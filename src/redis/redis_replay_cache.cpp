@@ -99,13 +99,7 @@ std::string encode(const Record& r) {
     return std::move(w.out());
 }
 
-// Unix ms as a time_point, refusing what system_clock cannot hold (a hostile or foreign entry).
-SysClock::time_point time_of(std::int64_t ms) {
-    constexpr std::int64_t kLimit =
-        std::chrono::duration_cast<std::chrono::milliseconds>(SysClock::duration::max()).count() - 1;
-    if (ms > kLimit || ms < -kLimit) throw corrupt_record("idem: a Redis cache entry holds a time out of range");
-    return SysClock::time_point(std::chrono::milliseconds(ms));
-}
+SysClock::time_point time_of(std::int64_t ms) { return redis::time_from_unix_ms(ms, "a Redis cache entry"); }
 
 Record decode(std::string_view bytes) {
     Reader in(bytes);

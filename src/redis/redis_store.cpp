@@ -44,14 +44,7 @@ Int parse_int(std::string_view text, const char* field) {
     return value;
 }
 
-// A time in Unix ms as a time_point; beyond what system_clock can hold (about ±292 years around
-// 1970, in nanoseconds) it is a record idem did not write.
-SysClock::time_point from_ms(std::int64_t ms) {
-    constexpr std::int64_t kLimit = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        SysClock::duration::max()).count() - 1;
-    if (ms > kLimit || ms < -kLimit) throw corrupt_record("idem: a Redis record holds a time out of range");
-    return SysClock::time_point(std::chrono::milliseconds(ms));
-}
+SysClock::time_point from_ms(std::int64_t ms) { return redis::time_from_unix_ms(ms, "a Redis record"); }
 
 // The 11 fields of a record (scripts.hpp: s fa fp f a r ph pd c l e) at reply[first..], as read at `now`.
 std::optional<Record> decode_record(const redisReply& reply, std::size_t first, std::int64_t now) {

@@ -680,13 +680,9 @@ TEST_CASE("a server whose persistence cannot keep the durability asked for: conf
 
 TEST_CASE("wait_replicas = 1: writes succeed; with the replica paused store_unavailable within the WAIT bound",
           "[redis][fault][replica]") {
-    const int port = idem_test::free_tcp_port();
-    RedisServer primary({.extra_args = {"--port", std::to_string(port)}});
-    RedisServer replica({.extra_args = {"--replicaof", "127.0.0.1", std::to_string(port)}});
-    REQUIRE(wait_until([&] {
-        const std::string info = primary.command({"INFO", "replication"});
-        return info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos;
-    }, 60s));
+    idem_test::ReplicatedRedis pair;
+    RedisServer& primary = pair.primary;
+    RedisServer& replica = pair.replica;
 
     auto options = primary.store_options();
     options.wait_replicas = 1;

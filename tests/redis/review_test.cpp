@@ -30,16 +30,6 @@ std::string record_key(const std::string& prefix, const idem::Key& key) {
     return prefix + "r:" + std::to_string(key.scope().size()) + ":" + key.scope() + key.value();
 }
 
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds bound) {
-    const auto deadline = std::chrono::steady_clock::now() + bound;
-    while (!done()) {
-        if (std::chrono::steady_clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(5ms);
-    }
-    return true;
-}
-
-
 }  // namespace
 
 // Found by review: the claim script's `taken` answer carries the record *before* the takeover
@@ -80,13 +70,8 @@ TEST_CASE("RedisStore: a resume-mode takeover tells fn it is attempt 2", "[redis
 // in progress with a fence nobody holds.
 TEST_CASE("RedisStore: with wait_replicas an error reply leaves no answer unread on a pooled connection",
           "[redis][review][replica]") {
-    const int port = idem_test::free_tcp_port();
-    RedisServer primary({.extra_args = {"--port", std::to_string(port)}});
-    RedisServer replica({.extra_args = {"--replicaof", "127.0.0.1", std::to_string(port)}});
-    REQUIRE(wait_until([&] {
-        const std::string info = primary.command({"INFO", "replication"});
-        return info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos;
-    }, 60s));
+    idem_test::ReplicatedRedis pair;
+    RedisServer& primary = pair.primary;
     auto options = primary.store_options();
     options.wait_replicas = 1;
     options.wait_replicas_timeout = 1s;
@@ -207,13 +192,9 @@ TEST_CASE("RedisStore: a member of the in-progress index without its record is d
 // replica-read-only no (or any replica the store is pointed at after a failover mix-up) accepts
 // claims that the primary never sees: the same key is claimed once on each, two effects.
 TEST_CASE("RedisStore: a replica is refused as the store's server (a writable one would run an effect twice)", "[redis][review][replica]") {
-    const int port = idem_test::free_tcp_port();
-    RedisServer primary({.extra_args = {"--port", std::to_string(port)}});
-    RedisServer replica({.extra_args = {"--replicaof", "127.0.0.1", std::to_string(port), "--replica-read-only", "no"}});
-    REQUIRE(wait_until([&] {
-        const std::string info = primary.command({"INFO", "replication"});
-        return info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos;
-    }, 60s));
+    idem_test::ReplicatedRedis pair(std::vector<std::string>{"--replica-read-only", "no"});
+    RedisServer& primary = pair.primary;
+    RedisServer& replica = pair.replica;
     idem::RedisStore on_primary(primary.store_options());
     idem::RedisStore on_replica(replica.store_options());
     const idem::Key key("review", "split");

@@ -475,4 +475,34 @@ private:
     pid_t owner_ = ::getpid();  // the process that started the server (and alone may stop it)
 };
 
+/// A primary on a free TCP port (a replica needs one) and a replica of it, started and waited for
+/// until the replication link is online (60 s, else FAIL()). `replica_args` are more arguments of
+/// the replica's, e.g. {"--replica-read-only", "no"}.
+struct ReplicatedRedis {
+    explicit ReplicatedRedis(std::vector<std::string> replica_args = {})
+        : port(free_tcp_port()),
+          primary(RedisServerOptions{.extra_args = {"--port", std::to_string(port)}}),
+          replica(RedisServerOptions{.extra_args = with_replicaof(port, std::move(replica_args))}) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        for (;;) {
+            const std::string info = primary.command({"INFO", "replication"});
+            if (info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos)
+                break;
+            if (std::chrono::steady_clock::now() >= deadline)
+                FAIL("ReplicatedRedis: the replica did not come online within 60 s\n" << replica.log_tail());
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    }
+    int port;
+    RedisServer primary;
+    RedisServer replica;
+
+private:
+    static std::vector<std::string> with_replicaof(int port, std::vector<std::string> more) {
+        std::vector<std::string> args{"--replicaof", "127.0.0.1", std::to_string(port)};
+        args.insert(args.end(), more.begin(), more.end());
+        return args;
+    }
+};
+
 }  // namespace idem_test
