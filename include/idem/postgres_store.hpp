@@ -11,7 +11,9 @@
 // * Group commit (group_commit, opt-in): concurrent claim() calls share one transaction — an
 //   array INSERT and an array read, one round trip, one commit — and concurrent save() calls one
 //   array UPDATE. A lone caller goes at once with the statements above (no timer); callers arriving
-//   while two groups are in flight form the next group. Each caller keeps its own fence, outcome and
+//   while a group is in flight form the next group, which the finishing leader sends at once. It
+//   pays with many concurrent callers per store, and costs with few (docs/benchmarks.md). Each
+//   caller keeps its own fence, outcome and
 //   errors: a failure of the shared statement sends every member again alone, with its fence (a
 //   member whose group committed before its answer was lost recognises its row). docs/design.md,
 //   "Group commit". Stats: StoreStats::claim_groups … largest_save_group.
@@ -115,8 +117,9 @@ struct PostgresOptions {
     /// Group commit (opt-in): concurrent claim() / save() calls on this store share transactions
     /// (one statement and one commit for a group of callers; a lone caller goes at once, alone, with
     /// the plain statements). Every caller keeps its own outcome, fence and errors. Off by default:
-    /// on a 2-core machine it measured slower than one transaction per call (docs/design.md,
-    /// "Group commit", has the figures). false: every call is its own transaction.
+    /// on a 2-core machine it is faster than one transaction per call with 16 concurrent callers
+    /// and slower with 4 or fewer (docs/benchmarks.md has the figures, docs/design.md "Group
+    /// commit" the design). false: every call is its own transaction.
     bool group_commit = false;
     /// How claim_batch / save_batch and group commit shape their statements (docs/scale-out.md).
     /// automatic: the database is asked once — one array statement for all rows on one node, and

@@ -511,19 +511,37 @@ void Connection::refuse_in_child() {
 }
 
 StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadline) {
+    if (steps.empty()) {
+        if (generation_ != detail::fork_generation()) refuse_in_child();
+        if (broken_) throw connection_broken("idem: connection already broken");
+        return {};
+    }
+    send_pipeline(steps, deadline);
+    return receive_pipeline(steps, deadline);
+}
+
+void Connection::send_pipeline(std::span<const Step> steps, Clock::time_point deadline) {
     if (generation_ != detail::fork_generation()) refuse_in_child();
     if (broken_) throw connection_broken("idem: connection already broken");
-    if (steps.empty()) return {};
-    if (!steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");
-    // Publish the deadline for the watchdog for the whole exchange; withdrawn however it ends.
+    if (steps.empty() || !steps.back().sync_after) throw std::logic_error("idem: pipeline must end with a Sync");
+    // Publish the deadline for the watchdog for the whole exchange; receive_pipeline withdraws it.
+    waiting_until_.store(deadline.time_since_epoch().count(), std::memory_order_release);
+    try {
+        for (const Step& step : steps) send(step);
+        flush(deadline);
+    } catch (...) {
+        waiting_until_.store(0, std::memory_order_release);
+        broken_ = true;  // part of the pipeline may have gone out: its answers would be read by the next user
+        throw;
+    }
+}
+
+StepResults Connection::receive_pipeline(std::span<const Step> steps, Clock::time_point deadline) {
+    // The deadline send_pipeline published is withdrawn however this ends.
     struct Watched {
         std::atomic<Clock::rep>& until;
         ~Watched() { until.store(0, std::memory_order_release); }
     } watched{waiting_until_};
-    waiting_until_.store(deadline.time_since_epoch().count(), std::memory_order_release);
-    for (const Step& step : steps) send(step);
-    flush(deadline);
-
     PipelineAnswers answers(steps.size());
     try {
         while (!answers.feed(next_result(deadline), steps[answers.index()].sync_after)) {
@@ -534,10 +552,18 @@ StepResults Connection::run(std::span<const Step> steps, Clock::time_point deadl
         if (overdue_.load(std::memory_order_acquire)) fail_overdue();
         broken_ = true;
         throw;
+    } catch (...) {
+        broken_ = true;  // answers left unread (out of memory): they would be read by the next user
+        throw;
     }
     StepResults out = answers.take();
     last_used_ = Clock::now();
     return out;
+}
+
+void Connection::abandon_exchange() noexcept {
+    waiting_until_.store(0, std::memory_order_release);
+    broken_ = true;
 }
 
 // ---- PipelineAnswers ---------------------------------------------------------------------------------

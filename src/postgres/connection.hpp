@@ -297,6 +297,15 @@ public:
     /// (abandon_in_child) and throws config_error (a lease held across fork(), e.g. in-transaction mode).
     StepResults run(std::span<const Step> steps, Clock::time_point deadline);
 
+    /// run() in two halves, for a pipeline sent by one thread and read by another (group commit's
+    /// relay): send_pipeline() sends every step and flushes (throws connection_broken, and marks the
+    /// connection broken, when that fails); receive_pipeline() reads the answers of exactly those
+    /// steps, as run() does. Between the two the connection carries unread answers: whoever holds it
+    /// must receive them, or abandon_exchange() (the connection is then discarded, never reused).
+    void send_pipeline(std::span<const Step> steps, Clock::time_point deadline);
+    StepResults receive_pipeline(std::span<const Step> steps, Clock::time_point deadline);
+    void abandon_exchange() noexcept;
+
     /// Waits until a notification on `channel` whose payload is `payload` arrives, or `deadline`.
     /// Returns whether it arrived. Other notifications are dropped.
     bool wait_notification(std::string_view channel, std::string_view payload, Clock::time_point deadline);

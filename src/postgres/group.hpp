@@ -1,11 +1,14 @@
 // Group commit: leader/follower combining of concurrent calls into shared transactions (internal).
 //
 // A caller join()s. While fewer than `limit` groups are in flight it leads at once, alone: no timer,
-// no added latency at low load. Otherwise it queues; when a leader finish()es, the whole queue
-// becomes the next group and its first member leads it (the finishing leader does not run it: its
-// own caller would wait one more round trip). A queued caller waits at most `patience`
-// (PostgresOptions::pool_wait), then leaves and goes alone. The leader sends the group, writes every member's
-// answer, then finish()es, which wakes the members. Members live on their callers' stacks.
+// no added latency at low load. Otherwise it queues. A leader sends its group, writes every
+// member's answer, and then relays: take_next() makes the whole queue the next group, which the
+// finishing leader usually sends itself on the connection it holds (the server starts on it at
+// once, instead of after the next leader's thread has been woken and scheduled: on two cores that
+// wake-up was most of a group's time), then hand_over() gives it to the group's first member, who
+// reads its answers and leads it; finally answered() wakes the finishing leader's own members. A
+// queued caller waits at most `patience` (PostgresOptions::pool_wait), then leaves and goes alone.
+// Members live on their callers' stacks.
 //
 // Invariant: the queue is non-empty only while `limit` groups are in flight, so a group in flight
 // always has a successor ready when the queue is not empty. Thread-safe.
@@ -56,23 +59,38 @@ public:
         return Role::lead;
     }
 
-    /// The leader of `group` (group[0]) has answered every member: wakes them, hands the queue on.
-    void finish(const std::vector<Member*>& group) noexcept {
+    /// A leader is done with its group's round trip. Returns false when nobody is queued (one group
+    /// fewer in flight). Otherwise `next` gets the whole queue, in arrival order, as the next group
+    /// (still in flight: the caller must hand_over() it); its members now wait for an answer however
+    /// long it takes.
+    bool take_next(std::vector<Member*>& next) noexcept {
+        std::lock_guard lock(mutex_);
+        if (queue_.empty()) {
+            --in_flight_;
+            return false;
+        }
+        for (Member* m : queue_) m->state = Member::State::grouped;
+        next.swap(queue_);
+        queue_.clear();
+        return true;
+    }
+
+    /// Makes next[0] the leader of `next` (from take_next()) and wakes it.
+    void hand_over(std::vector<Member*>&& next) noexcept {
+        std::lock_guard lock(mutex_);
+        Member* lead = next.front();
+        lead->group = std::move(next);
+        lead->state = Member::State::lead;
+        lead->cv.notify_one();
+    }
+
+    /// The leader of `group` (group[0]) has written every member's answer: wakes them.
+    void answered(const std::vector<Member*>& group) noexcept {
         std::lock_guard lock(mutex_);
         for (std::size_t i = 1; i < group.size(); ++i) {
             group[i]->state = Member::State::answered;
             group[i]->cv.notify_one();
         }
-        if (queue_.empty()) {
-            --in_flight_;
-            return;
-        }
-        Member* next = queue_.front();
-        for (Member* m : queue_) m->state = Member::State::grouped;
-        next->group = std::move(queue_);
-        queue_.clear();
-        next->state = Member::State::lead;
-        next->cv.notify_one();
     }
 
 private:

@@ -78,6 +78,10 @@ public:
     /// before now is pinged before its next use (a retry then lands on a live or fresh connection).
     void suspect_idle() noexcept;
 
+    /// Whether a caller is waiting for a connection now (group commit then gives its connection
+    /// back instead of keeping it for the next group).
+    [[nodiscard]] bool has_waiters() const noexcept { return waiters_.load(std::memory_order_relaxed) != 0; }
+
     /// Gauges now (under the mutex) and counters so far (PostgresStore::pool_stats). Acquires are
     /// counted in the caller's parking slot (a line the common path writes anyway: no shared
     /// counter); waits, their times and timeouts only on the path that blocks.

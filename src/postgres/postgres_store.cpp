@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "../common.hpp"
 #include "connection.hpp"
@@ -231,7 +232,11 @@ struct PostgresStore::Impl {
         for (;;) {
             try {
                 pg::Lease lease = acquire();
-                return f(*lease, retry.attempt());
+                if constexpr (std::is_invocable_v<F, pg::Lease&, int>) {
+                    return f(lease, retry.attempt());  // f may keep the connection (group commit's relay)
+                } else {
+                    return f(*lease, retry.attempt());
+                }
             } catch (const store_unavailable& e) {
                 // The retry must not pick another dead idle connection (nor the next call, when
                 // this was the last attempt): before the verdict, which may throw.
@@ -466,7 +471,7 @@ struct PostgresStore::Impl {
     // ---- Group commit (docs/design.md, "Group commit") ----
     // How many groups may be in flight at once, per kind (claims, saves): see docs/design.md for the
     // figures behind the choice.
-    static constexpr std::size_t kGroupsInFlight = 2;
+    static constexpr std::size_t kGroupsInFlight = 1;
     std::unique_ptr<pg::Combiner> claim_groups, save_groups;
 
     static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
@@ -478,8 +483,11 @@ struct PostgresStore::Impl {
         }
     }
 
+    struct ClaimFlight;
+    struct SaveFlight;
+
     // One claim() caller in a group. The leader writes `got` (and what goes with it) for every member
-    // before Combiner::finish; the member reads it after join() returns.
+    // before Combiner::answered; the member reads it after join() returns.
     struct ClaimMember : pg::Combiner::Member {
         const Key* key;
         const Fingerprint* fp;
@@ -490,12 +498,19 @@ struct PostgresStore::Impl {
         enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
         pg::StepResults plain;      // plain: a group of one ran today's round trip; these are its answers
         std::exception_ptr error;   // error: what the member's own call throws
+        // As the leader of a relayed group: the previous leader sent it (`flight`: its answers are to
+        // be read), or tried to (no flight: every member's answer is written already).
+        bool relayed = false;
+        std::unique_ptr<ClaimFlight> flight;
     };
 
-    // Today's claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim.
+    // Today's claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim. `keep`: on one
+    // plain node, the connection is kept there after the round trip (group commit relays the next
+    // group on it) instead of going back to the pool.
     pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
-                                     std::chrono::seconds retention) {
-        return with_connection("claim", [&](pg::Connection& conn, int) {
+                                     std::chrono::seconds retention, std::optional<pg::Lease>* keep = nullptr) {
+        return with_connection("claim", [&](pg::Lease& leased, int) {
+            pg::Connection& conn = *leased;
             Params ins;
             add_claim_params(ins, key, fp, fence, lease, retention);
             Params sel;
@@ -507,9 +522,11 @@ struct PostgresStore::Impl {
             // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
             // One Sync instead of one per statement: one send() and one transaction fewer per claim.
             // (with Citus installed, also for a table not known to be distributed: it may be by now)
-            if (layout(conn) == kPlain && !citus.load(std::memory_order_relaxed)) {
+            if (relay_possible(conn)) {
                 const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
-                return run(conn, steps);
+                pg::StepResults res = run(conn, steps);
+                if (keep) keep->emplace(std::move(leased));
+                return res;
             }
             // A distributed table: Citus does not take a pipeline's implicit transaction for a
             // transaction block, and commits the INSERT on its shard at once (seen: a claim whose
@@ -529,72 +546,96 @@ struct PostgresStore::Impl {
         });
     }
 
-    // The leader's work: answers every member of `group` (never throws). Should anything throw
-    // all the same (out of memory), every member goes alone with its fence: a retry of its own
-    // that recognises whatever the group committed for it.
-    void run_claim_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
-        try {
-            answer_claim_group(group);
-        } catch (...) {
-            for (pg::Combiner::Member* m : group) {
-                auto& c = static_cast<ClaimMember&>(*m);
-                c.got = ClaimMember::Got::alone, c.error = nullptr;
-            }
+    // A group's statements on their way: sent on `conn`, answers not read yet. Sent by the group's
+    // own leader, or relayed: by the previous group's leader, on the connection it just read its own
+    // answers from, so that the server starts on this group while its leader's thread wakes up.
+    // Views into the members (who wait for their answers) and into itself: never moved once sent.
+    struct ClaimFlight {
+        std::vector<ClaimMember*> ms;  // by key: concurrent groups (and batches) lock shared keys in one order
+        std::vector<ClaimRow> rows;
+        std::optional<pg::ClaimRowsPlan> plan;  // two members or more: the batch statements
+        Params ins, sel;                        // one member: today's [INSERT, SELECT | Sync]
+        std::array<Step, 2> one;
+        std::span<const Step> steps;
+        Clock::time_point deadline;
+        std::optional<pg::Lease> conn;  // while its answers are unread
+        ~ClaimFlight() {
+            if (conn) (*conn)->abandon_exchange();  // unread answers: the connection is never reused
         }
+    };
+
+    // Whether the next group may be sent by the leader that relays it: on one plain node. A
+    // distributed table's claims go in explicit blocks that may need a ROLLBACK after their answers
+    // (run_block): the group's own leader sends those.
+    bool relay_possible(pg::Connection& conn) {
+        return layout(conn) == kPlain && !citus.load(std::memory_order_relaxed);
     }
-    void run_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
-        try {
-            answer_save_group(group);
-        } catch (...) {
-            for (pg::Combiner::Member* m : group) {
-                auto& v = static_cast<SaveMember&>(*m);
-                v.got = SaveMember::Got::alone, v.sent = true;  // it may have been saved: re-read
-            }
+
+    static void every_claim(const std::vector<pg::Combiner::Member*>& group, ClaimMember::Got got,
+                            const std::exception_ptr& e = nullptr) {
+        for (pg::Combiner::Member* m : group) {
+            auto& c = static_cast<ClaimMember&>(*m);
+            c.got = got, c.error = own_copy(e);
         }
     }
 
-    void answer_claim_group(const std::vector<pg::Combiner::Member*>& group) {
-        const auto member = [&](std::size_t i) -> ClaimMember& { return static_cast<ClaimMember&>(*group[i]); };
-        note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
-        const auto all = [&](ClaimMember::Got got, std::exception_ptr e = nullptr) {
-            for (std::size_t i = 0; i < group.size(); ++i) member(i).got = got, member(i).error = own_copy(e);
-        };
-        if (group.size() == 1) {  // alone: exactly today's statements
-            ClaimMember& c = member(0);
-            try {
-                c.plain = claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention);
-                c.got = ClaimMember::Got::plain;
-            } catch (...) {
-                c.got = ClaimMember::Got::error, c.error = own_copy(std::current_exception());
-            }
-            return;
-        }
-        // Rows in key order: concurrent groups (and batches) lock shared keys in one order.
-        std::vector<ClaimMember*> ms(group.size());
-        for (std::size_t i = 0; i < group.size(); ++i) ms[i] = &member(i);
-        std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
-        std::optional<pg::Lease> conn;
+    // Sends the claims of `group` on `conn` (one plain node). On failure every member's answer is
+    // written (alone: the statements may have reached the server; each member's retry with its own
+    // fence recognises whatever committed) and null is returned. Never throws.
+    std::unique_ptr<ClaimFlight> send_claims(const std::vector<pg::Combiner::Member*>& group, pg::Lease conn) noexcept {
         try {
-            conn.emplace(acquire());
+            note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+            auto f = std::make_unique<ClaimFlight>();
+            f->ms.reserve(group.size());
+            for (pg::Combiner::Member* m : group) f->ms.push_back(static_cast<ClaimMember*>(m));
+            std::sort(f->ms.begin(), f->ms.end(),
+                      [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+            if (f->ms.size() == 1) {  // exactly today's statements
+                const ClaimMember& c = *f->ms[0];
+                add_claim_params(f->ins, *c.key, *c.fp, c.fence, c.lease, c.retention);
+                f->sel.text(c.key->scope()).text(c.key->value());
+                f->one = {Step{&defs[pg::kClaimInsert], &f->ins, false}, Step{&defs[pg::kSelect], &f->sel}};
+                f->steps = f->one;
+            } else {
+                f->rows.reserve(f->ms.size());
+                for (const ClaimMember* c : f->ms) {
+                    f->rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                                       static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                                       c->retention.count()});
+                }
+                // [claims | Sync | read | Sync]: the claims commit at the first Sync, the read takes
+                // its own snapshot (as the single-key path's does).
+                f->plan.emplace(defs, pg::Layout::plain, f->rows);
+                f->steps = f->plan->steps();
+            }
+            f->deadline = deadline();
+            counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+            conn->send_pipeline(f->steps, f->deadline);
+            f->conn.emplace(std::move(conn));
+            return f;
+        } catch (const pg::connection_broken&) {
+            pool->suspect_idle();
         } catch (...) {
-            // Nothing was sent: each member gets what its own call would have (pool_timeout,
-            // store_unavailable, config_error), without waiting for a connection once more.
-            all(ClaimMember::Got::error, std::current_exception());
-            return;
         }
+        every_claim(group, ClaimMember::Got::alone);
+        return nullptr;
+    }
+
+    // Reads the answers of a flight and writes every member's. Returns the connection, for the next
+    // group, unless it broke. Never throws.
+    std::optional<pg::Lease> land_claims(ClaimFlight& f) noexcept {
+        std::optional<pg::Lease> conn = std::move(f.conn);
+        f.conn.reset();
         try {
-            std::vector<ClaimRow> rows;
-            rows.reserve(ms.size());
-            for (const ClaimMember* c : ms) {
-                rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
-                                static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
-                                c->retention.count()});
+            pg::StepResults res = (*conn)->receive_pipeline(f.steps, f.deadline);
+            if (!f.plan) {
+                f.ms[0]->plain = std::move(res);
+                f.ms[0]->got = ClaimMember::Got::plain;
+                return conn;
             }
-            // [claims | Sync | read | Sync]: one round trip; the claims commit at the first Sync,
-            // the read takes its own snapshot (as the single-key path's does).
-            ClaimAnswers a = claim_rows(**conn, rows);
-            for (std::size_t j = 0; j < ms.size(); ++j) {
-                ClaimMember* c = ms[j];
+            ClaimAnswers a = f.plan->read(std::move(res));
+            for (std::size_t j = 0; j < f.ms.size(); ++j) {
+                ClaimMember* c = f.ms[j];
                 std::exception_ptr error;
                 switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
                     case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
@@ -604,13 +645,117 @@ struct PostgresStore::Impl {
                     case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
                 }
             }
+            return conn;
         } catch (const pg::connection_broken&) {
             // The group may have committed before its answer was lost: each member goes again alone
             // with its own fence and recognises its row (today's reconnect-safe retry).
             pool->suspect_idle();
-            all(ClaimMember::Got::alone);
         } catch (...) {
-            all(ClaimMember::Got::alone);
+        }
+        for (ClaimMember* c : f.ms) c->got = ClaimMember::Got::alone, c->error = nullptr;
+        return std::nullopt;
+    }
+
+    // A group's leader, start to end: its answers (reading a relayed flight, or sending and reading
+    // its own statements), then the relay of the next group, then its members woken. Never throws.
+    void lead_claims(ClaimMember& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
+        std::optional<pg::Lease> conn = me.flight ? land_claims(*me.flight)
+                                        : me.relayed ? std::nullopt  // answered by the relay's failure
+                                                     : answer_claim_group(group);
+        me.flight.reset();
+        std::vector<pg::Combiner::Member*> next;
+        if (claim_groups->take_next(next)) {
+            auto& lead = static_cast<ClaimMember&>(*next.front());
+            try {
+                if (conn && !(*conn)->broken() && !pool->has_waiters() && relay_possible(**conn)) {
+                    lead.relayed = true;
+                    lead.flight = send_claims(next, std::move(*conn));
+                }
+            } catch (...) {
+                // relay_possible's question failed: the group's own leader sends it
+            }
+            conn.reset();
+            claim_groups->hand_over(std::move(next));
+        }
+        conn.reset();
+        claim_groups->answered(group);
+    }
+
+    // A group's own leader sends and reads its statements. Returns the connection when the next
+    // group may be relayed on it. Never throws: should anything throw all the same (out of memory),
+    // every member goes alone with its fence, a retry of its own that recognises whatever the group
+    // committed for it.
+    std::optional<pg::Lease> answer_claim_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        try {
+            if (group.size() == 1) {  // alone: exactly today's round trip
+                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, 1);
+                ClaimMember& c = static_cast<ClaimMember&>(*group[0]);
+                std::optional<pg::Lease> kept;
+                try {
+                    c.plain = claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention, &kept);
+                    c.got = ClaimMember::Got::plain;
+                } catch (...) {
+                    c.got = ClaimMember::Got::error, c.error = own_copy(std::current_exception());
+                }
+                return kept;
+            }
+            std::optional<pg::Lease> conn;
+            try {
+                conn.emplace(acquire());
+            } catch (...) {
+                // Nothing was sent: each member gets what its own call would have (pool_timeout,
+                // store_unavailable, config_error), without waiting for a connection once more.
+                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+                every_claim(group, ClaimMember::Got::error, std::current_exception());
+                return std::nullopt;
+            }
+            bool plain = false;
+            try {
+                plain = relay_possible(**conn);
+            } catch (const pg::connection_broken&) {
+                // the layout's question met a dead connection: nothing of the group was sent
+                pool->suspect_idle();
+                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+                every_claim(group, ClaimMember::Got::alone);
+                return std::nullopt;
+            }
+            if (plain) {
+                auto f = send_claims(group, std::move(*conn));
+                return f ? land_claims(*f) : std::nullopt;
+            }
+            note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+            std::vector<ClaimMember*> ms(group.size());
+            for (std::size_t i = 0; i < group.size(); ++i) ms[i] = static_cast<ClaimMember*>(group[i]);
+            std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+            try {
+                std::vector<ClaimRow> rows;
+                rows.reserve(ms.size());
+                for (const ClaimMember* c : ms) {
+                    rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                                    static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                                    c->retention.count()});
+                }
+                // A distributed table: one-shard segments (pg::ClaimRowsPlan), in blocks where needed.
+                ClaimAnswers a = claim_rows(**conn, rows);
+                for (std::size_t j = 0; j < ms.size(); ++j) {
+                    ClaimMember* c = ms[j];
+                    std::exception_ptr error;
+                    switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
+                        case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
+                        case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
+                        case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
+                        case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
+                        case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
+                    }
+                }
+            } catch (const pg::connection_broken&) {
+                pool->suspect_idle();
+                every_claim(group, ClaimMember::Got::alone);
+            }
+            return std::nullopt;
+        } catch (...) {
+            every_claim(group, ClaimMember::Got::alone);
+            return std::nullopt;
         }
     }
 
@@ -622,58 +767,157 @@ struct PostgresStore::Impl {
         enum class Got { alone, saved, lost } got = Got::alone;
         bool waiters = false;  // saved: someone LISTENs for this key
         bool sent = false;     // alone: the group's statement may have committed this save
+        bool relayed = false;  // as for ClaimMember
+        std::unique_ptr<SaveFlight> flight;
     };
 
-    void answer_save_group(const std::vector<pg::Combiner::Member*>& group) {
-        note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
-        std::vector<SaveMember*> ms(group.size());
-        for (std::size_t i = 0; i < group.size(); ++i) ms[i] = static_cast<SaveMember*>(group[i]);
-        std::sort(ms.begin(), ms.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
-        // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
-        // goes alone, after the group, exactly as a concurrent save of it does today.
-        std::vector<SaveMember*> sent;
-        std::unordered_map<Fence, SaveMember*> by_fence;
-        for (std::size_t j = 0; j < ms.size(); ++j) {
-            ms[j]->got = SaveMember::Got::alone;
-            if ((j > 0 && *ms[j]->key == *ms[j - 1]->key) || !by_fence.emplace(ms[j]->fence, ms[j]).second) continue;
-            sent.push_back(ms[j]);
-        }
+    // As ClaimFlight, for saves: one UPDATE for the rows (pg::SaveRowsPlan), or today's one-row UPDATE.
+    struct SaveFlight {
+        std::vector<SaveMember*> sent;  // by key; a key or fence twice goes alone instead
+        std::vector<SaveRow> rows;
+        std::optional<pg::SaveRowsPlan> plan;
+        Params one_params;
+        Step one;
+        std::span<const Step> steps;
+        Clock::time_point deadline;
         std::optional<pg::Lease> conn;
-        try {
-            conn.emplace(acquire());
-        } catch (...) {
-            return;  // nothing sent: each goes alone (and keeps trying for its save_retry_window)
+        ~SaveFlight() {
+            if (conn) (*conn)->abandon_exchange();
         }
-        for (SaveMember* s : sent) s->sent = true;
+    };
+
+    // Sends the saves of `group` on `conn` (any layout: a save is one statement per segment, never a
+    // block). Members not sent (a key or fence twice, or a failure) are answered alone, and null is
+    // returned when nothing is in flight. Never throws.
+    std::unique_ptr<SaveFlight> send_saves(const std::vector<pg::Combiner::Member*>& group, pg::Lease conn) noexcept {
+        std::vector<SaveMember*> ms;
         try {
-            if (sent.size() == 1) {  // alone: today's statement
-                Params p;
-                p.text(sent[0]->key->scope()).text(sent[0]->key->value()).int8(sent[0]->fence).bytes(sent[0]->result);
-                pg::StepResults res = run_one(**conn, pg::kSave, p);
-                if (!res[0].ok()) return;  // each goes alone (40001 retried there, ...)
-                sent[0]->got = SaveMember::Got::lost;  // its fence no longer owns the key
-                const PGresult* r = res[0].result.get();
-                if (PQntuples(r) == 1) sent[0]->got = SaveMember::Got::saved, sent[0]->waiters = pg::get_bool(r, 0, 0);
-                return;
+            note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
+            ms.reserve(group.size());
+            for (pg::Combiner::Member* m : group) {
+                auto* v = static_cast<SaveMember*>(m);
+                v->got = SaveMember::Got::alone;
+                ms.push_back(v);
             }
-            std::vector<SaveRow> rows;
-            rows.reserve(sent.size());
-            for (const SaveMember* m : sent) rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
-            SaveAnswers a = save_rows(**conn, rows);
-            for (std::size_t j = 0; j < sent.size(); ++j) {
-                SaveMember* m = sent[j];
-                // its statement failed (nothing of it committed): it goes alone (40001 retried there, ...)
-                if (a.row_failed[j]) continue;
-                const auto it = a.saved.find(m->fence);
-                m->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
-                if (it != a.saved.end()) m->waiters = it->second;
+            std::sort(ms.begin(), ms.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
+            auto f = std::make_unique<SaveFlight>();
+            // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
+            // goes alone, after the group, exactly as a concurrent save of it does today.
+            std::unordered_set<Fence> fences;
+            for (std::size_t j = 0; j < ms.size(); ++j) {
+                if ((j > 0 && *ms[j]->key == *ms[j - 1]->key) || !fences.insert(ms[j]->fence).second) continue;
+                f->sent.push_back(ms[j]);
             }
+            if (f->sent.size() == 1) {  // alone: today's statement
+                const SaveMember& v = *f->sent[0];
+                f->one_params.text(v.key->scope()).text(v.key->value()).int8(v.fence).bytes(v.result);
+                f->one = Step{&defs[pg::kSave], &f->one_params};
+                f->steps = std::span(&f->one, 1);
+                f->deadline = deadline();
+            } else {
+                f->rows.reserve(f->sent.size());
+                for (const SaveMember* v : f->sent) f->rows.push_back({v->key->scope(), v->key->value(), v->result, v->fence});
+                f->plan.emplace(defs, layout_of(layout(*conn)), f->rows);
+                f->steps = f->plan->steps();
+                const auto segments = f->plan->segments();
+                f->deadline = deadline() + options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
+            }
+            for (SaveMember* v : f->sent) v->sent = true;
+            counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+            conn->send_pipeline(f->steps, f->deadline);
+            f->conn.emplace(std::move(conn));
+            return f;
         } catch (const pg::connection_broken&) {
             pool->suspect_idle();
-            for (SaveMember* s : sent) s->got = SaveMember::Got::alone;
         } catch (...) {
-            for (SaveMember* s : sent) s->got = SaveMember::Got::alone;
         }
+        for (SaveMember* v : ms) v->got = SaveMember::Got::alone;  // `sent` says whether it may have been saved
+        return nullptr;
+    }
+
+    std::optional<pg::Lease> land_saves(SaveFlight& f) noexcept {
+        std::optional<pg::Lease> conn = std::move(f.conn);
+        f.conn.reset();
+        try {
+            pg::StepResults res = (*conn)->receive_pipeline(f.steps, f.deadline);
+            if (!f.plan) {
+                SaveMember& v = *f.sent[0];
+                if (!res[0].ok()) return conn;  // it goes alone (40001 retried there, ...)
+                v.got = SaveMember::Got::lost;  // its fence no longer owns the key
+                const PGresult* r = res[0].result.get();
+                if (PQntuples(r) == 1) v.got = SaveMember::Got::saved, v.waiters = pg::get_bool(r, 0, 0);
+                return conn;
+            }
+            SaveAnswers a = f.plan->read(std::move(res));
+            for (std::size_t j = 0; j < f.sent.size(); ++j) {
+                SaveMember* v = f.sent[j];
+                // its statement failed (nothing of it committed): it goes alone (40001 retried there, ...)
+                if (a.row_failed[j]) continue;
+                const auto it = a.saved.find(v->fence);
+                v->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
+                if (it != a.saved.end()) v->waiters = it->second;
+            }
+            return conn;
+        } catch (const pg::connection_broken&) {
+            pool->suspect_idle();
+        } catch (...) {
+        }
+        for (SaveMember* v : f.sent) v->got = SaveMember::Got::alone;
+        return std::nullopt;
+    }
+
+    // A save group's own leader sends and reads its statement. Returns the connection for the next
+    // group. Never throws.
+    std::optional<pg::Lease> answer_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        std::unique_ptr<SaveFlight> f;
+        try {
+            f = send_saves(group, acquire());
+        } catch (...) {
+            // nothing sent: each goes alone (and keeps trying for its save_retry_window)
+            note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
+            for (pg::Combiner::Member* m : group) static_cast<SaveMember*>(m)->got = SaveMember::Got::alone;
+        }
+        return f ? land_saves(*f) : std::nullopt;
+    }
+
+    // A save's own round trips (today's, and what follows a group's failure): the one-row UPDATE,
+    // sent again within save_retry_window. `group_sent`: a group's UPDATE may have saved it already.
+    void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent) {
+        const bool waiters = with_connection("save", [&](pg::Connection& conn, int attempt) {
+            Params p;
+            p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
+            auto res = run_one(conn, pg::kSave, p);
+            bool notify = false;
+            switch (pg::save_answer(res, attempt > 1 || group_sent, notify)) {
+                case pg::SaveAnswer::saved: return notify;
+                case pg::SaveAnswer::check_record:
+                    if (pg::own_save(select(conn, key), fence, result)) return false;
+                    break;
+                case pg::SaveAnswer::lost: break;
+            }
+            pg::throw_save_lost(fence);
+        }, options.save_retry_window);
+        if (waiters) wake_waiters(key);
+    }
+
+    // As lead_claims, for saves.
+    void lead_saves(SaveMember& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
+        std::optional<pg::Lease> conn = me.flight ? land_saves(*me.flight)
+                                        : me.relayed ? std::nullopt  // answered by the relay's failure
+                                                     : answer_save_group(group);
+        me.flight.reset();
+        std::vector<pg::Combiner::Member*> next;
+        if (save_groups->take_next(next)) {
+            auto& lead = static_cast<SaveMember&>(*next.front());
+            if (conn && !(*conn)->broken() && !pool->has_waiters()) {
+                lead.relayed = true;
+                lead.flight = send_saves(next, std::move(*conn));
+            }
+            conn.reset();
+            save_groups->hand_over(std::move(next));
+        }
+        conn.reset();
+        save_groups->answered(group);
     }
 
 };
@@ -979,10 +1223,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                     me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
                     std::vector<pg::Combiner::Member*> group;
                     const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
-                    if (role == pg::Combiner::Role::lead) {
-                        m.run_claim_group(group);
-                        m.claim_groups->finish(group);
-                    }
+                    if (role == pg::Combiner::Role::lead) m.lead_claims(me, group);
                     if (me.got == Got::error) std::rethrow_exception(me.error);
                     got = me.got;
                     // (a group's failed statement counts as an attempt: going alone after it is a retry)
@@ -1051,10 +1292,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         Impl::SaveMember me;
         me.key = &key, me.fence = fence, me.result = result;
         std::vector<pg::Combiner::Member*> group;
-        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) {
-            m.run_save_group(group);
-            m.save_groups->finish(group);
-        }
+        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) m.lead_saves(me, group);
         if (me.got == Impl::SaveMember::Got::lost) {
             throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
         }
@@ -1065,23 +1303,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         group_sent = me.sent;
         if (group_sent) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
     }
-    const bool waiters = m.with_connection("save", [&](pg::Connection& conn, int attempt) {
-        Params p;
-        p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
-        auto res = m.run_one(conn, pg::kSave, p);
-        bool notify = false;
-        switch (pg::save_answer(res, attempt > 1 || group_sent, notify)) {
-            case pg::SaveAnswer::saved: return notify;
-            case pg::SaveAnswer::check_record:
-                if (pg::own_save(m.select(conn, key), fence, result)) return false;
-                break;
-            case pg::SaveAnswer::lost: break;
-        }
-        pg::throw_save_lost(fence);
-    }, m.options.save_retry_window);
-    if (waiters) {
-        m.wake_waiters(key);
-    }
+    m.save_alone(key, fence, result, group_sent);
 }
 
 std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,

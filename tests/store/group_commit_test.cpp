@@ -41,6 +41,10 @@ std::string require_db() {
 
 const idem::Fingerprint kFp = idem::fingerprint("POST /group"s);
 
+/// Groups of each kind a PostgresStore has in flight at once (its kGroupsInFlight): the test holds
+/// that many on its own lock, so that every caller that arrives meanwhile queues.
+constexpr int kInFlight = 1;
+
 /// A private idem table (dropped at the end) and a superuser session to look at it.
 struct Table {
     std::string url;
@@ -93,20 +97,20 @@ struct Table {
     }
 };
 
-/// Holds `blockers` (two keys) so that the two groups allowed in flight wait on the test's own
-/// uncommitted rows of them: every caller that arrives meanwhile queues for the next group.
+/// Holds kInFlight claims (keys blocker-1, ...) so that the groups allowed in flight wait on the
+/// test's own uncommitted rows of them: every caller that arrives meanwhile queues for the next group.
 /// `release()` rolls back, and the held claims win.
 class Hold {
 public:
     Hold(Table& t, const std::string& scope, idem::PostgresStore& store) : blocker_(t.url) {
         blocker_.exec("BEGIN");
-        for (const char* k : {"blocker-1", "blocker-2"}) {
+        for (int b = 1; b <= kInFlight; ++b) {
             blocker_.exec("INSERT INTO " + t.name +
                               " (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, expires_at) "
                               "VALUES ($1, $2, 'in_progress', '\\x00', 1, 1, now(), now() + interval '1 day')",
-                          {scope, k});
+                          {scope, "blocker-" + std::to_string(b)});
         }
-        for (std::size_t b = 0; b < 2; ++b) {
+        for (std::size_t b = 0; b < kInFlight; ++b) {
             held_.emplace_back([&store, scope, b, this] {
                 try {
                     held_claims_[b] = store.claim(idem::Key(scope, "blocker-" + std::to_string(b + 1)), kFp);
@@ -115,7 +119,7 @@ public:
             });
         }
         try {
-            t.await_lock_waiters(2);
+            t.await_lock_waiters(kInFlight);
         } catch (...) {
             release();  // join the held claims: a joinable thread must not be destroyed
             throw;
@@ -135,7 +139,7 @@ public:
 private:
     PgConn blocker_;
     std::vector<std::thread> held_;
-    std::array<idem::Claim, 2> held_claims_;
+    std::array<idem::Claim, kInFlight> held_claims_;
     bool released_ = false;
 };
 
@@ -216,7 +220,7 @@ TEST_CASE("claims queued behind groups in flight share one group: each keeps its
     CHECK(t.rows_with(scope, "same", winner) == 1);
     // The held claims won once the test's rows were rolled back.
     CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%'", {scope}) ==
-          2);
+          kInFlight);
 }
 
 TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goes alone", "[group_commit]") {
@@ -226,7 +230,7 @@ TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goe
     options.pool_wait = 200ms;
     idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("patience");
-    Hold hold(t, scope, store);  // both groups in flight wait on the test's lock
+    Hold hold(t, scope, store);  // the groups in flight wait on the test's lock
     std::atomic<bool> done{false};
     idem::Claim c;
     std::thread caller([&] {
@@ -258,17 +262,19 @@ TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its
         REQUIRE(c.status == ClaimStatus::claimed);
         fences.push_back(c.fence);
     }
-    // Hold two saves in flight on row locks the test's session holds.
+    // Hold the saves in flight on row locks the test's session holds.
     std::vector<idem::Fence> blockers;
-    for (const char* k : {"blocker-1", "blocker-2"}) blockers.push_back(store.claim(idem::Key(scope, k), kFp).fence);
+    for (int b = 1; b <= kInFlight; ++b) {
+        blockers.push_back(store.claim(idem::Key(scope, "blocker-" + std::to_string(b)), kFp).fence);
+    }
     PgConn locker(t.url);
     locker.exec("BEGIN");
     locker.exec("SELECT 1 FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%' FOR UPDATE", {scope});
     std::vector<std::thread> held;
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < kInFlight; ++b) {
         held.emplace_back([&, b] { store.save(idem::Key(scope, "blocker-" + std::to_string(b + 1)), blockers[static_cast<std::size_t>(b)], "held"); });
     }
-    t.await_lock_waiters(2);
+    t.await_lock_waiters(kInFlight);
     const auto before = store.stats();
 
     // Saver 0: a result over max_result_bytes (refused before any I/O, alone); saver 1: a fence that
@@ -477,4 +483,67 @@ TEST_CASE("group commit, several processes x 16 threads on one key and on many k
     CAPTURE(keys);
     CHECK(admin.scalar("SELECT count(*) FROM " + effects + " WHERE scope = $1", {scope}) == keys);
     CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + effects + " WHERE scope = $1", {scope}) == keys);
+}
+
+TEST_CASE("a relayed group whose connection dies in flight: every member goes alone with its fence, once",
+          "[group_commit][atomicity]") {
+    IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
+    // A lone claim (blocker-1) held on the test's lock leads; callers queue behind it. Once it is let
+    // go, its leader sends the queued group on its own connection (the relay) and hands it over; that
+    // group meets a second uncommitted row (held-2) and waits there, on the relaying connection.
+    // The test terminates that backend: the group's answers are lost after it was sent by one thread
+    // and while another waited for them. Every member must then claim alone, exactly once.
+    Table t(require_db());
+    idem::PostgresStore store(t.url, t.options());
+    const auto scope = idem_test::unique_name("relay");
+    const auto insert_held = [&](PgConn& session, const std::string& key) {
+        session.exec("BEGIN");
+        session.exec("INSERT INTO " + t.name +
+                         " (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, expires_at) "
+                         "VALUES ($1, $2, 'in_progress', '\\x00', 1, 1, now(), now() + interval '1 day')",
+                     {scope, key});
+    };
+    PgConn first(t.url), second(t.url);
+    insert_held(first, "blocker-1");
+    insert_held(second, "held-2");
+    idem::Claim lone;
+    std::thread leader([&] { lone = store.claim(idem::Key(scope, "blocker-1"), kFp); });
+    t.await_lock_waiters(1);
+    constexpr int kQueued = 10;  // k0..k8 and held-2
+    std::vector<idem::Claim> claims(kQueued);
+    std::vector<std::thread> queued;
+    for (int i = 0; i < kQueued; ++i) {
+        queued.emplace_back([&, i] {
+            const std::string k = i == kQueued - 1 ? "held-2" : "k" + std::to_string(i);
+            claims[static_cast<std::size_t>(i)] = store.claim(idem::Key(scope, k), kFp);
+        });
+    }
+    std::this_thread::sleep_for(1500ms);  // generous: they queue behind the lone claim
+    const auto before = store.stats();
+    first.exec("ROLLBACK");  // the lone claim wins; its leader relays the queued group
+    leader.join();
+    REQUIRE(lone.status == ClaimStatus::claimed);
+    t.await_lock_waiters(1);  // the relayed group waits on held-2
+    const long long pid = t.admin.scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", {t.app});
+    CHECK(t.admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND pid = $2 "
+                         "AND query LIKE '%unnest%'",
+                         {t.app, std::to_string(pid)}) == 1);  // the group's statement, not a lone claim
+    t.admin.exec("SELECT pg_terminate_backend($1)", {std::to_string(pid)});
+    // The members go alone: k0..k8 claim at once; held-2 waits on the second session until it rolls back.
+    t.await_lock_waiters(1);
+    second.exec("ROLLBACK");
+    for (auto& th : queued) th.join();
+    const auto stats = store.stats();
+    INFO("groups " << stats.claim_groups - before.claim_groups << ", retries " << stats.retries - before.retries);
+    CHECK(stats.largest_claim_group >= static_cast<std::uint64_t>(kQueued));  // they formed one group
+    CHECK(stats.retries - before.retries >= static_cast<std::uint64_t>(kQueued));  // each went again alone
+    for (int i = 0; i < kQueued; ++i) {
+        const std::string k = i == kQueued - 1 ? "held-2" : "k" + std::to_string(i);
+        const auto& c = claims[static_cast<std::size_t>(i)];
+        CAPTURE(k);
+        CHECK(c.status == ClaimStatus::claimed);
+        CHECK(t.rows_with(scope, k, c.fence) == 1);
+        CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key = $2", {scope, k}) == 1);
+    }
 }
