@@ -1087,6 +1087,39 @@ int main(int argc, char** argv) {
                   std::to_string(kNew + kReplays + 1 + 2),
               "the store saw one claim per call that reached it: " +
                   value(after.body, "idem_store_claims_total"));
+
+        // F: the replay cache and group commit on. The first replay reads the completed record
+        // from PostgreSQL and keeps it; the next ones never reach the store, and are byte-identical.
+        const auto cached_instance = start_server(
+            server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000",
+                         "--db-pool", "4", "--threads", "8", "--replay-cache-mb", "8",
+                         "--group-commit", "on"});
+        check(cached_instance.has_value(), "instance F starts with --replay-cache-mb 8 --group-commit on");
+        if (cached_instance) {
+            servers.push_back(*cached_instance);
+            const std::string F = cached_instance->url;
+            const std::string key = fresh_key("cached");
+            const Reply first = pay(F, acct_m, key, payment_body(90, 900, "tok_ok"));
+            check(first.status == 201 && !first.replayed(), "cache: new payment -> 201, got " + describe(first));
+            for (int i = 0; i < 3; ++i) {
+                const Reply r = pay(F, acct_m, key, payment_body(90, 900, "tok_ok"));
+                check(r.status == 201 && r.replayed() && r.body == first.body,
+                      "cache: replay " + std::to_string(i + 1) + " -> 201 replayed, same bytes, got " + describe(r));
+            }
+            const Reply changed = pay(F, acct_m, key, payment_body(90, 901, "tok_ok"));
+            check(changed.status == 422, "cache: same key, other amount -> 422 from a cached entry, got " +
+                                             describe(changed));
+            const Reply m = send(F, "GET", "/metrics", {});
+            check(calls(m.body, "executed") == "1" && calls(m.body, "replayed") == "3" &&
+                      calls(m.body, "mismatch") == "1",
+                  "cache: F counted 1 executed, 3 replayed, 1 mismatch");
+            check(value(m.body, "idem_store_claims_total") == "2",
+                  "cache: the store saw the new payment and the first replay only: " +
+                      value(m.body, "idem_store_claims_total"));
+            check(send(F, "GET", "/gateway/charges?idempotency_key=" + key, {}).body.find("\"count\":1") !=
+                      std::string::npos,
+                  "cache: one charge");
+        }
     }
 
     section("loopback only");

@@ -67,6 +67,8 @@ struct Options {
     std::int64_t rate_limit_per_second = 0; // 0: off
     std::size_t threads = 32;
     std::size_t db_pool = 8;
+    std::size_t replay_cache_mb = 0;  // 0: off
+    bool group_commit = false;
 };
 
 [[noreturn]] void usage(int status) {
@@ -74,7 +76,8 @@ struct Options {
         << "usage: payments-server --listen 127.0.0.1:PORT --db CONNINFO [--gateway-latency-ms N]\n"
            "                       [--lease-ms N] [--reconcile-every-ms N] "
            "[--rate-limit-per-second N]\n"
-           "                       [--threads N] [--db-pool N]\n"
+           "                       [--threads N] [--db-pool N] [--replay-cache-mb N] "
+           "[--group-commit on|off]\n"
            "  --listen              loopback address and port (port 0: any free port)\n"
            "  --db                  libpq connection string shared by every instance\n"
            "  --gateway-latency-ms  simulated card-gateway latency, 0..4000 (default 0)\n"
@@ -84,7 +87,9 @@ struct Options {
            "  --rate-limit-per-second  per-account limit across all instances (default 0: off)\n"
            "  --threads             HTTP worker threads, one per open connection (32)\n"
            "  --db-pool             database connections for idem, and as many for the gateway "
-           "(8)\n";
+           "(8)\n"
+           "  --replay-cache-mb     in-process replay cache for completed keys, MiB (0: off, the default)\n"
+           "  --group-commit        concurrent claims and saves share transactions (off)\n";
     std::exit(status);
 }
 
@@ -146,7 +151,13 @@ Options parse_options(int argc, char** argv) {
             o.threads = static_cast<std::size_t>(parse_int(arg, value, 1, 1024));
         else if (arg == "--db-pool")
             o.db_pool = static_cast<std::size_t>(parse_int(arg, value, 1, 256));
-        else
+        else if (arg == "--replay-cache-mb")
+            o.replay_cache_mb = static_cast<std::size_t>(parse_int(arg, value, 0, 1 << 20));
+        else if (arg == "--group-commit") {
+            if (value != "on" && value != "off")
+                bad_option("--group-commit: expected on or off, got '" + value + "'");
+            o.group_commit = value == "on";
+        } else
             bad_option("unknown option " + arg);
     }
     if (listen.empty())
@@ -203,7 +214,7 @@ void reply_retry(httplib::Response& res, int status, const std::string& body, mi
 // ------------------------------------------------------------------------------------- the service
 
 struct Service {
-    idem::PostgresStore& store;
+    idem::IdempotencyStore& store;  // PostgresStore, or a CachedStore in front of it
     payments::FakeGateway& gateway;
     payments::RateLimiter* limiter; // null: no rate limit
     idem::http::Route route;        // the Idempotency-Key rules (make_route)
@@ -422,6 +433,7 @@ int main(int argc, char** argv) {
     try {
         idem::PostgresOptions store_options;
         store_options.pool_size = options.db_pool;
+        store_options.group_commit = options.group_commit;
         store_options.default_lease = options.lease;
         store_options.application_name = "payments-server";
         idem::PostgresStore store(options.db, store_options);
@@ -441,7 +453,17 @@ int main(int argc, char** argv) {
 
         idem::ClaimOptions claim_options;
         claim_options.lease = options.lease;
-        const Service service{store, gateway, limiter ? &*limiter : nullptr,
+        // Replays of completed keys from this process's memory: a completed record never changes
+        // until its retention passes, which the cache never outlives (idem/cached_store.hpp).
+        std::optional<idem::CachedStore> cached;
+        if (options.replay_cache_mb > 0) {
+            idem::ReplayCacheOptions cache_options;
+            cache_options.max_bytes = options.replay_cache_mb << 20;
+            cached.emplace(store, cache_options);
+            cached->set_observer(metrics);  // the calls it answers; the store reports its own events
+        }
+        idem::IdempotencyStore& serving = cached ? static_cast<idem::IdempotencyStore&>(*cached) : store;
+        const Service service{serving, gateway, limiter ? &*limiter : nullptr,
                               make_route(claim_options, options.lease), kChargeStartBudget};
 
         HttpServer server;

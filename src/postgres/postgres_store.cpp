@@ -579,6 +579,40 @@ struct PostgresStore::Impl {
         }
     }
 
+    // The members of a group in key order: concurrent groups (and batches) lock shared keys in one
+    // order. Their rows, for pg::ClaimRowsPlan (views into the members).
+    static std::vector<ClaimMember*> by_key(const std::vector<pg::Combiner::Member*>& group) {
+        std::vector<ClaimMember*> ms;
+        ms.reserve(group.size());
+        for (pg::Combiner::Member* m : group) ms.push_back(static_cast<ClaimMember*>(m));
+        std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+        return ms;
+    }
+    static std::vector<ClaimRow> rows_of(const std::vector<ClaimMember*>& ms) {
+        std::vector<ClaimRow> rows;
+        rows.reserve(ms.size());
+        for (const ClaimMember* c : ms) {
+            rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                            static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                            c->retention.count()});
+        }
+        return rows;
+    }
+    // Writes every member's answer from the group's (row j: ms[j]).
+    static void answer_members(const ClaimAnswers& a, const std::vector<ClaimMember*>& ms) {
+        for (std::size_t j = 0; j < ms.size(); ++j) {
+            ClaimMember* c = ms[j];
+            std::exception_ptr error;
+            switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
+                case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
+                case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
+                case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
+                case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
+                case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
+            }
+        }
+    }
+
     // Sends the claims of `group` on `conn` (one plain node). On failure every member's answer is
     // written (alone: the statements may have reached the server; each member's retry with its own
     // fence recognises whatever committed) and null is returned. Never throws.
@@ -586,10 +620,7 @@ struct PostgresStore::Impl {
         try {
             note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
             auto f = std::make_unique<ClaimFlight>();
-            f->ms.reserve(group.size());
-            for (pg::Combiner::Member* m : group) f->ms.push_back(static_cast<ClaimMember*>(m));
-            std::sort(f->ms.begin(), f->ms.end(),
-                      [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+            f->ms = by_key(group);
             if (f->ms.size() == 1) {  // exactly today's statements
                 const ClaimMember& c = *f->ms[0];
                 add_claim_params(f->ins, *c.key, *c.fp, c.fence, c.lease, c.retention);
@@ -597,12 +628,7 @@ struct PostgresStore::Impl {
                 f->one = {Step{&defs[pg::kClaimInsert], &f->ins, false}, Step{&defs[pg::kSelect], &f->sel}};
                 f->steps = f->one;
             } else {
-                f->rows.reserve(f->ms.size());
-                for (const ClaimMember* c : f->ms) {
-                    f->rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
-                                       static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
-                                       c->retention.count()});
-                }
+                f->rows = rows_of(f->ms);
                 // [claims | Sync | read | Sync]: the claims commit at the first Sync, the read takes
                 // its own snapshot (as the single-key path's does).
                 f->plan.emplace(defs, pg::Layout::plain, f->rows);
@@ -633,18 +659,7 @@ struct PostgresStore::Impl {
                 f.ms[0]->got = ClaimMember::Got::plain;
                 return conn;
             }
-            ClaimAnswers a = f.plan->read(std::move(res));
-            for (std::size_t j = 0; j < f.ms.size(); ++j) {
-                ClaimMember* c = f.ms[j];
-                std::exception_ptr error;
-                switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
-                    case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
-                    case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
-                    case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
-                    case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
-                    case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
-                }
-            }
+            answer_members(f.plan->read(std::move(res)), f.ms);
             return conn;
         } catch (const pg::connection_broken&) {
             // The group may have committed before its answer was lost: each member goes again alone
@@ -654,31 +669,6 @@ struct PostgresStore::Impl {
         }
         for (ClaimMember* c : f.ms) c->got = ClaimMember::Got::alone, c->error = nullptr;
         return std::nullopt;
-    }
-
-    // A group's leader, start to end: its answers (reading a relayed flight, or sending and reading
-    // its own statements), then the relay of the next group, then its members woken. Never throws.
-    void lead_claims(ClaimMember& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
-        std::optional<pg::Lease> conn = me.flight ? land_claims(*me.flight)
-                                        : me.relayed ? std::nullopt  // answered by the relay's failure
-                                                     : answer_claim_group(group);
-        me.flight.reset();
-        std::vector<pg::Combiner::Member*> next;
-        if (claim_groups->take_next(next)) {
-            auto& lead = static_cast<ClaimMember&>(*next.front());
-            try {
-                if (conn && !(*conn)->broken() && !pool->has_waiters() && relay_possible(**conn)) {
-                    lead.relayed = true;
-                    lead.flight = send_claims(next, std::move(*conn));
-                }
-            } catch (...) {
-                // relay_possible's question failed: the group's own leader sends it
-            }
-            conn.reset();
-            claim_groups->hand_over(std::move(next));
-        }
-        conn.reset();
-        claim_groups->answered(group);
     }
 
     // A group's own leader sends and reads its statements. Returns the connection when the next
@@ -724,30 +714,11 @@ struct PostgresStore::Impl {
                 return f ? land_claims(*f) : std::nullopt;
             }
             note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
-            std::vector<ClaimMember*> ms(group.size());
-            for (std::size_t i = 0; i < group.size(); ++i) ms[i] = static_cast<ClaimMember*>(group[i]);
-            std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+            const std::vector<ClaimMember*> ms = by_key(group);
             try {
-                std::vector<ClaimRow> rows;
-                rows.reserve(ms.size());
-                for (const ClaimMember* c : ms) {
-                    rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
-                                    static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
-                                    c->retention.count()});
-                }
                 // A distributed table: one-shard segments (pg::ClaimRowsPlan), in blocks where needed.
-                ClaimAnswers a = claim_rows(**conn, rows);
-                for (std::size_t j = 0; j < ms.size(); ++j) {
-                    ClaimMember* c = ms[j];
-                    std::exception_ptr error;
-                    switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
-                        case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
-                        case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
-                        case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
-                        case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
-                        case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
-                    }
-                }
+                const std::vector<ClaimRow> rows = rows_of(ms);
+                answer_members(claim_rows(**conn, rows), ms);
             } catch (const pg::connection_broken&) {
                 pool->suspect_idle();
                 every_claim(group, ClaimMember::Got::alone);
@@ -900,24 +871,49 @@ struct PostgresStore::Impl {
         if (waiters) wake_waiters(key);
     }
 
-    // As lead_claims, for saves.
-    void lead_saves(SaveMember& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
-        std::optional<pg::Lease> conn = me.flight ? land_saves(*me.flight)
+    // A group's leader, start to end (claims and saves alike): its answers (reading a relayed
+    // flight, or sending and reading its own statements), then the relay of the next group, then
+    // its members woken. Never throws.
+    template <class M>
+    void lead(pg::Combiner& groups, M& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
+        constexpr bool claims = std::is_same_v<M, ClaimMember>;
+        std::optional<pg::Lease> conn = me.flight  ? land(*me.flight)
                                         : me.relayed ? std::nullopt  // answered by the relay's failure
+                                        : claims     ? answer_claim_group(group)
                                                      : answer_save_group(group);
         me.flight.reset();
         std::vector<pg::Combiner::Member*> next;
-        if (save_groups->take_next(next)) {
-            auto& lead = static_cast<SaveMember&>(*next.front());
-            if (conn && !(*conn)->broken() && !pool->has_waiters()) {
+        if (groups.take_next(next)) {
+            auto& lead = static_cast<M&>(*next.front());
+            // Not while another caller waits for a pooled connection: the chain would keep this one
+            // for as long as callers queue.
+            if (conn && !(*conn)->broken() && !pool->has_waiters() && may_relay<M>(**conn)) {
                 lead.relayed = true;
-                lead.flight = send_saves(next, std::move(*conn));
+                if constexpr (claims) {
+                    lead.flight = send_claims(next, std::move(*conn));
+                } else {
+                    lead.flight = send_saves(next, std::move(*conn));
+                }
             }
             conn.reset();
-            save_groups->hand_over(std::move(next));
+            groups.hand_over(std::move(next));
         }
         conn.reset();
-        save_groups->answered(group);
+        groups.answered(group);
+    }
+    std::optional<pg::Lease> land(ClaimFlight& f) noexcept { return land_claims(f); }
+    std::optional<pg::Lease> land(SaveFlight& f) noexcept { return land_saves(f); }
+    template <class M>
+    bool may_relay(pg::Connection& conn) noexcept {
+        if constexpr (!std::is_same_v<M, ClaimMember>) {
+            return true;  // a save group is single statements, never a block: any layout
+        } else {
+            try {
+                return relay_possible(conn);
+            } catch (...) {
+                return false;  // the layout's question failed: the group's own leader sends it
+            }
+        }
     }
 
 };
@@ -1223,7 +1219,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                     me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
                     std::vector<pg::Combiner::Member*> group;
                     const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
-                    if (role == pg::Combiner::Role::lead) m.lead_claims(me, group);
+                    if (role == pg::Combiner::Role::lead) m.lead(*m.claim_groups, me, group);
                     if (me.got == Got::error) std::rethrow_exception(me.error);
                     got = me.got;
                     // (a group's failed statement counts as an attempt: going alone after it is a retry)
@@ -1292,7 +1288,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         Impl::SaveMember me;
         me.key = &key, me.fence = fence, me.result = result;
         std::vector<pg::Combiner::Member*> group;
-        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) m.lead_saves(me, group);
+        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) m.lead(*m.save_groups, me, group);
         if (me.got == Impl::SaveMember::Got::lost) {
             throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
         }
