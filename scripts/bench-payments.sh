@@ -3,11 +3,13 @@
 # same machine, same throwaway database, one run.
 #
 # Usage: scripts/bench-payments.sh [--duration SECONDS] [--rounds N] [--peer DIR] [--build-dir DIR]
+#                                  [--server-args "ARGS"]
 #
 #   --duration   seconds per wrk run (default 8)
 #   --rounds     runs per figure, alternating the two servers; the median is reported (default 3)
 #   --peer       the Express peer (default ../shared/peers/express-seed003, relative to the repo)
 #   --build-dir  release build directory (default build/release)
+#   --server-args  extra payments-server options, e.g. "--replay-cache-mb 64 --group-commit on"
 #
 # For each server: the new-payment path (wrk new.lua: a fresh key per request) and the replay path
 # (wrk replay.lua: keys replay-1..100, each sent once first), at 1 and 16 connections (wrk -t1,
@@ -25,6 +27,7 @@ duration=8
 rounds=3
 peer="$repo/../shared/peers/express-seed003"
 build_dir=build/release
+server_args=""
 inner=0
 while (($# > 0)); do
     case "$1" in
@@ -36,8 +39,10 @@ while (($# > 0)); do
         --peer=*) peer="${1#*=}" ;;
         --build-dir) build_dir="${2:?}"; shift ;;
         --build-dir=*) build_dir="${1#*=}" ;;
+        --server-args) server_args="${2?}"; shift ;;
+        --server-args=*) server_args="${1#*=}" ;;
         --inner) inner=1 ;;
-        -h | --help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "bench-payments: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -66,7 +71,7 @@ if ((!inner)); then
         echo "bench-payments: npm or node not found; the Express side is skipped" >&2
     fi
     scripts/with-postgres.sh "$0" --inner --duration "$duration" --rounds "$rounds" --peer "$peer_dir" \
-        --build-dir "$build_dir"
+        --build-dir "$build_dir" --server-args "$server_args"
     exit $?
 fi
 
@@ -111,7 +116,8 @@ have_express=0
 declare -A url
 step "Starting payments-server (Release)"
 port="$(free_port)"
-"$server" --listen "127.0.0.1:$port" --db "$IDEM_TEST_DATABASE_URL" --gateway-latency-ms 0 \
+read -r -a extra_args <<<"$server_args"
+"$server" --listen "127.0.0.1:$port" --db "$IDEM_TEST_DATABASE_URL" --gateway-latency-ms 0 "${extra_args[@]}" \
     >"$work/idem.out" 2>"$work/idem.log" &
 pids+=($!)
 declare -A pid_of
@@ -227,7 +233,7 @@ echo "Machine: $(nproc) cores ($cpu), PostgreSQL $pg on a Unix socket (fsync on,
 echo "wrk -t1 -d${duration}s, gateway latency 0, both servers and wrk on the same machine and database;"
 echo "each figure is the median of $rounds runs, the servers taking turns. Load average (1 min) at start / end: $load_start / $load_end."
 echo "Express: node $(node --version 2>/dev/null || echo '-'), express 5, pg 8, pool 8."
-echo "payments-server: Release build, defaults (32 HTTP threads, 8 + 8 database connections)."
+echo "payments-server: Release build, defaults (32 HTTP threads, 8 + 8 database connections)${server_args:+, $server_args}."
 echo
 echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target | CPU µs/req Express / PostgreSQL | CPU µs/req payments-server / PostgreSQL |"
 echo "|---|---|---|---|---|---|---|---|"
