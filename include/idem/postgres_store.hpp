@@ -13,10 +13,10 @@
 //   array UPDATE. A lone caller goes at once with the statements above (no timer); callers arriving
 //   while a group is in flight form the next group, which the finishing leader sends at once. It
 //   pays with many concurrent callers per store, and costs with few (docs/benchmarks.md). Each
-//   caller keeps its own fence, outcome and
-//   errors: a failure of the shared statement sends every member again alone, with its fence (a
-//   member whose group committed before its answer was lost recognises its row). docs/design.md,
-//   "Group commit". Stats: StoreStats::claim_groups … largest_save_group.
+//   caller keeps its own fence, outcome and errors: a failure of the shared statement sends every
+//   member again alone, with its fence (a member whose group committed before its answer was lost
+//   recognises its row). docs/design.md, "Group commit". Stats: StoreStats::claim_groups …
+//   largest_save_group.
 // * Pool: at most pool_size connections, opened lazily; a caller waits up to pool_wait for one
 //   (then pool_timeout). A connection idle longer than health_check_after is checked before use; one
 //   that broke is discarded and the statement retried once on a fresh one, with the same fence.

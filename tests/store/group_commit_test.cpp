@@ -494,7 +494,9 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
     // The test terminates that backend: the group's answers are lost after it was sent by one thread
     // and while another waited for them. Every member must then claim alone, exactly once.
     Table t(require_db());
-    idem::PostgresStore store(t.url, t.options());
+    auto options = t.options();
+    options.pool_wait = 60s;  // queued callers never give up and go alone while the test holds them
+    idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("relay");
     const auto insert_held = [&](PgConn& session, const std::string& key) {
         session.exec("BEGIN");
