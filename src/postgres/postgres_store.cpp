@@ -546,22 +546,40 @@ struct PostgresStore::Impl {
         });
     }
 
-    // A group's statements on their way: sent on `conn`, answers not read yet. Sent by the group's
-    // own leader, or relayed: by the previous group's leader, on the connection it just read its own
-    // answers from, so that the server starts on this group while its leader's thread wakes up.
-    // Views into the members (who wait for their answers) and into itself: never moved once sent.
-    struct ClaimFlight {
+    // A group's statements on their way: sent on a connection, answers not read yet. Sent by the
+    // group's own leader, or relayed: by the previous group's leader, on the connection it just read
+    // its own answers from, so that the server starts on this group while its leader's thread wakes
+    // up. Views into the members (who wait for their answers) and into itself: never moved once sent.
+    struct Flight {
+        std::span<const Step> steps;
+        Clock::time_point deadline;
+        std::optional<pg::Lease> conn;  // while its answers are unread
+
+        Flight() = default;
+        Flight(const Flight&) = delete;
+        Flight& operator=(const Flight&) = delete;
+        ~Flight() {
+            if (conn) (*conn)->abandon_exchange();  // unread answers: the connection is never reused
+        }
+        // Throws connection_broken (then nothing is in flight: `lease` is discarded, broken).
+        void send(pg::Lease lease) {
+            lease->send_pipeline(steps, deadline);
+            conn.emplace(std::move(lease));
+        }
+        // The answers; `lease` gets the connection back (for the next group: it is marked broken
+        // when receiving failed). Throws what receive_pipeline throws.
+        pg::StepResults receive(std::optional<pg::Lease>& lease) {
+            lease.emplace(std::move(*conn));
+            conn.reset();
+            return (*lease)->receive_pipeline(steps, deadline);
+        }
+    };
+    struct ClaimFlight : Flight {
         std::vector<ClaimMember*> ms;  // by key: concurrent groups (and batches) lock shared keys in one order
         std::vector<ClaimRow> rows;
         std::optional<pg::ClaimRowsPlan> plan;  // two members or more: the batch statements
         Params ins, sel;                        // one member: today's [INSERT, SELECT | Sync]
         std::array<Step, 2> one;
-        std::span<const Step> steps;
-        Clock::time_point deadline;
-        std::optional<pg::Lease> conn;  // while its answers are unread
-        ~ClaimFlight() {
-            if (conn) (*conn)->abandon_exchange();  // unread answers: the connection is never reused
-        }
     };
 
     // Whether the next group may be sent by the leader that relays it: on one plain node. A
@@ -636,8 +654,7 @@ struct PostgresStore::Impl {
             }
             f->deadline = deadline();
             counters().round_trips.fetch_add(1, std::memory_order_relaxed);
-            conn->send_pipeline(f->steps, f->deadline);
-            f->conn.emplace(std::move(conn));
+            f->send(std::move(conn));
             return f;
         } catch (const pg::connection_broken&) {
             pool->suspect_idle();
@@ -650,10 +667,9 @@ struct PostgresStore::Impl {
     // Reads the answers of a flight and writes every member's. Returns the connection, for the next
     // group, unless it broke. Never throws.
     std::optional<pg::Lease> land_claims(ClaimFlight& f) noexcept {
-        std::optional<pg::Lease> conn = std::move(f.conn);
-        f.conn.reset();
+        std::optional<pg::Lease> conn;
         try {
-            pg::StepResults res = (*conn)->receive_pipeline(f.steps, f.deadline);
+            pg::StepResults res = f.receive(conn);
             if (!f.plan) {
                 f.ms[0]->plain = std::move(res);
                 f.ms[0]->got = ClaimMember::Got::plain;
@@ -743,18 +759,12 @@ struct PostgresStore::Impl {
     };
 
     // As ClaimFlight, for saves: one UPDATE for the rows (pg::SaveRowsPlan), or today's one-row UPDATE.
-    struct SaveFlight {
+    struct SaveFlight : Flight {
         std::vector<SaveMember*> sent;  // by key; a key or fence twice goes alone instead
         std::vector<SaveRow> rows;
         std::optional<pg::SaveRowsPlan> plan;
         Params one_params;
         Step one;
-        std::span<const Step> steps;
-        Clock::time_point deadline;
-        std::optional<pg::Lease> conn;
-        ~SaveFlight() {
-            if (conn) (*conn)->abandon_exchange();
-        }
     };
 
     // Sends the saves of `group` on `conn` (any layout: a save is one statement per segment, never a
@@ -795,8 +805,7 @@ struct PostgresStore::Impl {
             }
             for (SaveMember* v : f->sent) v->sent = true;
             counters().round_trips.fetch_add(1, std::memory_order_relaxed);
-            conn->send_pipeline(f->steps, f->deadline);
-            f->conn.emplace(std::move(conn));
+            f->send(std::move(conn));
             return f;
         } catch (const pg::connection_broken&) {
             pool->suspect_idle();
@@ -807,10 +816,9 @@ struct PostgresStore::Impl {
     }
 
     std::optional<pg::Lease> land_saves(SaveFlight& f) noexcept {
-        std::optional<pg::Lease> conn = std::move(f.conn);
-        f.conn.reset();
+        std::optional<pg::Lease> conn;
         try {
-            pg::StepResults res = (*conn)->receive_pipeline(f.steps, f.deadline);
+            pg::StepResults res = f.receive(conn);
             if (!f.plan) {
                 SaveMember& v = *f.sent[0];
                 if (!res[0].ok()) return conn;  // it goes alone (40001 retried there, ...)
