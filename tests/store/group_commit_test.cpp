@@ -410,11 +410,16 @@ TEST_CASE("group commit with backends terminated: members retry with their own f
         }
     });
     // Each key has one claimer: any answer but `claimed` means a retry did not recognise its row.
+    // At least kKeys keys per thread, and on until the killer has hit kMinKills backends (groups
+    // make the claims fast: 640 of them can be over before a 20 ms killer finds one busy), within
+    // a generous bound.
+    constexpr long long kMinKills = 5;
+    const auto until = std::chrono::steady_clock::now() + 60s;
     std::mutex mutex;
     std::map<std::string, idem::Fence> claimed;
     std::atomic<int> not_claimed{0}, unavailable{0};
     idem_test::run_threads(kThreads, [&](int th) {
-        for (int i = 0; i < kKeys; ++i) {
+        for (int i = 0; i < kKeys || (kills < kMinKills && std::chrono::steady_clock::now() < until); ++i) {
             const std::string k = "t" + std::to_string(th) + "-" + std::to_string(i);
             try {
                 const auto c = store.claim(idem::Key(scope, k), kFp);
