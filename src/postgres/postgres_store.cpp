@@ -469,8 +469,8 @@ struct PostgresStore::Impl {
     }
 
     // ---- Group commit (docs/design.md, "Group commit") ----
-    // How many groups may be in flight at once, per kind (claims, saves): see docs/design.md for the
-    // figures behind the choice.
+    // How many groups may be in flight at once, per kind (claims, saves): one, relayed (docs/design.md
+    // and docs/benchmarks.md have the figures behind the choice; pool_size is at least 1).
     static constexpr std::size_t kGroupsInFlight = 1;
     std::unique_ptr<pg::Combiner> claim_groups, save_groups;
 
@@ -949,9 +949,8 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
     // Deadlines are kept to within one tick (they are statement_timeout + lock_timeout + 1 s away).
     m.watchdog = std::make_unique<pg::Watchdog>(std::chrono::milliseconds(50));
     m.settings.watchdog = m.watchdog.get();
-    const std::size_t in_flight = std::min(Impl::kGroupsInFlight, m.options.pool_size);
-    m.claim_groups = std::make_unique<pg::Combiner>(in_flight);
-    m.save_groups = std::make_unique<pg::Combiner>(in_flight);
+    m.claim_groups = std::make_unique<pg::Combiner>(Impl::kGroupsInFlight);
+    m.save_groups = std::make_unique<pg::Combiner>(Impl::kGroupsInFlight);
     m.pool = std::make_unique<pg::Pool>(
         m.options.pool_size, m.options.pool_wait, m.options.health_check_after,
         [&m] { return std::make_unique<pg::Connection>(m.settings, m.defs); },
