@@ -8,6 +8,10 @@
 //            transaction per call (bench/floor.hpp);
 //   ideal:   "ideal grouping": the library's batch statements by hand on one connection, a whole
 //            round of `threads` calls in one claim (and one save) statement (bench/floor.hpp);
+//   ideal_threads: the same rounds, but each call made by its own thread, as callers of
+//            execute_once are: every round waits until all `threads` callers have arrived (a perfect
+//            gather), the last one sends it, and the others are woken with its answer: perfect
+//            rounds for blocking callers, handoffs included, never two rounds at once;
 //   idem:    execute_once through a PostgresStore (pool size = threads), no-op effect, group commit
 //            off; idem_gc: the same with group commit on (--group-commit); replay-cached: both
 //            through a CachedStore (the in-process replay cache);
@@ -33,6 +37,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -83,12 +88,13 @@ const char* case_name(Case c) {
 std::uint64_t expected_round_trips(Case c) { return c == Case::fresh ? 2 : 1; }
 
 /// The sides of a case (see the top of this file), in the order of a round's first half.
-enum class SideKind { floor, ideal, idem, idem_gc };
+enum class SideKind { floor, ideal, ideal_threads, idem, idem_gc };
 
 const char* side_name(SideKind k) {
     switch (k) {
         case SideKind::floor: return "floor";
         case SideKind::ideal: return "ideal";
+        case SideKind::ideal_threads: return "ideal_threads";
         case SideKind::idem: return "idem";
         case SideKind::idem_gc: return "idem_gc";
     }
@@ -146,7 +152,7 @@ Throughput matrix (default):
   --cases LIST            new,replay,conflict,replay-cached (default: all four)
   --group-commit LIST     the idem side(s): off (idem), on (idem_gc); default off,on. "on" is
                           skipped (with a note) while PostgresOptions::group_commit does not exist
-  --no-ideal              skip the ideal-grouping floor
+  --no-ideal              skip the ideal-grouping floors (ideal, ideal_threads)
   --seconds N             measured seconds per case and side (library / floor), default 6
   --rounds N              alternating floor/library rounds per case, default 3 (ABBA order)
   --preload N             completed and in-progress keys preloaded for replay/conflict (100000)
@@ -161,7 +167,7 @@ Throughput matrix (default):
                           (ideal), at most one per preloaded key and thread (replay-cached)
                           (the CTest smoke test)
   --print-pgbench-scripts print the pgbench scripts and exit
-  --only SIDE             floor, ideal, idem or idem_gc: run one side only (to profile it with
+  --only SIDE             floor, ideal, ideal_threads, idem or idem_gc: run one side only (to profile it with
                           perf or strace; no ratio)
   --store-per-thread      diagnostic: one PostgresStore (pool of 1) per thread instead of one
                           shared store with a pool of T: isolates the cost of sharing the pool
@@ -268,7 +274,10 @@ Options parse(int argc, char** argv) {
             if (o.rss_threads < 1) usage(2);
         } else if (arg == "--only") {
             o.only = value();
-            if (o.only != "idem" && o.only != "floor" && o.only != "ideal" && o.only != "idem_gc") usage(2);
+            if (o.only != "idem" && o.only != "floor" && o.only != "ideal" && o.only != "ideal_threads" &&
+                o.only != "idem_gc") {
+                usage(2);
+            }
         } else if (arg == "--store-per-thread") {
             o.store_per_thread = true;
         } else if (arg == "--store") {
@@ -413,6 +422,10 @@ PhaseResult run_phase(Admin& admin, int threads, double seconds, std::uint64_t s
         start = Clock::now();
     };
     std::barrier ready(threads + 1, on_ready);
+    // An op whose callers wait for one another (ideal_threads) is told when one stops calling.
+    const auto leave = [&op](std::size_t t) noexcept {
+        if constexpr (requires { op.leave(0); }) op.leave(static_cast<int>(t));
+    };
     std::vector<std::thread> workers;
     workers.reserve(n);
     for (std::size_t t = 0; t < n; ++t) {
@@ -424,6 +437,7 @@ PhaseResult run_phase(Admin& admin, int threads, double seconds, std::uint64_t s
             } catch (const std::exception& e) {
                 fail(e.what());
                 ok = false;
+                leave(t);  // before the barrier: the others' rounds must not wait for this thread
             }
             ready.arrive_and_wait();
             if (!ok) return;
@@ -441,6 +455,7 @@ PhaseResult run_phase(Admin& admin, int threads, double seconds, std::uint64_t s
             } catch (const std::exception& e) {
                 fail(e.what());
             }
+            leave(t);
             calls[t] = done;
             unexpected[t] = bad;
         });
@@ -597,6 +612,103 @@ struct IdealOp {
     }
 };
 
+// The ideal rounds made by `threads` blocking callers, one call each (the "ideal_threads" side):
+// each caller puts its key into the round and waits; the last to arrive sends the round's statement
+// on the one connection and wakes the rest. A caller that stops (the phase is over) leaves, and the
+// rounds go on without it, so nobody waits for a caller that will not come.
+class IdealGather {
+public:
+    IdealGather(IdealClient* client, std::size_t callers) : client_(client), callers_(callers) {}
+
+    /// Adds (key, fence) to the current round of `phase` (0 claim, 1 save) and returns once it was
+    /// sent: true when the round had the outcome `kind` expects for every call.
+    bool arrive(int phase, Case kind, std::string key, std::int64_t fence, std::string_view fp) {
+        std::unique_lock lock(mutex_);
+        // Callers move in lockstep: a caller a round ahead (a save after the others' claims) cannot
+        // exist, since everyone waits for everyone.
+        round_.emplace_back(std::move(key), fence);
+        phase_ = phase;
+        kind_ = kind;
+        fp_ = fp;
+        const std::uint64_t mine = generation_;
+        if (round_.size() == callers_) {
+            send(lock);
+        } else {
+            cv_.wait(lock, [&] { return generation_ != mine; });
+        }
+        if (!error_.empty()) throw std::runtime_error(error_);
+        return good_;
+    }
+
+    /// This caller makes no more calls (also after an error).
+    void leave() noexcept {
+        std::unique_lock lock(mutex_);
+        --callers_;
+        if (!round_.empty() && round_.size() == callers_) send(lock);
+    }
+
+private:
+    // Sends the round (the caller holds the lock) and wakes its callers; a failure reaches each of them.
+    void send(std::unique_lock<std::mutex>&) noexcept {
+        const std::size_t n = round_.size();
+        try {
+            std::sort(round_.begin(), round_.end());  // as PostgresStore sorts a batch
+            keys_.clear();
+            fences_.clear();
+            for (auto& [k, f] : round_) {
+                keys_.push_back(k);
+                fences_.push_back(f);
+            }
+            if (phase_ == 0) {
+                const auto c = client_->claim(kScope, keys_, fp_, 1, fences_, kLeaseMs, kRetentionS);
+                good_ = kind_ == Case::fresh      ? c.inserted == n
+                        : kind_ == Case::conflict ? c.inserted == 0 && c.in_progress == n
+                                                  : c.inserted == 0 && c.completed == n;
+            } else {
+                good_ = client_->save(kScope, keys_, fences_, kResult) == n;
+            }
+        } catch (const std::exception& e) {
+            error_ = e.what();
+        }
+        round_.clear();
+        ++generation_;
+        cv_.notify_all();
+    }
+
+    IdealClient* client_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::size_t callers_;
+    std::vector<std::pair<std::string, std::int64_t>> round_;
+    std::vector<std::string> keys_;
+    std::vector<std::int64_t> fences_;
+    std::uint64_t generation_ = 0;
+    int phase_ = 0;
+    Case kind_ = Case::fresh;
+    std::string_view fp_;
+    bool good_ = false;
+    std::string error_;
+};
+
+struct IdealThreadsOp {
+    IdealGather& gather;
+    std::string_view fp;
+    Case kind;
+    std::int64_t preloaded;
+
+    bool operator()(int, Rng& rng) const {
+        const auto pick = rng.below(static_cast<std::uint64_t>(preloaded));
+        std::string key = kind == Case::fresh      ? random_hex_key(rng)
+                          : kind == Case::conflict ? preloaded_key(kConflictBase, pick)
+                                                   : preloaded_key(kReplayBase, pick);
+        const std::int64_t fence = random_fence(rng);
+        const bool claimed = gather.arrive(0, kind, key, fence, fp);
+        if (kind != Case::fresh) return claimed;
+        return gather.arrive(1, kind, std::move(key), fence, fp) && claimed;  // the no-op effect, then the save
+    }
+    void leave(int) const noexcept { gather.leave(); }
+};
+
 struct Side {
     SideKind kind = SideKind::floor;
     std::uint64_t calls = 0, unexpected = 0;
@@ -703,7 +815,7 @@ struct Tables {
 };
 
 void print_header() {
-    std::printf("%-7s %-13s %-7s %11s %6s %8s %8s %7s %7s %9s %10s %11s %11s\n", "threads", "case", "side", "ops/s",
+    std::printf("%-7s %-13s %-13s %11s %6s %8s %8s %7s %7s %9s %10s %11s %11s\n", "threads", "case", "side", "ops/s",
                 "/floor", "p50 us", "p99 us", "RT/call", "cpu us", "commits", "WAL B", "claim grp", "save grp");
 }
 
@@ -717,7 +829,7 @@ void print_run(const Run& r) {
         const std::string save_grp = side.counters.save_groups
                                          ? fmt::format("{:.1f}/{}", side.mean_save_group(), side.counters.largest_save_group)
                                          : "-";
-        std::printf("%-7d %-13s %-7s %11.0f %6.3f %8.0f %8.0f %7.3f %7.1f %9s %10.0f %11s %11s\n", r.threads,
+        std::printf("%-7d %-13s %-13s %11.0f %6.3f %8.0f %8.0f %7.3f %7.1f %9s %10.0f %11s %11s\n", r.threads,
                     case_name(r.kind), side_name(side.kind), side.ops(), r.ratio(side.kind),
                     side.hist.percentile_us(0.50), side.hist.percentile_us(0.99), side.rt_per_call(),
                     side.cpu_us_per_call(), commits.c_str(), side.wal_bytes_per_call(), claim_grp.c_str(),
@@ -729,7 +841,7 @@ void print_run(const Run& r) {
                         static_cast<unsigned long long>(side.counters.opened));
         }
     }
-    if (r.pgbench_tps) std::printf("%-7d %-13s %-7s %11.0f  (informational)\n", r.threads, case_name(r.kind), "pgbench", *r.pgbench_tps);
+    if (r.pgbench_tps) std::printf("%-7d %-13s %-13s %11.0f  (informational)\n", r.threads, case_name(r.kind), "pgbench", *r.pgbench_tps);
     std::fflush(stdout);
 }
 
@@ -773,6 +885,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
     const std::string lib_table = tables.add(prefix + "_lib");
     const std::string floor_table = tables.add(prefix + "_floor");
     const std::string ideal_table = o.ideal ? tables.add(prefix + "_ideal") : std::string();
+    const std::string ideal_threads_table = o.ideal ? tables.add(prefix + "_ideal_threads") : std::string();
     const bool pgbench = o.use_pgbench && ::access(o.pgbench.c_str(), X_OK) == 0;
     const std::string pgb_table = pgbench ? tables.add(prefix + "_pgb") : std::string();
     if (o.use_pgbench && !pgbench) std::fprintf(stderr, "note: %s not found; no pgbench column\n", o.pgbench.c_str());
@@ -795,7 +908,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
     // (the `new` rounds add tens of thousands of rows, past autovacuum's thresholds) lands in
     // whichever rounds happen to run then, on one side only. Instead every table is vacuumed and
     // analyzed, untimed, before every case (vacuum_all below).
-    const std::string all_tables[] = {lib_table, floor_table, ideal_table, pgb_table};
+    const std::string all_tables[] = {lib_table, floor_table, ideal_table, ideal_threads_table, pgb_table};
     for (const std::string& t : all_tables) {
         if (t.empty()) continue;
         admin.exec("ALTER TABLE " + quote_ident(t) + " SET (autovacuum_enabled = false)");
@@ -831,8 +944,11 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
         }
         std::vector<std::unique_ptr<FloorClient>> clients;
         for (int t = 0; t < threads; ++t) clients.push_back(std::make_unique<FloorClient>(o.db, floor_table));
-        std::unique_ptr<IdealClient> ideal;
-        if (o.ideal) ideal = std::make_unique<IdealClient>(o.db, ideal_table);
+        std::unique_ptr<IdealClient> ideal, ideal_threads;
+        if (o.ideal) {
+            ideal = std::make_unique<IdealClient>(o.db, ideal_table);
+            ideal_threads = std::make_unique<IdealClient>(o.db, ideal_threads_table);
+        }
         const auto floor_counters = [&clients]() noexcept {
             Counters c;
             for (const auto& client : clients) c.round_trips += client->round_trips();
@@ -843,6 +959,11 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             c.round_trips = ideal ? ideal->round_trips() : 0;
             return c;
         };
+        const auto ideal_threads_counters = [&ideal_threads]() noexcept {
+            Counters c;
+            c.round_trips = ideal_threads ? ideal_threads->round_trips() : 0;
+            return c;
+        };
         std::vector<std::string> ideal_keys;
         std::vector<std::int64_t> ideal_fences;
 
@@ -851,7 +972,10 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             run.threads = threads;
             run.kind = kind;
             std::vector<SideKind> order{SideKind::floor};
-            if (ideal) order.push_back(SideKind::ideal);
+            if (ideal) {
+                order.push_back(SideKind::ideal);
+                order.push_back(SideKind::ideal_threads);
+            }
             for (const auto& lib : libs) order.push_back(lib.kind);
             if (!o.only.empty()) {
                 std::erase_if(order, [&](SideKind k) { return o.only != side_name(k); });
@@ -891,6 +1015,10 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
                         r = run_phase(admin, 1, per_round, seed, ideal_op, ideal_counters);
                         r.calls *= static_cast<std::uint64_t>(threads);
                         r.unexpected *= static_cast<std::uint64_t>(threads);
+                    } else if (side.kind == SideKind::ideal_threads) {
+                        IdealGather gather(ideal_threads.get(), static_cast<std::size_t>(threads));
+                        IdealThreadsOp op{gather, fp_bytes, kind, keys};
+                        r = run_phase(admin, threads, per_round, seed, op, ideal_threads_counters);
                     } else {
                         const LibrarySide& lib = *std::find_if(libs.begin(), libs.end(),
                                                                [&](const LibrarySide& l) { return l.kind == side.kind; });
@@ -1255,6 +1383,12 @@ int main(int argc, char** argv) {
                                                  static_cast<std::uint64_t>(r.threads);
                     } else if (side.kind == SideKind::ideal) {
                         good = good && rt * static_cast<std::uint64_t>(r.threads) == want * side.calls;  // per round
+                    } else if (side.kind == SideKind::ideal_threads) {
+                        // Per round of T callers, plus the smaller rounds while the callers stop: each
+                        // caller makes at most one call after the phase ends, so at most T of them.
+                        const auto threads = static_cast<std::uint64_t>(r.threads);
+                        good = good && rt * threads >= want * side.calls &&
+                               rt * threads <= want * side.calls + want * threads * threads;
                     } else if (side.kind != SideKind::idem_gc) {
                         good = good && rt == want * side.calls;
                     }

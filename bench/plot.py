@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Draws docs/benchmarks.svg from idem-bench's --json output: ops/s by thread count, one panel per
-case, one line per side (floor, ideal grouping, idem, idem + group commit).
+case, one line per side (floor, ideal grouping on one thread and with a thread per call, idem,
+idem + group commit).
 
 Usage: bench/plot.py FILE.json [OUT.svg|OUT.png]      (default OUT: docs/benchmarks.svg)
 Needs matplotlib (Debian: apt-get install -y python3-matplotlib; hence /usr/bin/python3).
@@ -19,7 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 SIDES = [  # JSON side name, legend, style
     ("floor", "floor (one transaction per call)", {"color": "black", "linestyle": "--", "marker": "o"}),
-    ("ideal", "ideal grouping (by hand)", {"color": "grey", "linestyle": ":", "marker": "s"}),
+    ("ideal", "ideal grouping (by hand, one thread)", {"color": "grey", "linestyle": ":", "marker": "s"}),
+    ("ideal_threads", "ideal grouping (by hand, a thread per call)", {"color": "tab:green", "linestyle": ":", "marker": "D"}),
     ("idem", "idem", {"color": "tab:blue", "marker": "o"}),
     ("idem_gc", "idem + group commit", {"color": "tab:orange", "marker": "^"}),
 ]

@@ -4,8 +4,8 @@
 Usage: bench/table.py FILE.json [FILE2.json ...]
        bench/table.py --update-doc DOC.md FILE.json   (replaces the table between DOC's
                       <!-- figures-table:begin --> and <!-- figures-table:end --> lines)
-One row per (threads, case): ops/s of every side (floor, ideal grouping, idem, idem + group
-commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
+One row per (threads, case): ops/s of every side (floor, ideal grouping on one thread, ideal
+grouping with a thread per call, idem, idem + group commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
 (mean / max), p99 latency. A side that did not run shows "—".
 With several files (repeated runs of the same command) it prints one table per file and then one
 line per (threads, case) with every run's idem / floor ratio, so the run-to-run spread is visible,
@@ -55,17 +55,18 @@ def groups(run):
 
 
 def table(runs):
-    print("| threads | case | floor ops/s | ideal ops/s | idem ops/s | idem + gc ops/s | idem / floor | "
-          "idem + gc / floor | idem + gc / ideal | commits / call: floor / ideal / idem / idem + gc | "
+    print("| threads | case | floor ops/s | ideal ops/s | ideal, threads ops/s | idem ops/s | idem + gc ops/s | "
+          "idem / floor | idem + gc / floor | idem + gc / ideal | idem + gc / ideal, threads | "
+          "commits / call: floor / ideal / ideal, threads / idem / idem + gc | "
           "WAL bytes / call: floor / idem / idem + gc | claim group mean / max | p99 µs: floor / idem / idem + gc |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         if "sides" not in r:
             sys.exit("table.py: this JSON has no per-side figures (made by an older idem-bench)")
-        print(f"| {r['threads']} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'idem')} | "
+        print(f"| {r['threads']} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'ideal_threads')} | {ops(r, 'idem')} | "
               f"{ops(r, 'idem_gc')} | {ratio(r, 'idem', 'floor')} | {ratio(r, 'idem_gc', 'floor')} | "
-              f"{ratio(r, 'idem_gc', 'ideal')} | "
-              f"{per_side(r, ['floor', 'ideal', 'idem', 'idem_gc'], 'commits_per_call', lambda v: f'{v:.2f}')} | "
+              f"{ratio(r, 'idem_gc', 'ideal')} | {ratio(r, 'idem_gc', 'ideal_threads')} | "
+              f"{per_side(r, ['floor', 'ideal', 'ideal_threads', 'idem', 'idem_gc'], 'commits_per_call', lambda v: f'{v:.2f}')} | "
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'wal_bytes_per_call', lambda v: f'{round(v)}')} | "
               f"{groups(r)} | "
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'p99_us', lambda v: f'{round(v)}')} |")
