@@ -32,12 +32,12 @@
 #include <climits>
 #include <ctime>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -164,11 +164,11 @@ Throughput matrix (default):
   --no-checkpoint         do not CHECKPOINT before each phase
   --expect-round-trips    exit 3 unless every call had the expected outcome and round trips per call
                           are exactly new 2, replay 1, conflict 1 (floor, idem), the same per round
-                          (ideal), at most one per preloaded key and thread (replay-cached)
-                          (the CTest smoke test)
+                          (ideal; ideal_threads: plus at most T short last rounds), at most one per
+                          preloaded key and thread (replay-cached) (the CTest smoke test)
   --print-pgbench-scripts print the pgbench scripts and exit
-  --only SIDE             floor, ideal, ideal_threads, idem or idem_gc: run one side only (to profile it with
-                          perf or strace; no ratio)
+  --only SIDE             floor, ideal, ideal_threads, idem or idem_gc: run one side only (to
+                          profile it with perf or strace; no ratio)
   --store-per-thread      diagnostic: one PostgresStore (pool of 1) per thread instead of one
                           shared store with a pool of T: isolates the cost of sharing the pool
 Checks (when given, they run instead of the matrix):
