@@ -579,6 +579,15 @@ struct FloorOp {
     }
 };
 
+// The key of one call of the ideal floors: a new random one, or one of the `preloaded` keys of the
+// case (an index is drawn for every case, so that the random streams stay the same).
+std::string case_key(Case kind, std::int64_t preloaded, Rng& rng) {
+    const auto pick = rng.below(static_cast<std::uint64_t>(preloaded));
+    return kind == Case::fresh      ? random_hex_key(rng)
+           : kind == Case::conflict ? preloaded_key(kConflictBase, pick)
+                                    : preloaded_key(kReplayBase, pick);
+}
+
 // One round of `group` calls through the ideal-grouping client (run on one thread; run_matrix
 // multiplies the calls by `group`).
 struct IdealOp {
@@ -594,10 +603,7 @@ struct IdealOp {
         keys.clear();
         fences.clear();
         for (std::size_t i = 0; i < group; ++i) {
-            const auto pick = rng.below(static_cast<std::uint64_t>(preloaded));
-            keys.push_back(kind == Case::fresh      ? random_hex_key(rng)
-                           : kind == Case::conflict ? preloaded_key(kConflictBase, pick)
-                                                    : preloaded_key(kReplayBase, pick));
+            keys.push_back(case_key(kind, preloaded, rng));
             fences.push_back(random_fence(rng));
         }
         std::sort(keys.begin(), keys.end());  // as PostgresStore sorts a batch
@@ -697,10 +703,7 @@ struct IdealThreadsOp {
     std::int64_t preloaded;
 
     bool operator()(int, Rng& rng) const {
-        const auto pick = rng.below(static_cast<std::uint64_t>(preloaded));
-        std::string key = kind == Case::fresh      ? random_hex_key(rng)
-                          : kind == Case::conflict ? preloaded_key(kConflictBase, pick)
-                                                   : preloaded_key(kReplayBase, pick);
+        std::string key = case_key(kind, preloaded, rng);
         const std::int64_t fence = random_fence(rng);
         const bool claimed = gather.arrive(0, kind, key, fence, fp);
         if (kind != Case::fresh) return claimed;
@@ -954,16 +957,15 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             for (const auto& client : clients) c.round_trips += client->round_trips();
             return c;
         };
-        const auto ideal_counters = [&ideal]() noexcept {
-            Counters c;
-            c.round_trips = ideal ? ideal->round_trips() : 0;
-            return c;
+        const auto counters_of = [](const std::unique_ptr<IdealClient>& client) {
+            return [&client]() noexcept {
+                Counters c;
+                c.round_trips = client ? client->round_trips() : 0;
+                return c;
+            };
         };
-        const auto ideal_threads_counters = [&ideal_threads]() noexcept {
-            Counters c;
-            c.round_trips = ideal_threads ? ideal_threads->round_trips() : 0;
-            return c;
-        };
+        const auto ideal_counters = counters_of(ideal);
+        const auto ideal_threads_counters = counters_of(ideal_threads);
         std::vector<std::string> ideal_keys;
         std::vector<std::int64_t> ideal_fences;
 
