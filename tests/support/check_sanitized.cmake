@@ -1,0 +1,36 @@
+# Fails if an object of a sanitized build is compiled without -fsanitize=.
+#
+# cmake -DCOMPILE_COMMANDS=<build>/compile_commands.json [-DEXEMPT=<regex>] -P check_sanitized.cmake
+#
+# Every entry of COMPILE_COMMANDS whose source file does not match EXEMPT must carry -fsanitize=.
+# Each uninstrumented file is named in the error.
+if(NOT EXISTS "${COMPILE_COMMANDS}")
+  message(FATAL_ERROR "check_sanitized: no ${COMPILE_COMMANDS} (configure with IDEM_SANITIZE)")
+endif()
+file(READ "${COMPILE_COMMANDS}" json)
+string(JSON count LENGTH "${json}")
+if(count EQUAL 0)
+  message(FATAL_ERROR "check_sanitized: ${COMPILE_COMMANDS} lists no compile")
+endif()
+math(EXPR last "${count} - 1")
+set(missing "")
+set(checked 0)
+foreach(i RANGE ${last})
+  string(JSON file GET "${json}" ${i} file)
+  if(DEFINED EXEMPT AND NOT EXEMPT STREQUAL "" AND file MATCHES "${EXEMPT}")
+    continue()
+  endif()
+  string(JSON command ERROR_VARIABLE no_command GET "${json}" ${i} command)
+  if(no_command)
+    string(JSON command GET "${json}" ${i} arguments)
+  endif()
+  math(EXPR checked "${checked} + 1")
+  if(NOT command MATCHES "-fsanitize=")
+    list(APPEND missing "${file}")
+  endif()
+endforeach()
+if(missing)
+  list(JOIN missing "\n  " lines)
+  message(FATAL_ERROR "check_sanitized: compiled without -fsanitize= (give the target idem_build_flags):\n  ${lines}")
+endif()
+message(STATUS "check_sanitized: ${checked} compiles, each with -fsanitize=")
