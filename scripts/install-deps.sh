@@ -3,8 +3,8 @@
 #
 # Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--all]
 #
-#   (core, always)    cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2
-#                     postgresql-15 postgresql-client-15
+#   (core, always)    cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev
+#                     catch2 postgresql-15 postgresql-client-15
 #   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
 #   --with-asio       libboost1.81-dev (the idem::asio component: Boost.Asio and Beast, header-only)
 #   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
@@ -20,7 +20,7 @@
 # Note: never add `npm` here; it conflicts with the machine's nodesource nodejs.
 set -euo pipefail
 
-core=(cmake g++ make pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
+core=(cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
       postgresql-client-15)
 examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
 asio_pkgs=(libboost1.81-dev)

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Build idem and run its whole test suite against a throwaway PostgreSQL cluster.
 #
-# Usage: scripts/test.sh [--sanitize=address|thread|none] [--build-dir DIR] [CTEST ARGS...]
+# Usage: scripts/test.sh [--sanitize=address|thread|none] [--build-dir DIR] [--build-only|--no-build]
+#                       [CTEST ARGS...]
 #
 #   --sanitize=address   ASan + UBSan build in build/asan
 #   --sanitize=thread    TSan build in build/tsan
 #   --sanitize=none      plain Debug build in build/debug (default)
 #   --build-dir DIR      override the build directory
-#   CTEST ARGS           passed to ctest (e.g. -R store -j2 --repeat until-fail:3);
-#                        a leading `--` is accepted and dropped
+#   --build-only         check dependencies, configure and build; run no test. With CTEST ARGS
+#                        that select tests (-L sanitize), build only what those tests run
+#   --no-build           run the tests of a build made before (by --build-only)
+#   CTEST ARGS           passed to ctest after the defaults (e.g. -R store, -L sanitize, -j1,
+#                        --repeat until-fail:3); a leading `--` is accepted and dropped
+#
+# Tests run IDEM_TEST_JOBS at a time (default: the number of cores). Each test that needs
+# PostgreSQL starts a throwaway cluster of its own (scripts/with-postgres.sh), so tests that kill,
+# stop or reconfigure their server run beside the others. The timings of the run are written to
+# DIR/ctest-junit.xml (scripts/ci-report.sh reads them).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
 
 step() {
     printf '\n==> %s\n' "$*"
@@ -21,6 +30,8 @@ step() {
 
 sanitize=none
 build_dir=""
+build=1
+run_tests=1
 ctest_args=()
 while (($# > 0)); do
     case "$1" in
@@ -28,6 +39,8 @@ while (($# > 0)); do
         --sanitize) sanitize="${2:?--sanitize needs a value}"; shift ;;
         --build-dir=*) build_dir="${1#--build-dir=}" ;;
         --build-dir) build_dir="${2:?--build-dir needs a value}"; shift ;;
+        --build-only) build=1; run_tests=0 ;;
+        --no-build) build=0; run_tests=1 ;;
         -h | --help) usage; exit 0 ;;
         --) shift; ctest_args+=("$@"); break ;;
         *) ctest_args+=("$1") ;;
@@ -46,18 +59,23 @@ cmake_args=(
     -DIDEM_ASIO=ON
     -DIDEM_REDIS=ON
 )
+# Sanitized builds leave out what runs none of the library's code under the sanitizer (the
+# benchmarks and the API reference: the plain build has both) and carry line tables only (-g1:
+# function names, files and lines in every report, no variables), which builds much faster.
+sanitized_off=(-DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_DOCS=OFF "-DCMAKE_CXX_FLAGS_DEBUG=-g1"
+               "-DCMAKE_C_FLAGS_DEBUG=-g1")
 case "$sanitize" in
     address | asan)
         sanitize=address
         : "${build_dir:=build/asan}"
-        cmake_args+=("-DIDEM_SANITIZE=address,undefined")
+        cmake_args+=("-DIDEM_SANITIZE=address,undefined" "${sanitized_off[@]}")
         export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
         export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
         ;;
     thread | tsan)
         sanitize=thread
         : "${build_dir:=build/tsan}"
-        cmake_args+=(-DIDEM_SANITIZE=thread)
+        cmake_args+=(-DIDEM_SANITIZE=thread "${sanitized_off[@]}")
         # tests/tsan.supp: a Boost.Asio false positive (fences TSan does not model), nothing of idem's
         export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp}"
         ;;
@@ -80,18 +98,73 @@ on_exit() {
 }
 trap on_exit EXIT
 
-step "[1/4] Checking dependencies"
-scripts/install-deps.sh --all
+# The build's targets that the tests selected by ctest_args run: every program of a test's command
+# that lies in the build directory (each test binary depends on the helpers it starts). A command
+# naming a target not built yet has no path in ctest's listing; such a test is named after its
+# target (idem_add_test in tests/CMakeLists.txt).
+selected_targets() {
+    ctest --test-dir "$build_dir" -N --show-only=json-v1 "${ctest_args[@]}" | python3 -c '
+import json, os, sys
+build = os.path.realpath(sys.argv[1])
+seen = set()
+for test in json.load(sys.stdin).get("tests", []):
+    command = test.get("command")
+    wanted = [test["name"]] if not command else [
+        os.path.relpath(p, build) for p in map(os.path.realpath, command)
+        if p.startswith(build + os.sep)]
+    for target in wanted:
+        if target not in seen:
+            seen.add(target)
+            print(target)
+' "$build_dir"
+}
 
-step "[2/4] Configuring $build_dir (sanitize=$sanitize)"
-cmake -S . -B "$build_dir" "${cmake_args[@]}"
+if ((build)); then
+    step "[1/4] Checking dependencies"
+    scripts/install-deps.sh --all
 
-step "[3/4] Building $build_dir"
-cmake --build "$build_dir" -j"$(nproc)"
+    # Ninja when the build directory is new (an existing one keeps the generator it was made with).
+    if [[ ! -f "$build_dir/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
+        cmake_args+=(-G Ninja)
+    fi
+    # ccache when installed: a build that an earlier one (any clone, any directory) compiled already
+    # takes the objects from the cache; with an empty cache it costs a few percent.
+    if command -v ccache >/dev/null 2>&1; then
+        cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+        export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
+        export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+    fi
 
-step "[4/4] Running tests (ctest ${ctest_args[*]})"
+    step "[2/4] Configuring $build_dir (sanitize=$sanitize)"
+    cmake -S . -B "$build_dir" "${cmake_args[@]}"
+
+    # Ninja names a target by its output's path; other generators build everything.
+    build_args=()
+    if ((!run_tests && ${#ctest_args[@]} > 0)) && [[ -f "$build_dir/build.ninja" ]]; then
+        mapfile -t targets < <(selected_targets)
+        ((${#targets[@]} > 0)) || { echo "test.sh: no test matches: ${ctest_args[*]}" >&2; exit 2; }
+        build_args=(--target "${targets[@]}")
+        step "[3/4] Building $build_dir: ${#targets[@]} programs, what the selected tests run"
+    else
+        step "[3/4] Building $build_dir"
+    fi
+    cmake --build "$build_dir" -j"$(nproc)" "${build_args[@]}"
+fi
+if ((!run_tests)); then
+    step "OK: built $build_dir (sanitize=$sanitize, $((SECONDS - start))s)"
+    exit 0
+fi
+if [[ ! -f "$build_dir/CTestTestfile.cmake" ]]; then
+    echo "test.sh: --no-build: $build_dir has no build (run scripts/test.sh --build-only first)" >&2
+    exit 2
+fi
+
+jobs="${IDEM_TEST_JOBS:-$(nproc)}"
+step "[4/4] Running tests (ctest -j$jobs ${ctest_args[*]})"
 # Every test runs once: a test that fails once fails the run (timing-dependent tests move their
-# clocks by hand or have bounds a busy 2-core machine keeps).
-scripts/with-postgres.sh ctest --test-dir "$build_dir" --output-on-failure --timeout 600 "${ctest_args[@]}"
+# clocks by hand or have bounds a busy 2-core machine keeps). No shared server: a test's own
+# cluster is started by its command (tests/CMakeLists.txt), unless IDEM_TEST_DATABASE_URL is set.
+ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -j"$jobs" \
+    --output-junit ctest-junit.xml "${ctest_args[@]}"
 
 step "OK: all tests passed (sanitize=$sanitize, $((SECONDS - start))s)"
