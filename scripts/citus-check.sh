@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Run idem's database test suites against a throwaway Citus cluster (coordinator + 2 workers).
 #
-# Usage: scripts/citus-check.sh [--build-dir DIR] [--by scope|key]... [--build] [--log-dir DIR]
-#                               [--] [CTEST ARGS...]
+# Usage: scripts/citus-check.sh [--build-dir DIR] [--by scope|key]... [--shards N] [--build]
+#                               [--log-dir DIR] [--] [CTEST ARGS...]
 #
 #   --build-dir DIR  build to test (default build/debug); configured and built with the flags of
 #                    scripts/test.sh if it has no CTestTestfile.cmake yet
 #   --build          (re)configure and build DIR even if it exists
 #   --by COLUMN      distribute idem's tables by this column only (scope or key; may be repeated);
 #                    default: both, one after the other
+#   --shards N       shards per distributed table (default 8, 4 per worker: every multi-key
+#                    statement still spans shards on both workers, and each test's CREATE TABLE
+#                    makes a quarter of Citus's default 32 shard tables)
 #   --log-dir DIR    where the logs go (default /tmp): citus-check-<by>.log (the ctest output) and
 #                    citus-check-<by>.server.log (what the 3 servers logged during that run,
-#                    each line with its SQLSTATE)
-#   CTEST ARGS       passed to ctest (e.g. -R idem_contract, -j2); a leading `--` is dropped. An -E
-#                    or -LE given here is added to the exclusions below, never replaces them.
+#                    each line with its SQLSTATE), citus-check-<by>.junit.xml (ctest's timings)
+#   CTEST ARGS       passed to ctest after `-L citus` (e.g. -R idem_contract); a leading `--` is
+#                    dropped
 #   --exec CMD...    run CMD (the rest of the line) against each cluster instead of the suites,
 #                    with the same environment (e.g. a benchmark: see docs/scale-out.md)
 #
@@ -27,7 +30,8 @@
 #      socket in the temp dir, ports from 9700 up (the first free ones), trust authentication for
 #      local and 127.0.0.1 only, shared_preload_libraries = citus, max_prepared_transactions = 100,
 #      fsync and synchronous_commit on, citus.enable_statistics_collection off,
-#      citus.recover_2pc_interval -1 (no 2PC recovery deleting pg_dist_transaction rows mid-test);
+#      citus.recover_2pc_interval -1 (no 2PC recovery deleting pg_dist_transaction rows mid-test),
+#      citus.shard_count from --shards;
 #   2. for each distribution column: drops and recreates the database `postgres` on every node
 #      (nothing of the previous run is left), CREATE EXTENSION citus on each, registers the
 #      coordinator (citus_set_coordinator_host) and both workers (citus_add_node), and installs on
@@ -51,23 +55,18 @@
 # idem_fault_lost_ack (its proxy) and idem_fault_pgbouncer (PgBouncer's [databases]) connect with
 # dbname=postgres: in any other database they would test a plain, non-Citus table.
 #
-# Tests run: labels store, concurrency, lifecycle, batch, cache, http, fault, except
-#   label disruptive  idem_disruptive_tests: stops and restarts the server (pg_ctl stop/start)
-#   label failover    idem_failover: a Patroni + etcd cluster of its own whose leader it kills
-#   label bench       idem_bench_smoke, idem_batch_bench_smoke (bench;batch): benchmarks
-#   label package     idem_find_package: installs the build, builds a consumer; no database
-#   label unit        idem_batch_memory_tests (batch;unit): MemoryStore only, no database
-#   label redis       the idem::redis tests: RedisStore needs no PostgreSQL (its concurrency test
-#                     only counts effects there), and the tiered contract's primary is the
-#                     PostgresStore the other suites cover
-#   idem_fault_crash, idem_fault_crash_gc_on: kill -9 of the postmaster and every server process
-#                     mid-load, then a restart (crash recovery), and ALTER SYSTEM on the server:
-#                     a single-node scenario that would kill the coordinator
-# The other fault tests stay: backend_kill (pg_terminate_backend of idem's backends on the
-# coordinator; the postmaster is untouched), lost_ack (a proxy on the coordinator's Unix socket),
-# exhaustion (4A: a table lock held with pg_sleep; 4B: idem's coordinator backends SIGSTOPped for
-# 2.5 s, then SIGCONT), pgbouncer (PgBouncer in transaction mode before the coordinator; skips
-# itself without /usr/sbin/pgbouncer), hostile; each with their _gc_on twin where one exists.
+# Tests run: label citus, the suites whose statements or behaviour differ on a distributed table
+# (`ctest --test-dir build/debug -N -L citus` lists them; tests/CMakeLists.txt says why each is in):
+# the store contract (group commit off and on, blocking and async), PostgresStore's and Citus's own
+# tests, atomicity, group commit, the process races, batches, the lifecycle suites, idemctl, and
+# the fault scenarios that land mid-transaction on the coordinator: backend_kill
+# (pg_terminate_backend of idem's backends; the postmaster is untouched), lost_ack (a proxy on the
+# coordinator's Unix socket), exhaustion (a table lock held with pg_sleep; idem's coordinator
+# backends SIGSTOPped, then SIGCONT), hostile, and the async scenarios. Not run here: what sends
+# the same statements as a suite that is (HTTP, the cache, metrics, PgBouncer, the statement-shape
+# and most group-commit variants), what has no PostgreSQL store under test (unit, Redis), and what
+# would kill the coordinator or needs a cluster of its own (crash, disruptive, failover).
+# The suites run one at a time (some stop or slow the coordinator for everyone).
 #
 # Environment knobs: IDEM_PG_BIN (PostgreSQL binaries), IDEM_PG_TMPDIR (parent of the temp dir,
 # default /tmp), CITUS_CHECK_PORT (first port tried, default 9700), IDEM_BUILD_JOBS (build -j,
@@ -77,16 +76,15 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log() { echo "citus-check: $*" >&2; }
-usage() { sed -n '2,19s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
 
 build_dir=build/debug
 force_build=0
 log_dir=/tmp
 bys=()
+shards=8
 ctest_args=()
 exec_cmd=()
-user_exclude=""
-user_label_exclude=""
 while (($# > 0)); do
     case "$1" in
         --build-dir=*) build_dir="${1#--build-dir=}" ;;
@@ -94,6 +92,8 @@ while (($# > 0)); do
         --build) force_build=1 ;;
         --log-dir=*) log_dir="${1#--log-dir=}" ;;
         --log-dir) log_dir="${2:?--log-dir needs a value}"; shift ;;
+        --shards=*) shards="${1#--shards=}" ;;
+        --shards) shards="${2:?--shards needs a value}"; shift ;;
         --by=*) bys+=("${1#--by=}") ;;
         --by) bys+=("${2:?--by needs a value (scope or key)}"); shift ;;
         -h | --help) usage; exit 0 ;;
@@ -112,35 +112,14 @@ for by in "${bys[@]}"; do
         exit 2
     fi
 done
+if [[ ! "$shards" =~ ^[1-9][0-9]*$ ]]; then
+    log "--shards must be a positive number, not '$shards'"
+    exit 2
+fi
 
-# An -E / -LE among the ctest arguments is merged into ours (ctest keeps only the last -E).
-rest=()
-for ((i = 0; i < ${#ctest_args[@]}; i++)); do
-    a="${ctest_args[i]}"
-    case "$a" in
-        -E | --exclude-regex | -LE | --label-exclude)
-            if ((i + 1 >= ${#ctest_args[@]})); then
-                log "$a needs a value"
-                exit 2
-            fi
-            v="${ctest_args[i + 1]}"
-            i=$((i + 1))
-            if [[ "$a" == -E || "$a" == --exclude-regex ]]; then
-                user_exclude+="|($v)"
-            else
-                user_label_exclude+="|($v)"
-            fi
-            ;;
-        --exclude-regex=*) user_exclude+="|(${a#*=})" ;;
-        --label-exclude=*) user_label_exclude+="|(${a#*=})" ;;
-        *) rest+=("$a") ;;
-    esac
-done
-ctest_args=("${rest[@]+"${rest[@]}"}")
-
-labels='^(store|concurrency|lifecycle|batch|cache|http|fault)$'
-excluded_labels="^(disruptive|failover|bench|package|unit|redis)\$${user_label_exclude}"
-excluded_tests="^idem_fault_crash(_gc_on)?\$${user_exclude}"
+# The suites whose statements or behaviour differ on a distributed table: label citus
+# (tests/CMakeLists.txt and tests/fault/CMakeLists.txt say which and why).
+labels='^citus$'
 
 # ---- 1. Is Citus installed for the PostgreSQL of scripts/with-postgres.sh? -----------------------
 pg_bin="${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}"
@@ -295,6 +274,7 @@ citus.enable_statistics_collection = off
 # tests/store/citus_test.cpp counts two-phase commits in pg_dist_transaction: no recovery deletes
 # its rows meanwhile (nothing here leaves a prepared transaction to recover)
 citus.recover_2pc_interval = -1
+citus.shard_count = $shards
 fsync = on
 synchronous_commit = on
 log_min_messages = warning
@@ -479,7 +459,8 @@ for by in "${bys[@]}"; do
         continue
     fi
     cmd=(ctest --test-dir "$build_dir" --output-on-failure --no-tests=error --timeout 600
-         -L "$labels" -LE "$excluded_labels" -E "$excluded_tests" "${ctest_args[@]+"${ctest_args[@]}"}")
+         --output-junit "$log_dir/citus-check-$by.junit.xml" -L "$labels"
+         "${ctest_args[@]+"${ctest_args[@]}"}")
     log "[by $by] ${cmd[*]}"
     log "[by $by] IDEM_TEST_DATABASE_URL=$IDEM_TEST_DATABASE_URL"
     {
