@@ -39,8 +39,10 @@ while (($# > 0)); do
         --sanitize) sanitize="${2:?--sanitize needs a value}"; shift ;;
         --build-dir=*) build_dir="${1#--build-dir=}" ;;
         --build-dir) build_dir="${2:?--build-dir needs a value}"; shift ;;
-        --build-only) build=1; run_tests=0 ;;
-        --no-build) build=0; run_tests=1 ;;
+        --build-only) ((build)) || { echo "test.sh: --build-only and --no-build exclude each other" >&2; exit 2; }
+                      run_tests=0 ;;
+        --no-build) ((run_tests)) || { echo "test.sh: --build-only and --no-build exclude each other" >&2; exit 2; }
+                    build=0 ;;
         -h | --help) usage; exit 0 ;;
         --) shift; ctest_args+=("$@"); break ;;
         *) ctest_args+=("$1") ;;
@@ -90,8 +92,36 @@ case "$sanitize" in
 esac
 
 start=$SECONDS
+# The tests' throwaway clusters go in a directory of this run's (scripts/with-postgres.sh,
+# IDEM_PG_TMPDIR). A test that ctest kills at its TIMEOUT cannot stop its server (the postmaster
+# is not in the killed process tree); on_exit stops what is left and removes the directory.
+if [[ -z "${IDEM_PG_TMPDIR:-}" ]]; then
+    IDEM_PG_TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/idem-test.XXXXXX")"
+    chmod 0755 "$IDEM_PG_TMPDIR"
+    export IDEM_PG_TMPDIR
+    own_pg_tmpdir=1
+else
+    own_pg_tmpdir=0
+fi
+stop_leftover_clusters() {
+    local pid_file data pg_ctl="${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}/pg_ctl"
+    for pid_file in "$IDEM_PG_TMPDIR"/idem-pg.*/data/postmaster.pid; do
+        [[ -f "$pid_file" ]] || continue
+        data="${pid_file%/postmaster.pid}"
+        echo "test.sh: stopping a server its test left running ($data)" >&2
+        if ((EUID == 0)); then
+            runuser -u "$(stat -c %U "$data")" -- "$pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
+        else
+            "$pg_ctl" -D "$data" -m immediate -w stop >/dev/null 2>&1 || true
+        fi
+    done
+    rm -rf "$IDEM_PG_TMPDIR"
+}
 on_exit() {
     local rc=$?
+    if ((own_pg_tmpdir)); then
+        stop_leftover_clusters
+    fi
     if ((rc != 0)); then
         printf '\n==> FAILED (exit %d; sanitize=%s, build dir %s)\n' "$rc" "$sanitize" "$build_dir" >&2
     fi
@@ -138,12 +168,23 @@ if ((build)); then
     step "[2/4] Configuring $build_dir (sanitize=$sanitize)"
     cmake -S . -B "$build_dir" "${cmake_args[@]}"
 
-    # Ninja names a target by its output's path; other generators build everything.
+    # Ninja names a target by its output's path; other generators build everything, and so does a
+    # selection with a test that runs no program of this build's (the package and docs tests use
+    # the whole build).
     build_args=()
     if ((!run_tests && ${#ctest_args[@]} > 0)) && [[ -f "$build_dir/build.ninja" ]]; then
-        mapfile -t targets < <(selected_targets)
-        ((${#targets[@]} > 0)) || { echo "test.sh: no test matches: ${ctest_args[*]}" >&2; exit 2; }
-        build_args=(--target "${targets[@]}")
+        selected="$(selected_targets)"
+        [[ -n "$selected" ]] || { echo "test.sh: no test matches: ${ctest_args[*]}" >&2; exit 2; }
+        known="$(ninja -C "$build_dir" -t targets all | sed 's/: [^:]*$//')"
+        mapfile -t targets <<<"$selected"
+        for target in "${targets[@]}"; do
+            grep -qxF -- "$target" <<<"$known" || { targets=(); break; }
+        done
+        if ((${#targets[@]} > 0)); then
+            build_args=(--target "${targets[@]}")
+        fi
+    fi
+    if ((${#build_args[@]} > 0)); then
         step "[3/4] Building $build_dir: ${#targets[@]} programs, what the selected tests run"
     else
         step "[3/4] Building $build_dir"
@@ -164,6 +205,7 @@ step "[4/4] Running tests (ctest -j$jobs ${ctest_args[*]})"
 # Every test runs once: a test that fails once fails the run (timing-dependent tests move their
 # clocks by hand or have bounds a busy 2-core machine keeps). No shared server: a test's own
 # cluster is started by its command (tests/CMakeLists.txt), unless IDEM_TEST_DATABASE_URL is set.
+rm -f "$build_dir/ctest-junit.xml"
 ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -j"$jobs" \
     --output-junit ctest-junit.xml "${ctest_args[@]}"
 
