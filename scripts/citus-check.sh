@@ -59,8 +59,8 @@
 # (`ctest --test-dir build/debug -N -L citus` lists them; tests/CMakeLists.txt says why each is in):
 # the store contract (group commit off and on, blocking and async), PostgresStore's and Citus's own
 # tests, atomicity, group commit, the process races, batches, the lifecycle suites, idemctl, and
-# the fault scenarios that land mid-transaction on the coordinator: backend_kill
-# (pg_terminate_backend of idem's backends; the postmaster is untouched), lost_ack (a proxy on the
+# the fault scenarios that land mid-transaction on the coordinator: backend_kill, also with group
+# commit on (pg_terminate_backend of idem's backends; the postmaster is untouched), lost_ack (a proxy on the
 # coordinator's Unix socket), exhaustion (a table lock held with pg_sleep; idem's coordinator
 # backends SIGSTOPped, then SIGCONT), hostile, and the async scenarios. Not run here: what sends
 # the same statements as a suite that is (HTTP, the cache, metrics, PgBouncer, the statement-shape
@@ -458,6 +458,7 @@ for by in "${bys[@]}"; do
         ((status == 0)) || any_failed=1
         continue
     fi
+    rm -f "$log_dir/citus-check-$by.junit.xml"
     cmd=(ctest --test-dir "$build_dir" --output-on-failure --no-tests=error --timeout 600
          --output-junit "$log_dir/citus-check-$by.junit.xml" -L "$labels"
          "${ctest_args[@]+"${ctest_args[@]}"}")
