@@ -8,7 +8,8 @@
 #   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
 #   --with-asio       libboost1.81-dev (the idem::asio component: Boost.Asio and Beast, header-only)
 #   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
-#   --with-clang      clang libclang-rt-14-dev (libFuzzer and clang sanitizer runtimes)
+#   --with-clang      clang libclang-rt-14-dev clang-format-14 (libFuzzer and clang sanitizer
+#                     runtimes; scripts/format.sh)
 #   --with-failover   patroni etcd-server etcd-client (the Patroni failover scenario)
 #   --with-docs       doxygen (the `docs` target and the idem_docs test: the API reference)
 #   --with-redis      libhiredis-dev redis-server (the idem::redis component and its tests)
@@ -24,13 +25,13 @@ core=(cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-d
       postgresql-client-15)
 examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
 asio_pkgs=(libboost1.81-dev)
-clang_pkgs=(clang libclang-rt-14-dev)
+clang_pkgs=(clang libclang-rt-14-dev clang-format-14)
 fault_pkgs=(pgbouncer)
 failover_pkgs=(patroni etcd-server etcd-client)
 docs_pkgs=(doxygen)
 redis_pkgs=(libhiredis-dev redis-server)
 
-usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
 
 wanted=("${core[@]}")
 with_examples=0
