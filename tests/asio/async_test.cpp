@@ -380,6 +380,9 @@ TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrive
     idem::PostgresOptions o;
     o.table = table;
     o.pool_size = 1;
+    // 40 MiB pipelined on one connection can take longer than the default 5 s on a loaded Citus
+    // coordinator; the bug this catches (an answer waiting for the deadline) fails it at any bound.
+    o.statement_timeout = std::chrono::seconds(60);
     {
         idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
         store.blocking().ensure_schema();
