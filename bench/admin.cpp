@@ -22,8 +22,8 @@ std::string Admin::exec(const std::string& sql, const std::vector<std::string>& 
     std::vector<const char*> values;
     values.reserve(params.size());
     for (const auto& p : params) values.push_back(p.c_str());
-    PGresult* r = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr,
-                               nullptr, 0);
+    PGresult* r =
+        PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0);
     const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
     if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
         std::string msg = PQerrorMessage(conn_);
@@ -47,12 +47,14 @@ void Admin::create_table(const std::string& name) {
 
 void Admin::drop_table(const std::string& name) {
     exec("DROP TABLE IF EXISTS " + quote_ident(name));
-    exec("DO $$ BEGIN IF to_regclass('idem_schema_version') IS NOT NULL THEN "
-         "DELETE FROM idem_schema_version WHERE table_name = '" + name + "'; END IF; END $$");
+    exec(
+        "DO $$ BEGIN IF to_regclass('idem_schema_version') IS NOT NULL THEN "
+        "DELETE FROM idem_schema_version WHERE table_name = '" +
+        name + "'; END IF; END $$");
 }
 
-void Admin::preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count,
-                    std::string_view fp, bool md5_keys) {
+void Admin::preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count, std::string_view fp,
+                    bool md5_keys) {
     const bool completed = state == Preload::completed;
     const std::string sql = fmt::format(
         "INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
@@ -94,9 +96,7 @@ void Admin::checkpoint() {
 
 namespace {
 
-std::string lsn_text(std::uint64_t lsn) {
-    return fmt::format("{:X}/{:X}", lsn >> 32, lsn & 0xFFFFFFFFu);
-}
+std::string lsn_text(std::uint64_t lsn) { return fmt::format("{:X}/{:X}", lsn >> 32, lsn & 0xFFFFFFFFu); }
 
 }  // namespace
 

@@ -30,8 +30,8 @@ public:
     /// Bulk-loads `count` rows in `state`, in chunks of 1M rows (progress on stderr when large).
     /// Keys: decimal (base + i) when `md5_keys` is false, md5(i::text) (random-looking, 32 hex
     /// digits, like the new keys) when true. Fingerprint `fp` (raw bytes), result "ok".
-    void preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count,
-                 std::string_view fp, bool md5_keys);
+    void preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count, std::string_view fp,
+                 bool md5_keys);
 
     /// CHECKPOINT, so every phase starts with no dirty buffers inherited from the previous one.
     /// Needs superuser or pg_checkpoint; warns once and becomes a no-op when refused.

@@ -61,20 +61,23 @@ std::string quote_ident(const std::string& name) { return "\"" + name + "\""; }
 // Copied from src/postgres/sql.cpp (statements()); main.cpp compares them with the library's at start.
 FloorSql floor_sql(const std::string& T) {
     FloorSql s;
-    s.claim = fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, "
-                          "lease_until, expires_at) VALUES ($1, $2, 'in_progress', $3, $4, $5, "
-                          "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second') "
-                          "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
-                          T);
-    s.select = fmt::format("SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
-                           "lease_until, expires_at, phase, phase_data, "
-                           "(state = 'in_progress' AND lease_until < now()), "
-                           "(state = 'completed' AND expires_at < now()), now() FROM {} WHERE scope = $1 AND key = $2",
-                           T);
-    s.save = fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
-                         "WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' "
-                         "RETURNING waiters",
-                         T);
+    s.claim = fmt::format(
+        "INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, "
+        "lease_until, expires_at) VALUES ($1, $2, 'in_progress', $3, $4, $5, "
+        "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second') "
+        "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
+        T);
+    s.select = fmt::format(
+        "SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
+        "lease_until, expires_at, phase, phase_data, "
+        "(state = 'in_progress' AND lease_until < now()), "
+        "(state = 'completed' AND expires_at < now()), now() FROM {} WHERE scope = $1 AND key = $2",
+        T);
+    s.save = fmt::format(
+        "UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
+        "WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress' "
+        "RETURNING waiters",
+        T);
     // Statement names as PostgresStore makes them: unique per table (FNV-1a of the quoted name).
     std::uint32_t h = 2166136261u;
     for (const unsigned char c : T) h = (h ^ c) * 16777619u;
@@ -92,18 +95,20 @@ FloorSql floor_sql(const std::string& T) {
         "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[]) AS u(s, k, f, a, fe) "
         "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
         T);
-    s.select_batch = fmt::format("SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
-                                 "lease_until, expires_at, phase, phase_data, "
-                                 "(state = 'in_progress' AND lease_until < now()), "
-                                 "(state = 'completed' AND expires_at < now()), now(), t.scope, t.key "
-                                 "FROM unnest($1::text[], $2::text[]) AS u(s, k) "
-                                 "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
-                                 T);
-    s.save_batch = fmt::format("UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
-                               "FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[]) AS u(s, k, f, r) "
-                               "WHERE t.scope = u.s AND t.key = u.k AND t.fence = u.f AND t.state = 'in_progress' "
-                               "RETURNING t.fence, t.waiters",
-                               T);
+    s.select_batch = fmt::format(
+        "SELECT state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
+        "lease_until, expires_at, phase, phase_data, "
+        "(state = 'in_progress' AND lease_until < now()), "
+        "(state = 'completed' AND expires_at < now()), now(), t.scope, t.key "
+        "FROM unnest($1::text[], $2::text[]) AS u(s, k) "
+        "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
+        T);
+    s.save_batch = fmt::format(
+        "UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
+        "FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[]) AS u(s, k, f, r) "
+        "WHERE t.scope = u.s AND t.key = u.k AND t.fence = u.f AND t.state = 'in_progress' "
+        "RETURNING t.fence, t.waiters",
+        T);
     s.claim_batch_name = "idem_claim_batch" + suffix;
     s.select_batch_name = "idem_select_batch" + suffix;
     s.save_batch_name = "idem_save_batch" + suffix;
@@ -115,7 +120,8 @@ FloorSql floor_sql(const std::string& T) {
 
 // PostgresStore's defaults: statement_timeout 5 s, lock_timeout 1 s, idle-in-transaction 2 × 5 s.
 std::string idem_session_options() {
-    return "-c enable_seqscan=off -c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=10000";
+    return "-c enable_seqscan=off -c statement_timeout=5000 -c lock_timeout=1000 -c "
+           "idle_in_transaction_session_timeout=10000";
 }
 
 PGconn* connect_or_throw(const std::string& conninfo, const char* application_name, const std::string& options) {
@@ -129,7 +135,8 @@ PGconn* connect_or_throw(const std::string& conninfo, const char* application_na
         PQfinish(conn);
         throw std::runtime_error("cannot connect to PostgreSQL: " + msg);
     }
-    PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);
+    PQsetNoticeProcessor(
+        conn, [](void*, const char*) {}, nullptr);
     return conn;
 }
 
@@ -174,8 +181,7 @@ PGresult* next_result(PGconn* conn, const char* who) {
 
 }  // namespace
 
-FloorClient::FloorClient(const std::string& conninfo, const std::string& table)
-    : sql_(floor_sql(quote_ident(table))) {
+FloorClient::FloorClient(const std::string& conninfo, const std::string& table) : sql_(floor_sql(quote_ident(table))) {
     conn_ = connect_prepared(conninfo, "idem-bench-floor",
                              {{sql_.claim_name, sql_.claim, sql_.claim_types},
                               {sql_.select_name, sql_.select, sql_.select_types},
@@ -214,17 +220,19 @@ FloorClient::Answer FloorClient::claim(std::string_view scope, std::string_view 
     put_be(fence_buf, static_cast<std::uint64_t>(fence));
     put_be(lease_buf, static_cast<std::uint64_t>(lease_ms));
     put_be(retention_buf, static_cast<std::uint64_t>(retention_s));
-    const char* ins_values[] = {scope.data(),    key.data(),       fingerprint.data(),   alg_buf.data(),
+    const char* ins_values[] = {scope.data(),     key.data(),       fingerprint.data(),  alg_buf.data(),
                                 fence_buf.data(), lease_buf.data(), retention_buf.data()};
-    const int ins_lengths[] = {static_cast<int>(scope.size()), static_cast<int>(key.size()),
-                               static_cast<int>(fingerprint.size()), 2, 8, 8, 8};
+    const int ins_lengths[] = {
+        static_cast<int>(scope.size()), static_cast<int>(key.size()), static_cast<int>(fingerprint.size()), 2, 8, 8, 8};
     const int formats[] = {1, 1, 1, 1, 1, 1, 1};
     const char* sel_values[] = {scope.data(), key.data()};
     const int sel_lengths[] = {static_cast<int>(scope.size()), static_cast<int>(key.size())};
 
     // The library's claim shape: [INSERT, SELECT | Sync], one transaction, one round trip.
-    if (PQsendQueryPrepared(conn_, sql_.claim_name.c_str(), 7, ins_values, ins_lengths, formats, 1) != 1) fail("send claim");
-    if (PQsendQueryPrepared(conn_, sql_.select_name.c_str(), 2, sel_values, sel_lengths, formats, 1) != 1) fail("send select");
+    if (PQsendQueryPrepared(conn_, sql_.claim_name.c_str(), 7, ins_values, ins_lengths, formats, 1) != 1)
+        fail("send claim");
+    if (PQsendQueryPrepared(conn_, sql_.select_name.c_str(), 2, sel_values, sel_lengths, formats, 1) != 1)
+        fail("send select");
     if (PQpipelineSync(conn_) != 1) fail("sync");  // flushes: the whole claim leaves in one go
     ++round_trips_;
 
@@ -281,8 +289,7 @@ bool FloorClient::save(std::string_view scope, std::string_view key, std::int64_
 
 namespace bench {
 
-IdealClient::IdealClient(const std::string& conninfo, const std::string& table)
-    : sql_(floor_sql(quote_ident(table))) {
+IdealClient::IdealClient(const std::string& conninfo, const std::string& table) : sql_(floor_sql(quote_ident(table))) {
     conn_ = connect_prepared(conninfo, "idem-bench-ideal",
                              {{sql_.claim_batch_name, sql_.claim_batch, sql_.claim_batch_types},
                               {sql_.select_batch_name, sql_.select_batch, sql_.select_batch_types},

@@ -22,9 +22,9 @@ namespace bench {
 
 /// The statements' SQL for `quoted_table` (already quoted, as PostgresStore quotes it).
 struct FloorSql {
-    std::string claim;   ///< idem_claim: $1 scope, $2 key, $3 fingerprint, $4 alg, $5 fence, $6 lease ms, $7 retention s
-    std::string select;  ///< idem_select: $1 scope, $2 key
-    std::string save;    ///< idem_save: $1 scope, $2 key, $3 fence, $4 result
+    std::string claim;  ///< idem_claim: $1 scope, $2 key, $3 fingerprint, $4 alg, $5 fence, $6 lease ms, $7 retention s
+    std::string select;                                      ///< idem_select: $1 scope, $2 key
+    std::string save;                                        ///< idem_save: $1 scope, $2 key, $3 fence, $4 result
     std::vector<Oid> claim_types, select_types, save_types;  ///< as PostgresStore prepares them
     std::string claim_name, select_name, save_name;          ///< idem_claim_<fnv1a(table)>, ...
     /// The batch statements (claim_batch / save_batch): arrays in, one row per key out.

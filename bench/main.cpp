@@ -20,22 +20,22 @@
 // Without --db it uses $IDEM_TEST_DATABASE_URL, else re-executes itself under
 // scripts/with-postgres.sh (a throwaway cluster). docs/benchmarks.md explains the method and
 // holds the latest figures. --help lists every option.
-#include <idem/idem.hpp>
-#include <idem/postgres_store.hpp>
 #include <fmt/format.h>
 #include <unistd.h>
+#include <idem/idem.hpp>
+#include <idem/postgres_store.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cerrno>
 #include <climits>
-#include <ctime>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -105,7 +105,9 @@ const char* side_name(SideKind k) {
 // the option does not exist and idem-bench runs the idem side only as it is today (group commit
 // "off"); once it exists this compiles the assignment in, with no edit here.
 template <class Options>
-concept HasGroupCommit = requires(Options& o) { o.group_commit = true; };
+concept HasGroupCommit = requires(Options& o) {
+    o.group_commit = true;
+};
 
 /// Sets group commit on or off; false when this build of idem cannot do what was asked.
 template <class Options>
@@ -139,7 +141,7 @@ struct Options {
     std::int64_t rss_calls = 1'000'000;
     int rss_threads = 4;
     bool print_scripts = false;
-    std::string only;  ///< a side name: run that side only (for profiling; no ratio)
+    std::string only;               ///< a side name: run that side only (for profiling; no ratio)
     bool store_per_thread = false;  ///< diagnostic: T stores with a pool of 1 instead of one pool of T
 };
 
@@ -534,7 +536,8 @@ struct LibraryOp {
             }
             case Case::replay:
             case Case::replay_cached: {
-                const idem::Key key(kScope, preloaded_key(kReplayBase, rng.below(static_cast<std::uint64_t>(preloaded))));
+                const idem::Key key(kScope,
+                                    preloaded_key(kReplayBase, rng.below(static_cast<std::uint64_t>(preloaded))));
                 const auto r = idem::execute_once(store, key, fp, effect);
                 return r.outcome() == idem::Outcome::replayed && r.response() == kResult;
             }
@@ -742,10 +745,14 @@ struct Side {
     [[nodiscard]] double wal_bytes_per_call() const { return per_call(static_cast<double>(wal_bytes)); }
     /// Mean calls per shared transaction (group commit); 0 without it.
     [[nodiscard]] double mean_claim_group() const {
-        return counters.claim_groups ? static_cast<double>(counters.grouped_claims) / static_cast<double>(counters.claim_groups) : 0;
+        return counters.claim_groups
+                   ? static_cast<double>(counters.grouped_claims) / static_cast<double>(counters.claim_groups)
+                   : 0;
     }
     [[nodiscard]] double mean_save_group() const {
-        return counters.save_groups ? static_cast<double>(counters.grouped_saves) / static_cast<double>(counters.save_groups) : 0;
+        return counters.save_groups
+                   ? static_cast<double>(counters.grouped_saves) / static_cast<double>(counters.save_groups)
+                   : 0;
     }
     [[nodiscard]] double ops() const { return seconds > 0 ? static_cast<double>(calls) / seconds : 0; }
     /// Client CPU (this process: the workers and the library or libpq) per call, microseconds.
@@ -825,13 +832,14 @@ void print_header() {
 void print_run(const Run& r) {
     for (const Side& side : r.sides) {
         if (!side.ran()) continue;
-        const std::string commits = side.commits ? fmt::format("{:.3f}", side.per_call(static_cast<double>(*side.commits))) : "-";
-        const std::string claim_grp = side.counters.claim_groups
-                                          ? fmt::format("{:.1f}/{}", side.mean_claim_group(), side.counters.largest_claim_group)
-                                          : "-";
-        const std::string save_grp = side.counters.save_groups
-                                         ? fmt::format("{:.1f}/{}", side.mean_save_group(), side.counters.largest_save_group)
-                                         : "-";
+        const std::string commits =
+            side.commits ? fmt::format("{:.3f}", side.per_call(static_cast<double>(*side.commits))) : "-";
+        const std::string claim_grp = side.counters.claim_groups ? fmt::format("{:.1f}/{}", side.mean_claim_group(),
+                                                                               side.counters.largest_claim_group)
+                                                                 : "-";
+        const std::string save_grp = side.counters.save_groups ? fmt::format("{:.1f}/{}", side.mean_save_group(),
+                                                                             side.counters.largest_save_group)
+                                                               : "-";
         std::printf("%-7d %-13s %-13s %11.0f %6.3f %8.0f %8.0f %7.3f %7.1f %9s %10.0f %11s %11s\n", r.threads,
                     case_name(r.kind), side_name(side.kind), side.ops(), r.ratio(side.kind),
                     side.hist.percentile_us(0.50), side.hist.percentile_us(0.99), side.rt_per_call(),
@@ -844,7 +852,9 @@ void print_run(const Run& r) {
                         static_cast<unsigned long long>(side.counters.opened));
         }
     }
-    if (r.pgbench_tps) std::printf("%-7d %-13s %-13s %11.0f  (informational)\n", r.threads, case_name(r.kind), "pgbench", *r.pgbench_tps);
+    if (r.pgbench_tps)
+        std::printf("%-7d %-13s %-13s %11.0f  (informational)\n", r.threads, case_name(r.kind), "pgbench",
+                    *r.pgbench_tps);
     std::fflush(stdout);
 }
 
@@ -992,14 +1002,15 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
                 for (const LibrarySide& lib : libs) {
                     for (const auto& cached : lib.cached) {
                         for (std::int64_t i = 0; i < keys; ++i) {
-                            (void)cached->claim(idem::Key(kScope, preloaded_key(kReplayBase, static_cast<std::uint64_t>(i))), fp);
+                            (void)cached->claim(
+                                idem::Key(kScope, preloaded_key(kReplayBase, static_cast<std::uint64_t>(i))), fp);
                         }
                     }
                 }
             }
             FloorOp floor_op{clients, fp_bytes, kind, keys};
-            IdealOp ideal_op{ideal.get(), fp_bytes, kind, keys, static_cast<std::size_t>(threads), ideal_keys,
-                             ideal_fences};
+            IdealOp ideal_op{ideal.get(), fp_bytes,    kind, keys, static_cast<std::size_t>(threads),
+                             ideal_keys,  ideal_fences};
             vacuum_all();
             const double per_round = o.seconds / o.rounds;
             for (int round = 0; round < o.rounds; ++round) {
@@ -1022,14 +1033,16 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
                         IdealThreadsOp op{gather, fp_bytes, kind, keys};
                         r = run_phase(admin, threads, per_round, seed, op, ideal_threads_counters);
                     } else {
-                        const LibrarySide& lib = *std::find_if(libs.begin(), libs.end(),
-                                                               [&](const LibrarySide& l) { return l.kind == side.kind; });
+                        const LibrarySide& lib = *std::find_if(
+                            libs.begin(), libs.end(), [&](const LibrarySide& l) { return l.kind == side.kind; });
                         LibraryOp lib_op{lib.for_case(kind), fp, kind, keys};
-                        r = run_phase(admin, threads, per_round, seed, lib_op, [&lib]() noexcept { return lib.counters(); });
+                        r = run_phase(admin, threads, per_round, seed, lib_op,
+                                      [&lib]() noexcept { return lib.counters(); });
                     }
                     side.add(r);
                     side.wal_bytes += r.lsn_to - r.lsn_from;
-                    if (walinspect) side.commits = side.commits.value_or(0) + admin.commit_records(r.lsn_from, r.lsn_to);
+                    if (walinspect)
+                        side.commits = side.commits.value_or(0) + admin.commit_records(r.lsn_from, r.lsn_to);
                 }
             }
             runs.push_back(std::move(run));
@@ -1291,9 +1304,8 @@ void write_json(const std::string& path, const Options& o, const std::string& se
         s += fmt::format(
             "  \"rss_check\": {{\"threads\": {}, \"calls_first\": {}, \"rss_mb_first\": {}, \"calls_total\": {}, "
             "\"rss_mb_total\": {}, \"ratio\": {}, \"peak_mb\": {}}},\n",
-            o.rss_threads, rss->first, json_number(rss->at_first.rss_mb), rss->total,
-            json_number(rss->at_total.rss_mb), json_number(rss->at_total.rss_mb / rss->at_first.rss_mb),
-            json_number(rss->at_total.peak_mb));
+            o.rss_threads, rss->first, json_number(rss->at_first.rss_mb), rss->total, json_number(rss->at_total.rss_mb),
+            json_number(rss->at_total.rss_mb / rss->at_first.rss_mb), json_number(rss->at_total.peak_mb));
     }
     s += fmt::format("  \"seconds_per_case\": {}, \"rounds\": {}, \"server\": \"{}\"\n}}\n", json_number(o.seconds),
                      o.rounds, server);
@@ -1321,7 +1333,8 @@ int main(int argc, char** argv) {
 #ifdef IDEM_BENCH_REDIS
         return bench::redis_main(argc, argv);
 #else
-        std::fprintf(stderr, "idem-bench: --store %s needs the idem::redis component (-DIDEM_REDIS=ON)\n", store.c_str());
+        std::fprintf(stderr, "idem-bench: --store %s needs the idem::redis component (-DIDEM_REDIS=ON)\n",
+                     store.c_str());
         return 2;
 #endif
     }
@@ -1345,8 +1358,9 @@ int main(int argc, char** argv) {
         const std::string server = admin.server_summary();
         std::printf("idem-bench %s — %s\n", idem::version_string, server.c_str());
         if (admin.setting("synchronous_commit") != "on") {
-            std::printf("WARNING: synchronous_commit is not on: acknowledged claims can be lost in a crash, and "
-                        "these figures are not the durable ones\n");
+            std::printf(
+                "WARNING: synchronous_commit is not on: acknowledged claims can be lost in a crash, and "
+                "these figures are not the durable ones\n");
         }
         std::printf("%u CPUs; %.1f s per case and side in %d alternating rounds; pool size = threads\n",
                     std::thread::hardware_concurrency(), o.seconds, o.rounds);
@@ -1378,7 +1392,8 @@ int main(int argc, char** argv) {
                 for (const Side& side : r.sides) {
                     const std::uint64_t rt = side.counters.round_trips;
                     bool good = side.calls > 0 && side.unexpected == 0;
-                    if (r.kind == Case::replay_cached && (side.kind == SideKind::idem || side.kind == SideKind::idem_gc)) {
+                    if (r.kind == Case::replay_cached &&
+                        (side.kind == SideKind::idem || side.kind == SideKind::idem_gc)) {
                         // The cache was filled before timing: at most one miss per hot key and thread
                         // (an entry evicted, or threads missing the same key at once).
                         good = good && rt <= static_cast<std::uint64_t>(std::min(o.cached_keys, o.preload)) *
@@ -1407,7 +1422,9 @@ int main(int argc, char** argv) {
                 }
             }
             if (!ok) return 3;
-            std::printf("round trips per call as expected (new 2, replay 1, conflict 1; ideal per round; replay-cached at most one per key)\n");
+            std::printf(
+                "round trips per call as expected (new 2, replay 1, conflict 1; ideal per round; replay-cached at most "
+                "one per key)\n");
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "idem-bench: %s\n", e.what());

@@ -69,10 +69,19 @@ std::optional<double> run_pgbench(const PgbenchRun& run) {
     std::optional<double> tps;
     if (written) {
         const std::string clients = std::to_string(run.clients);
-        auto [status, out] = capture({run.pgbench, "-n", "-M", "prepared", "-f", path, "-c", clients, "-j", clients,
-                                      "-T", std::to_string(run.seconds), "-D", "scope=bench", "-D",
-                                      "fp=\\x" + run.fp_hex, "-D", "alg=1", "-D", "lease=30000", "-D",
-                                      "retention=86400", "-D", "result=ok", run.conninfo});
+        auto [status, out] = capture({run.pgbench, "-n",
+                                      "-M",        "prepared",
+                                      "-f",        path,
+                                      "-c",        clients,
+                                      "-j",        clients,
+                                      "-T",        std::to_string(run.seconds),
+                                      "-D",        "scope=bench",
+                                      "-D",        "fp=\\x" + run.fp_hex,
+                                      "-D",        "alg=1",
+                                      "-D",        "lease=30000",
+                                      "-D",        "retention=86400",
+                                      "-D",        "result=ok",
+                                      run.conninfo});
         const auto at = out.find("tps = ");
         if (status == 0 && at != std::string::npos) {
             tps = std::strtod(out.c_str() + at + 6, nullptr);

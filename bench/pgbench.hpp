@@ -16,10 +16,10 @@
 namespace bench {
 
 struct PgbenchRun {
-    std::string pgbench;    ///< path to the binary
+    std::string pgbench;  ///< path to the binary
     std::string conninfo;
-    std::string table;      ///< unquoted table name
-    std::string kind;       ///< "new", "replay" or "conflict"
+    std::string table;  ///< unquoted table name
+    std::string kind;   ///< "new", "replay" or "conflict"
     int clients = 1;
     int seconds = 1;
     std::int64_t preloaded = 0;  ///< keys preloaded per state (replay / conflict)

@@ -13,13 +13,13 @@
 // copied into memory: the first replay in this process of a key some instance cached).
 #include "redis.hpp"
 
+#include <fmt/format.h>
 #include <hiredis/hiredis.h>
+#include <unistd.h>
 #include <idem/idem.hpp>
 #include <idem/postgres_store.hpp>
 #include <idem/redis_replay_cache.hpp>
 #include <idem/redis_store.hpp>
-#include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -122,7 +122,8 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--threads") {
             o.threads.clear();
             for (const auto& t : split(value())) o.threads.push_back(static_cast<int>(to_int(t)));
-            if (o.threads.empty() || std::any_of(o.threads.begin(), o.threads.end(), [](int t) { return t < 1; })) usage(2);
+            if (o.threads.empty() || std::any_of(o.threads.begin(), o.threads.end(), [](int t) { return t < 1; }))
+                usage(2);
         } else if (arg == "--cases") {
             o.cases.clear();
             for (const auto& c : split(value())) {
@@ -293,11 +294,12 @@ void preload(Raw& raw, const Names& names, bool completed, std::int64_t base, st
             const std::string record = names.record(member);
             const std::string fence = std::to_string(random_fence(rng));
             if (completed) {
-                raw.append({"HSET", record, "s", "c", "fa", fp_alg, "fp", fp, "f", fence, "a", "1", "r", kResult, "c", c,
-                            "l", l, "e", e});
+                raw.append({"HSET", record, "s", "c",     "fa", fp_alg, "fp", fp, "f", fence,
+                            "a",    "1",    "r", kResult, "c",  c,      "l",  l,  "e", e});
                 raw.append({"PEXPIREAT", record, e});
             } else {
-                raw.append({"HSET", record, "s", "p", "fa", fp_alg, "fp", fp, "f", fence, "a", "1", "c", c, "l", l, "e", e});
+                raw.append(
+                    {"HSET", record, "s", "p", "fa", fp_alg, "fp", fp, "f", fence, "a", "1", "c", c, "l", l, "e", e});
                 raw.append({"ZADD", index, l, member});
             }
         }
@@ -354,8 +356,8 @@ struct Exhausted {};
 
 /// `op(thread, rng)` on `threads` threads for `seconds` after kWarmupCalls each, added to `side`;
 /// `counts()` is read once all are warm and again after the last one stopped.
-void run_phase(Side& side, int threads, double seconds, std::uint64_t seed,
-               const std::function<bool(int, Rng&)>& op, const std::function<Counts()>& counts) {
+void run_phase(Side& side, int threads, double seconds, std::uint64_t seed, const std::function<bool(int, Rng&)>& op,
+               const std::function<Counts()>& counts) {
     const auto n = static_cast<std::size_t>(threads);
     auto hists = std::make_unique<Histogram[]>(n);
     std::vector<std::uint64_t> done(n, 0), bad(n, 0);
@@ -462,8 +464,8 @@ struct Run {
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
 
 void print_header(const char* base) {
-    std::printf("%-7s %-8s %-13s %11s %8s %8s %8s %8s %8s %7s %s\n", "threads", "case", "side", "ops/s", base,
-                "median", "p50 us", "p99 us", "RT/call", "cpu us", "(RT: store's round trips; tiered: the primary's)");
+    std::printf("%-7s %-8s %-13s %11s %8s %8s %8s %8s %8s %7s %s\n", "threads", "case", "side", "ops/s", base, "median",
+                "p50 us", "p99 us", "RT/call", "cpu us", "(RT: store's round trips; tiered: the primary's)");
 }
 
 void print_run(const Run& r) {
@@ -491,22 +493,24 @@ void write_json(const std::string& path, const Options& o, const std::vector<Run
         const double base = r.sides[0].ops();
         // The flat fields as the postgres runs have them: sides[1] (idem; the Redis tier) vs sides[0].
         const Side& lib = r.sides[1];
-        s += fmt::format("{}{{\"threads\": {}, \"case\": \"{}\", \"ops_per_s\": {}, \"floor_ops_per_s\": {}, "
-                         "\"ratio\": {}, \"round_trips_per_call\": {}, \"floor_round_trips_per_call\": {}, \"sides\": {{",
-                         i ? ",\n    " : "\n    ", r.threads, r.kind, json_number(lib.ops()), json_number(base),
-                         json_number(base > 0 ? lib.ops() / base : NAN), json_number(lib.per_call(lib.counts[0])),
-                         json_number(r.sides[0].per_call(r.sides[0].counts[0])));
+        s += fmt::format(
+            "{}{{\"threads\": {}, \"case\": \"{}\", \"ops_per_s\": {}, \"floor_ops_per_s\": {}, "
+            "\"ratio\": {}, \"round_trips_per_call\": {}, \"floor_round_trips_per_call\": {}, \"sides\": {{",
+            i ? ",\n    " : "\n    ", r.threads, r.kind, json_number(lib.ops()), json_number(base),
+            json_number(base > 0 ? lib.ops() / base : NAN), json_number(lib.per_call(lib.counts[0])),
+            json_number(r.sides[0].per_call(r.sides[0].counts[0])));
         for (std::size_t j = 0; j < r.sides.size(); ++j) {
             const Side& d = r.sides[j];
             s += fmt::format(
-                "{}\"{}\": {{\"ops_per_s\": {}, \"ratio\": {}, \"median_round_ratio\": {}, \"p50_us\": {}, \"p99_us\": {}, \"calls\": {}, "
+                "{}\"{}\": {{\"ops_per_s\": {}, \"ratio\": {}, \"median_round_ratio\": {}, \"p50_us\": {}, \"p99_us\": "
+                "{}, \"calls\": {}, "
                 "\"unexpected_outcomes\": {}, \"round_trips_per_call\": {}, \"client_cpu_us_per_call\": {}, "
                 "\"redis_tier_hits_per_call\": {}, \"memory_tier_hits_per_call\": {}, \"tier_errors\": {}}}",
                 j ? ", " : "", d.name, json_number(d.ops()), json_number(base > 0 ? d.ops() / base : NAN),
-                json_number(r.median_round_ratio(j)),
-                json_number(d.hist.percentile_us(0.5)), json_number(d.hist.percentile_us(0.99)), d.calls, d.unexpected,
-                json_number(d.per_call(d.counts[0])), json_number(d.cpu_us()), json_number(d.per_call(d.counts[1])),
-                json_number(d.per_call(d.counts[2])), d.counts[3]);
+                json_number(r.median_round_ratio(j)), json_number(d.hist.percentile_us(0.5)),
+                json_number(d.hist.percentile_us(0.99)), d.calls, d.unexpected, json_number(d.per_call(d.counts[0])),
+                json_number(d.cpu_us()), json_number(d.per_call(d.counts[1])), json_number(d.per_call(d.counts[2])),
+                d.counts[3]);
         }
         s += "}}";
     }
@@ -631,10 +635,12 @@ bool check_redis(const std::vector<Run>& runs) {
         const std::uint64_t want = r.kind == "new" ? 2 : 1;
         for (const Side& s : r.sides) {
             if (s.calls == 0 || s.unexpected != 0 || s.counts[0] != want * s.calls) {
-                std::fprintf(stderr, "FAIL: %s at %d threads, %s: %llu round trips for %llu calls (want %llu per call), "
-                             "%llu unexpected outcomes\n", r.kind.c_str(), r.threads, s.name.c_str(),
-                             static_cast<unsigned long long>(s.counts[0]), static_cast<unsigned long long>(s.calls),
-                             static_cast<unsigned long long>(want), static_cast<unsigned long long>(s.unexpected));
+                std::fprintf(stderr,
+                             "FAIL: %s at %d threads, %s: %llu round trips for %llu calls (want %llu per call), "
+                             "%llu unexpected outcomes\n",
+                             r.kind.c_str(), r.threads, s.name.c_str(), static_cast<unsigned long long>(s.counts[0]),
+                             static_cast<unsigned long long>(s.calls), static_cast<unsigned long long>(want),
+                             static_cast<unsigned long long>(s.unexpected));
                 ok = false;
             }
         }
@@ -663,7 +669,8 @@ std::vector<Run> run_tiered(const Options& o, const idem::Fingerprint& fp, std::
         }
     } cleanup{admin, raw, table, prefix};
     admin.create_table(table);
-    std::fprintf(stderr, "preloading %lld completed keys into %s...\n", static_cast<long long>(o.preload), table.c_str());
+    std::fprintf(stderr, "preloading %lld completed keys into %s...\n", static_cast<long long>(o.preload),
+                 table.c_str());
     admin.exec("ALTER TABLE \"" + table + "\" SET (autovacuum_enabled = false)");
     admin.preload(table, Admin::Preload::completed, kReplayBase, o.preload, fp.bytes(), false);
     admin.exec("VACUUM (ANALYZE) \"" + table + "\"");
@@ -744,7 +751,8 @@ std::vector<Run> run_tiered(const Options& o, const idem::Fingerprint& fp, std::
                 run_phase(side, threads, s, seed, redis_op, tier_counts);
             } else {
                 two_tier = std::make_unique<idem::CachedStore>(
-                    primary, std::vector<std::shared_ptr<idem::ReplayTier>>{std::make_shared<idem::ReplayCache>(), tier});
+                    primary,
+                    std::vector<std::shared_ptr<idem::ReplayTier>>{std::make_shared<idem::ReplayCache>(), tier});
                 first_key = seed % keys;
                 next_key.store(first_key);
                 run_phase(side, threads, s, seed, two_op, tier_counts);
@@ -763,13 +771,15 @@ bool check_tiered(const std::vector<Run>& runs) {
         for (const Side& s : r.sides) {
             const bool pg = s.name == "postgres";
             // A tier's timeout is a miss answered by the primary: allowed (and reported), not failed.
-            const bool good = s.calls > 0 && s.unexpected == 0 &&
-                              (pg ? s.counts[0] == s.calls : s.counts[0] == 0 || s.counts[3] > 0);
+            const bool good =
+                s.calls > 0 && s.unexpected == 0 && (pg ? s.counts[0] == s.calls : s.counts[0] == 0 || s.counts[3] > 0);
             if (!good) {
-                std::fprintf(stderr, "FAIL: replay at %d threads, %s: %llu primary round trips for %llu calls (want %s), "
-                             "%llu unexpected outcomes\n", r.threads, s.name.c_str(),
-                             static_cast<unsigned long long>(s.counts[0]), static_cast<unsigned long long>(s.calls),
-                             pg ? "1 per call" : "0", static_cast<unsigned long long>(s.unexpected));
+                std::fprintf(stderr,
+                             "FAIL: replay at %d threads, %s: %llu primary round trips for %llu calls (want %s), "
+                             "%llu unexpected outcomes\n",
+                             r.threads, s.name.c_str(), static_cast<unsigned long long>(s.counts[0]),
+                             static_cast<unsigned long long>(s.calls), pg ? "1 per call" : "0",
+                             static_cast<unsigned long long>(s.unexpected));
                 ok = false;
             }
         }
@@ -787,8 +797,9 @@ int redis_main(int argc, char** argv) {
     if (o.store == "tiered" && o.db.empty()) {
         const char* env = std::getenv("IDEM_TEST_DATABASE_URL");
         if (env == nullptr || env[0] == '\0') {
-            std::fprintf(stderr, "idem-bench --store tiered needs PostgreSQL: --db CONNINFO or $IDEM_TEST_DATABASE_URL "
-                                 "(scripts/with-postgres.sh scripts/with-redis.sh idem-bench --store tiered)\n");
+            std::fprintf(stderr,
+                         "idem-bench --store tiered needs PostgreSQL: --db CONNINFO or $IDEM_TEST_DATABASE_URL "
+                         "(scripts/with-postgres.sh scripts/with-redis.sh idem-bench --store tiered)\n");
             return 2;
         }
         o.db = env;
@@ -798,16 +809,18 @@ int redis_main(int argc, char** argv) {
         const Reply info = probe.command({"INFO", "server"});
         const std::string_view server = text(*info);
         const auto version_at = server.find("redis_version:");
-        const std::string version(version_at == std::string_view::npos
-                                      ? std::string_view("?")
-                                      : server.substr(version_at + 14, server.find('\r', version_at) - version_at - 14));
+        const std::string version(
+            version_at == std::string_view::npos
+                ? std::string_view("?")
+                : server.substr(version_at + 14, server.find('\r', version_at) - version_at - 14));
         const Reply aof = probe.command({"CONFIG", "GET", "appendfsync"});
         const std::string fsync(aof->elements == 2 ? text(*aof->element[1]) : "?");
-        std::printf("idem-bench --store %s — Redis %s at %s, appendfsync %s; %u CPUs; %.1f s per case and side in %d "
-                    "alternating rounds; pool size = threads\n",
-                    o.store.c_str(), version.c_str(),
-                    o.socket.empty() ? fmt::format("{}:{}", o.host, o.port).c_str() : o.socket.c_str(), fsync.c_str(),
-                    std::thread::hardware_concurrency(), o.seconds, o.rounds);
+        std::printf(
+            "idem-bench --store %s — Redis %s at %s, appendfsync %s; %u CPUs; %.1f s per case and side in %d "
+            "alternating rounds; pool size = threads\n",
+            o.store.c_str(), version.c_str(),
+            o.socket.empty() ? fmt::format("{}:{}", o.host, o.port).c_str() : o.socket.c_str(), fsync.c_str(),
+            std::thread::hardware_concurrency(), o.seconds, o.rounds);
         if (fsync != "always") std::printf("WARNING: appendfsync is not always: not the durable figures\n");
         std::fflush(stdout);
         const idem::Fingerprint fp = idem::fingerprint("idem-bench", 1);

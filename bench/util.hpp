@@ -134,9 +134,9 @@ Memory memory_now();
 
 /// A child process run to its end: its wait status, what it wrote, and its resource usage.
 struct ChildRun {
-    int status = 0;       ///< as from waitpid (WIFEXITED...); -1 when it could not be started
-    std::string output;   ///< its stdout (and stderr with merge_stderr)
-    rusage usage{};       ///< the child's own (ru_maxrss: its peak RSS, in kB)
+    int status = 0;      ///< as from waitpid (WIFEXITED...); -1 when it could not be started
+    std::string output;  ///< its stdout (and stderr with merge_stderr)
+    rusage usage{};      ///< the child's own (ru_maxrss: its peak RSS, in kB)
 };
 
 /// Runs argv[0] with argv (no shell), reading its stdout — and its stderr too with merge_stderr;

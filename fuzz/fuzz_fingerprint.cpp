@@ -49,7 +49,10 @@ std::vector<Part> decode_parts(idem_fuzz::Reader& in) {
             case Kind::boolean: p.b = (in.u8() & 1) != 0; break;
             case Kind::i32: p.s = static_cast<std::int32_t>(static_cast<std::uint32_t>(in.u64())); break;
             case Kind::u16: p.u = static_cast<std::uint16_t>(in.u64()); break;
-            case Kind::character: p.text = in.bytes(1); if (p.text.empty()) p.text = "x"; break;
+            case Kind::character:
+                p.text = in.bytes(1);
+                if (p.text.empty()) p.text = "x";
+                break;
         }
         parts.push_back(std::move(p));
     }
@@ -105,7 +108,8 @@ idem::Fingerprint::Digest reference(const std::vector<Part>& parts) {
     std::string enc;
     const auto put = [&](char tag, std::string_view bytes) {
         enc.push_back(tag);
-        for (int i = 7; i >= 0; --i) enc.push_back(static_cast<char>((static_cast<std::uint64_t>(bytes.size()) >> (8 * i)) & 0xFF));
+        for (int i = 7; i >= 0; --i)
+            enc.push_back(static_cast<char>((static_cast<std::uint64_t>(bytes.size()) >> (8 * i)) & 0xFF));
         enc.append(bytes);
     };
     const auto be64 = [](std::uint64_t v) {
@@ -171,7 +175,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(a.algorithm() == idem::FingerprintAlgorithm::sha256, "algorithm");
     FUZZ_CHECK(a.bytes().size() == idem::Fingerprint::size, "bytes() size");
     const std::string hex = a.hex();
-    FUZZ_CHECK(hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "hex %s", hex.c_str());
+    FUZZ_CHECK(hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "hex %s",
+               hex.c_str());
     FUZZ_CHECK(idem::Fingerprint::from_bytes(1, a.bytes()) == a, "from_bytes round trip");
 
     // from_bytes refuses what is not a stored SHA-256 fingerprint.

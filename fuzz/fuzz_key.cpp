@@ -19,9 +19,7 @@ namespace {
 // Table 3-7 of the Unicode Standard ("Well-Formed UTF-8 Byte Sequences"), written independently of
 // src/key.cpp. Returns the sequence length at s[i], 0 if ill-formed; cp receives the code point.
 std::size_t utf8_sequence(std::string_view s, std::size_t i, std::uint32_t& cp) {
-    const auto at = [&](std::size_t k) -> int {
-        return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : -1;
-    };
+    const auto at = [&](std::size_t k) -> int { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : -1; };
     const int b0 = at(0);
     const auto in = [](int b, int lo, int hi) { return b >= lo && b <= hi; };
     if (in(b0, 0x00, 0x7F)) {

@@ -38,9 +38,8 @@ static_assert(kCols == 14, "the fuzz target mirrors the 14 record columns of src
 
 // Column types of the record, in parse_record's order.
 constexpr Oid kText = 25, kBytea = 17, kInt2 = 21, kInt4 = 23, kInt8 = 20, kTimestamptz = 1184, kBool = 16;
-constexpr Oid kTypes[kCols] = {kText,         kBytea,        kInt2,        kInt8, kInt4,  kBytea, kTimestamptz,
-                               kTimestamptz,  kTimestamptz,  kText,        kBytea, kBool, kBool,
-                               kTimestamptz};
+constexpr Oid kTypes[kCols] = {kText,        kBytea,       kInt2, kInt8,  kInt4, kBytea, kTimestamptz,
+                               kTimestamptz, kTimestamptz, kText, kBytea, kBool, kBool,  kTimestamptz};
 
 constexpr std::int64_t kEpochShiftUs = 946684800LL * 1000000LL;  // 2000-01-01 in Unix microseconds
 
@@ -96,10 +95,10 @@ bool decodable(const std::vector<Cell>& cells, int ncols, int nrows, int row) {
     };
     const auto& state = cells[0].value;
     if (!state || (*state != "in_progress" && *state != "completed")) return false;
-    if (!fixed(2, 2) || be(*cells[2].value) != 1) return false;           // fingerprint_alg = sha256
-    if (!cells[1].value || cells[1].value->size() != 32) return false;    // 32-byte digest
-    if (!fixed(3, 8) || !fixed(4, 4)) return false;                        // fence int8, attempt int4
-    if (*state == "completed" && !cells[5].value) return false;           // completed needs a result
+    if (!fixed(2, 2) || be(*cells[2].value) != 1) return false;         // fingerprint_alg = sha256
+    if (!cells[1].value || cells[1].value->size() != 32) return false;  // 32-byte digest
+    if (!fixed(3, 8) || !fixed(4, 4)) return false;                     // fence int8, attempt int4
+    if (*state == "completed" && !cells[5].value) return false;         // completed needs a result
     for (int c : {6, 7, 8, 13}) {
         if (!fixed(c, 8)) return false;
     }

@@ -9,15 +9,14 @@
 #include <string>
 #include <string_view>
 
-#define FUZZ_CHECK(cond, ...)                                                        \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            std::fprintf(stderr, "FUZZ_CHECK failed at %s:%d: %s\n  ", __FILE__,     \
-                         __LINE__, #cond);                                           \
-            std::fprintf(stderr, __VA_ARGS__);                                       \
-            std::fputc('\n', stderr);                                                \
-            std::abort();                                                            \
-        }                                                                            \
+#define FUZZ_CHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            std::fprintf(stderr, "FUZZ_CHECK failed at %s:%d: %s\n  ", __FILE__, __LINE__, #cond); \
+            std::fprintf(stderr, __VA_ARGS__);                                                     \
+            std::fputc('\n', stderr);                                                              \
+            std::abort();                                                                          \
+        }                                                                                          \
     } while (0)
 
 namespace idem_fuzz {

@@ -9,9 +9,7 @@ namespace {
 
 // What claim() answers from a cached completed record: the same as the primary would, with no
 // round trip (a completed record answers completed or mismatch, whatever the claim's options).
-Claim from_cache(const Record& record, const Fingerprint& fp) {
-    return Claim{classify(record, fp), 0, record, {}};
-}
+Claim from_cache(const Record& record, const Fingerprint& fp) { return Claim{classify(record, fp), 0, record, {}}; }
 
 bool cacheable(const Claim& c) {
     return (c.status == ClaimStatus::completed || c.status == ClaimStatus::mismatch) && c.existing &&

@@ -31,9 +31,7 @@ void on_fork_child() noexcept {
     fork_generation_counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-const bool fork_handler_installed = [] {
-    return pthread_atfork(nullptr, nullptr, &on_fork_child) == 0;
-}();
+const bool fork_handler_installed = [] { return pthread_atfork(nullptr, nullptr, &on_fork_child) == 0; }();
 
 constexpr std::uint64_t kMask63 = 0x7FFFFFFFFFFFFFFFull;
 // A thread takes 2^16 consecutive counter values at a time (one spin-locked step per 65 536

@@ -109,8 +109,8 @@ Fingerprint Fingerprint::from_bytes(std::int16_t algorithm, std::string_view byt
         throw corrupt_record("idem: unknown fingerprint algorithm " + std::to_string(algorithm));
     }
     if (bytes.size() != size) {
-        throw corrupt_record("idem: fingerprint of " + std::to_string(bytes.size()) +
-                             " bytes, expected " + std::to_string(size));
+        throw corrupt_record("idem: fingerprint of " + std::to_string(bytes.size()) + " bytes, expected " +
+                             std::to_string(size));
     }
     Digest digest;
     std::memcpy(digest.data(), bytes.data(), size);

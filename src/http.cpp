@@ -411,8 +411,7 @@ void json_string(std::string& out, std::string_view text) {
     out += '"';
 }
 
-Problem idempotency_problem(const Route& route, int status, std::string code, std::string title,
-                            std::string detail) {
+Problem idempotency_problem(const Route& route, int status, std::string code, std::string title, std::string detail) {
     return Problem{status, route.problem_type, std::move(title), std::move(detail), std::move(code)};
 }
 
@@ -421,12 +420,12 @@ Problem plain_problem(int status, std::string code, std::string title, std::stri
 }
 
 Response in_progress(const Route& route, std::chrono::milliseconds wait) {
-    return problem_response(route,
-                            idempotency_problem(route, 409, "in_progress",
-                                                "A request is outstanding for this Idempotency-Key",
-                                                "A request with the same Idempotency-Key for the same operation is "
-                                                "being processed or is outstanding."),
-                            retry_after_seconds(wait));
+    return problem_response(
+        route,
+        idempotency_problem(route, 409, "in_progress", "A request is outstanding for this Idempotency-Key",
+                            "A request with the same Idempotency-Key for the same operation is "
+                            "being processed or is outstanding."),
+        retry_after_seconds(wait));
 }
 
 void tell(const Route& route, const std::string& what, const Key* key) {
@@ -461,13 +460,13 @@ StoragePolicy StoragePolicy::store_all() {
 }
 
 StoragePolicy StoragePolicy::server_errors_unknown() {
-    return StoragePolicy{
-        [](const Response& r) { return r.status >= 500 ? Disposition::unknown : Disposition::store; }};
+    return StoragePolicy{[](const Response& r) { return r.status >= 500 ? Disposition::unknown : Disposition::store; }};
 }
 
 StoragePolicy StoragePolicy::success_only() {
-    return StoragePolicy{
-        [](const Response& r) { return r.status >= 200 && r.status < 300 ? Disposition::store : Disposition::release; }};
+    return StoragePolicy{[](const Response& r) {
+        return r.status >= 200 && r.status < 300 ? Disposition::store : Disposition::release;
+    }};
 }
 
 std::chrono::seconds retry_after_seconds(std::chrono::milliseconds wait) noexcept {
@@ -555,7 +554,7 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     }
     const auto invalid = [&](std::string detail) {
         a.answer = problem_response(route, idempotency_problem(route, 400, "invalid_idempotency_key",
-                                                                "Idempotency-Key is malformed", std::move(detail)));
+                                                               "Idempotency-Key is malformed", std::move(detail)));
         return a;
     };
     const std::size_t lines = request.count("Idempotency-Key");
@@ -588,8 +587,8 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     }
     if (!a.fp) {
         a.key.reset();
-        a.answer = problem_response(route, plain_problem(400, "invalid_json_body", "Bad Request",
-                                                         "The request body is not valid JSON."));
+        a.answer = problem_response(
+            route, plain_problem(400, "invalid_json_body", "Bad Request", "The request body is not valid JSON."));
     }
     return a;
 }
@@ -616,10 +615,10 @@ Response classify(const Route& route, Response produced) {
 }
 
 Response missing_key(const Route& route) {
-    return problem_response(route, idempotency_problem(route, 400, "missing_idempotency_key",
-                                                       "Idempotency-Key is missing",
-                                                       "This operation is idempotent and it requires correct usage of "
-                                                       "Idempotency Key."));
+    return problem_response(route,
+                            idempotency_problem(route, 400, "missing_idempotency_key", "Idempotency-Key is missing",
+                                                "This operation is idempotent and it requires correct usage of "
+                                                "Idempotency Key."));
 }
 
 void advertise(Response& response, const Route& route) {
@@ -639,11 +638,11 @@ Response answer(Result<Response>&& result, const Route& route) {
         case Outcome::in_progress: return in_progress(route, result.retry_after());
         case Outcome::mismatch: break;
     }
-    return problem_response(route, idempotency_problem(route, 422, "idempotency_key_reused",
-                                                       "Idempotency-Key is already used",
-                                                       "This operation is idempotent and it requires correct usage of "
-                                                       "Idempotency Key. Idempotency Key MUST not be reused across "
-                                                       "different payloads of this operation."));
+    return problem_response(route,
+                            idempotency_problem(route, 422, "idempotency_key_reused", "Idempotency-Key is already used",
+                                                "This operation is idempotent and it requires correct usage of "
+                                                "Idempotency Key. Idempotency Key MUST not be reused across "
+                                                "different payloads of this operation."));
 }
 
 Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
@@ -677,8 +676,9 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
         if (!sendable(e.response())) return internal("not_performed carries a header with CR, LF or NUL");
         return e.response();
     } catch (const unknown_response& u) {
-        tell(route, "idem::http: the storage policy kept a " + std::to_string(u.response.status) +
-                        (rolled_back ? " as outcome unknown: rolled back, key free" : " as outcome unknown"),
+        tell(route,
+             "idem::http: the storage policy kept a " + std::to_string(u.response.status) +
+                 (rolled_back ? " as outcome unknown: rolled back, key free" : " as outcome unknown"),
              key);
         return u.response;
     } catch (const unsendable_response&) {
@@ -690,8 +690,8 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
     } catch (const handler_error& e) {
         // An idem error thrown while the handler ran (Context::record_phase, extend_lease, its own
         // idem calls): the effect may have happened, so it is not the claim's store error.
-        const std::string why = std::string("handler threw: ") + e.what() +
-                                (e.sqlstate.empty() ? std::string() : " [" + e.sqlstate + "]");
+        const std::string why =
+            std::string("handler threw: ") + e.what() + (e.sqlstate.empty() ? std::string() : " [" + e.sqlstate + "]");
         if (key == nullptr) return internal(why + " (no key, nothing kept)");
         if (rolled_back && e.unavailable) return unavailable(why + " (rolled back, key free)");
         if (rolled_back) return internal(why + " (rolled back, key free)");
@@ -710,8 +710,7 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
         // Another attempt (a reconciler) owns the key now: answer what it stored, if it has.
         if (key != nullptr) {
             try {
-                if (auto record = read(*key);
-                    record && record->state == RecordState::completed && record->result) {
+                if (auto record = read(*key); record && record->state == RecordState::completed && record->result) {
                     return replay(codec<Response>::decode(*record->result), route);
                 }
             } catch (const error& read_error) {
@@ -736,9 +735,10 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
     } catch (const call_cancelled& e) {
         // An asynchronous call cancelled before the handler ran (idem/http/asio.hpp): nothing
         // happened and the key is free.
-        return unavailable_503(std::string("cancelled, handler not called (key free): ") + e.what(), "request_cancelled",
-                               "The request was cancelled before it was performed; retry with the same Idempotency-Key.",
-                               route.unavailable_retry_after);
+        return unavailable_503(
+            std::string("cancelled, handler not called (key free): ") + e.what(), "request_cancelled",
+            "The request was cancelled before it was performed; retry with the same Idempotency-Key.",
+            route.unavailable_retry_after);
     } catch (const error& e) {
         // config_error, corrupt_record, database_error, invalid_key: no retry heals these.
         return internal(e.what() + (e.sqlstate().empty() ? std::string() : " [" + e.sqlstate() + "]"));

@@ -35,8 +35,7 @@ struct MemoryStore::Impl {
     // Finds the in-progress record `fence` owns, or throws lease_lost. Caller holds the mutex.
     Record& owned(const Key& key, Fence fence, const char* what) {
         auto it = records.find(id(key));
-        if (it == records.end() || it->second.fence != fence ||
-            it->second.state != RecordState::in_progress) {
+        if (it == records.end() || it->second.fence != fence || it->second.state != RecordState::in_progress) {
             throw lease_lost(std::string("idem: ") + what + " refused: the fence no longer owns the key");
         }
         return it->second;
@@ -173,14 +172,12 @@ std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, const ScopeFilt
     ++impl_->stats.round_trips;
     std::vector<StaleKey> stale;
     for (const auto& [id, record] : impl_->records) {
-        if (record.state == RecordState::in_progress && record.lease_until < now &&
-            scopes.matches(id.first)) {
+        if (record.state == RecordState::in_progress && record.lease_until < now && scopes.matches(id.first)) {
             stale.push_back(StaleKey{Key(id.first, id.second), Impl::view(record, now)});
         }
     }
-    std::sort(stale.begin(), stale.end(), [](const StaleKey& a, const StaleKey& b) {
-        return a.record.lease_until < b.record.lease_until;
-    });
+    std::sort(stale.begin(), stale.end(),
+              [](const StaleKey& a, const StaleKey& b) { return a.record.lease_until < b.record.lease_until; });
     if (stale.size() > limit) stale.erase(stale.begin() + static_cast<std::ptrdiff_t>(limit), stale.end());
     return stale;
 }
@@ -190,7 +187,8 @@ std::size_t MemoryStore::purge_expired(std::size_t batch_size, std::size_t max_b
     std::size_t deleted = 0;
     {
         std::lock_guard lock(impl_->mutex);
-        const std::size_t bound = batch_size * std::min<std::size_t>(max_batches, SIZE_MAX / std::max<std::size_t>(batch_size, 1));
+        const std::size_t bound =
+            batch_size * std::min<std::size_t>(max_batches, SIZE_MAX / std::max<std::size_t>(batch_size, 1));
         for (auto it = impl_->records.begin(); it != impl_->records.end() && deleted < bound;) {
             if (it->second.state == RecordState::completed && it->second.expires_at < now) {
                 it = impl_->records.erase(it);

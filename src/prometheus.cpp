@@ -183,8 +183,9 @@ PrometheusObserver::PrometheusObserver(PrometheusOptions options) : state_(std::
     }
     for (const double bound : options.buckets) {
         if (!std::isfinite(bound) || bound <= 0 || bound > 1e9) {
-            throw config_error("idem: PrometheusOptions::buckets: every bound must be a positive number of seconds "
-                               "up to 1e9");
+            throw config_error(
+                "idem: PrometheusOptions::buckets: every bound must be a positive number of seconds "
+                "up to 1e9");
         }
         const auto nanos = static_cast<std::int64_t>(std::llround(bound * 1e9));
         if (nanos <= 0 || (!s.bounds.empty() && nanos <= s.bounds.back())) {
@@ -313,8 +314,7 @@ std::string PrometheusObserver::render() const {
                   store->retries);
         w.counter("idem_store_connections_opened_total", "Database connections opened.", store->connections_opened);
         w.counter("idem_store_connections_discarded_total",
-                  "Database connections closed after an error or a failed health check.",
-                  store->connections_discarded);
+                  "Database connections closed after an error or a failed health check.", store->connections_discarded);
     }
     if (pool) {
         w.gauge("idem_pool_connections_max", "The most connections the pool may open (pool_size).", pool->size);
@@ -322,8 +322,7 @@ std::string PrometheusObserver::render() const {
         w.gauge("idem_pool_connections_idle", "Open connections no caller holds now.", pool->idle);
         w.gauge("idem_pool_waiters", "Callers waiting now for a connection to come back.", pool->waiters);
         w.counter("idem_pool_acquires_total", "Requests for a pooled connection.", pool->acquires);
-        w.counter("idem_pool_acquire_waits_total", "Requests that found the pool exhausted and waited.",
-                  pool->waited);
+        w.counter("idem_pool_acquire_waits_total", "Requests that found the pool exhausted and waited.", pool->waited);
         w.counter("idem_pool_acquire_timeouts_total", "Requests that waited pool_wait in vain (pool_timeout).",
                   pool->timeouts);
         // Only the requests that waited are observed, each once when its wait ended: every series

@@ -112,9 +112,7 @@ void Reconciler::record_failure(Sweep& sweep, const Key& key, Stage stage, std::
     }
     std::string detail = detail_of(to_string(stage), d);
     if (backed_off) {
-        detail.append(" (left alone for ")
-            .append(std::to_string(options_.failure_backoff.count()))
-            .append(" ms)");
+        detail.append(" (left alone for ").append(std::to_string(options_.failure_backoff.count())).append(" ms)");
     }
     store_.emit(Event::reconcile_failed, &key, {}, 1, detail);
     sweep.failures.push_back(
@@ -185,9 +183,8 @@ void Reconciler::run(std::stop_token stop, std::chrono::milliseconds interval) {
                 // Not after a sweep that resolved nothing either: with a lease shorter than a sweep
                 // the keys it left or failed on are stale again at once; each sweep that goes on at
                 // once removes a key, so the loop ends.
-                const bool take_over_failed =
-                    std::any_of(sweep.failures.begin(), sweep.failures.end(),
-                                [](const Failure& f) { return f.stage == Stage::take_over; });
+                const bool take_over_failed = std::any_of(sweep.failures.begin(), sweep.failures.end(),
+                                                          [](const Failure& f) { return f.stage == Stage::take_over; });
                 const bool resolved_any = sweep.saved + sweep.released > 0;
                 if (sweep.listed < options_.batch || take_over_failed || !resolved_any) break;
             }

@@ -35,5 +35,4 @@ inline std::size_t decode_utf8(std::string_view s, std::size_t i, char32_t& cp) 
     return n;
 }
 
-
 }  // namespace idem::detail

@@ -77,9 +77,9 @@ const std::string kScope = "bench-asio";
 struct Options {
     std::string db;
     std::size_t requests = 10'000;
-    std::size_t connections = 8;     ///< async: AsyncPostgresStore pool_size
-    std::size_t threads = 64;        ///< blocking: threads
-    std::size_t blocking_pool = 0;   ///< blocking: PostgresStore pool_size (0: = threads)
+    std::size_t connections = 8;    ///< async: AsyncPostgresStore pool_size
+    std::size_t threads = 64;       ///< blocking: threads
+    std::size_t blocking_pool = 0;  ///< blocking: PostgresStore pool_size (0: = threads)
     int effect_ms = 20;
     long long statement_timeout_ms = 0;  ///< 0: PostgresOptions' default (both stores)
     int rounds = 1;
@@ -255,11 +255,11 @@ constexpr int kStatus = 201;
 struct Round {
     std::unique_ptr<Histogram> hist = std::make_unique<Histogram>();
     double wall_s = 0;
-    std::uint64_t answered = 0;       ///< calls that completed (with a result or an exception)
-    std::uint64_t correct = 0;        ///< right outcome, status and body
+    std::uint64_t answered = 0;  ///< calls that completed (with a result or an exception)
+    std::uint64_t correct = 0;   ///< right outcome, status and body
     std::uint64_t wrong_outcome = 0;
     std::uint64_t wrong_body = 0;
-    std::uint64_t errors = 0;         ///< calls that threw
+    std::uint64_t errors = 0;  ///< calls that threw
     std::string first_error;
     std::uint64_t in_flight_max = 0;  ///< calls started and not yet answered, at most
     std::uint64_t effects_max = 0;    ///< effects running at once, at most
@@ -307,7 +307,8 @@ struct Round {
 };
 
 std::uint64_t ns_since(Clock::time_point start) {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
 }
 
 std::vector<idem::Key> make_keys(std::size_t n, const std::string& tag) {
@@ -325,7 +326,9 @@ void print_common(const std::vector<std::uint32_t>& runs_per_key, const idem::St
     for (const auto r : runs_per_key) total += r, not_once += r != 1;
     rusage self{};
     ::getrusage(RUSAGE_SELF, &self);
-    const auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+    const auto secs = [](const timeval& t) {
+        return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+    };
     std::printf("effects_run %llu\n", static_cast<unsigned long long>(total));
     std::printf("keys_not_run_once %llu\n", static_cast<unsigned long long>(not_once));
     std::printf("round_trips %llu\n", static_cast<unsigned long long>(stats.round_trips));
@@ -504,7 +507,8 @@ int run_blocking(const Options& o) {
         const auto p = static_cast<std::size_t>(1 + 2 * phase);  // marks[0]: the warm-up's end
         const double wall = bench::seconds_between(marks[p], marks[p + 1]);
         Round total;
-        for (std::size_t t = 0; t < o.threads; ++t) total.merge(rounds[static_cast<std::size_t>(phase) * o.threads + t]);
+        for (std::size_t t = 0; t < o.threads; ++t)
+            total.merge(rounds[static_cast<std::size_t>(phase) * o.threads + t]);
         total.wall_s = wall;
         total.in_flight_max = in_flight_max;
         total.effects_max = effects_max;
@@ -564,13 +568,20 @@ ScenarioRun spawn_scenario(const Options& o, const std::string& scenario, const 
     const std::string self = self_path();
     // The conninfo goes by the environment (it may hold a password: not on a command line).
     std::vector<std::string> args{self,
-                                  "--scenario", scenario,
-                                  "--table", table,
-                                  "--requests", std::to_string(o.requests),
-                                  "--connections", std::to_string(o.connections),
-                                  "--threads", std::to_string(o.threads),
-                                  "--blocking-pool", std::to_string(o.blocking_pool),
-                                  "--effect-ms", std::to_string(o.effect_ms)};
+                                  "--scenario",
+                                  scenario,
+                                  "--table",
+                                  table,
+                                  "--requests",
+                                  std::to_string(o.requests),
+                                  "--connections",
+                                  std::to_string(o.connections),
+                                  "--threads",
+                                  std::to_string(o.threads),
+                                  "--blocking-pool",
+                                  std::to_string(o.blocking_pool),
+                                  "--effect-ms",
+                                  std::to_string(o.effect_ms)};
     if (o.statement_timeout_ms > 0) {
         args.emplace_back("--statement-timeout-ms");
         args.push_back(std::to_string(o.statement_timeout_ms));
@@ -668,8 +679,9 @@ int run_parent(const Options& o) {
                              db.exec("SHOW max_connections"));
     }
     const std::string load_before = load_average();
-    std::fprintf(stderr, "%s: %zu requests per scenario, effect %d ms; async: 1 thread, %zu connections; blocking: "
-                         "%zu threads, %zu connections; %u CPUs, load %s; %s\n",
+    std::fprintf(stderr,
+                 "%s: %zu requests per scenario, effect %d ms; async: 1 thread, %zu connections; blocking: "
+                 "%zu threads, %zu connections; %u CPUs, load %s; %s\n",
                  kName, o.requests, o.effect_ms, o.connections, o.threads, o.blocking_pool,
                  std::thread::hardware_concurrency(), load_before.c_str(), server.c_str());
 
@@ -689,7 +701,7 @@ int run_parent(const Options& o) {
                          "peak RSS %.1f MB  %s\n",
                          kName, round + 1, scenario.c_str(), r.num("new_ops_per_s"), r.num("new_wall_s"),
                          r.num("new_p50_ms"), r.num("new_p99_ms"), r.num("new_in_flight_max"), r.peak_rss_mb,
-                         r.exit_code != 0                 ? fmt::format("FAILED (exit {})", r.exit_code).c_str()
+                         r.exit_code != 0                  ? fmt::format("FAILED (exit {})", r.exit_code).c_str()
                          : r.correct(o.requests, o.replay) ? "all answers right"
                                                            : "WRONG ANSWERS");
             runs.push_back(std::move(r));
@@ -716,7 +728,8 @@ int run_parent(const Options& o) {
             all_correct = all_correct && r.correct(o.requests, o.replay);
             answers += o.requests * (o.replay ? 2 : 1);
             (r.scenario == "async" ? async_ops : blocking_ops).push_back(r.num("new_ops_per_s"));
-            if (r.scenario == "async") async_rss = std::isfinite(async_rss) ? std::max(async_rss, r.peak_rss_mb) : r.peak_rss_mb;
+            if (r.scenario == "async")
+                async_rss = std::isfinite(async_rss) ? std::max(async_rss, r.peak_rss_mb) : r.peak_rss_mb;
         }
     }
     const double a = median(async_ops), b = median(blocking_ops);
@@ -725,17 +738,16 @@ int run_parent(const Options& o) {
     const bool rss_ok = std::isfinite(async_rss) && async_rss <= 100.0;
 
     std::vector<std::string> verdicts;
-    verdicts.push_back(fmt::format("{} correctness: {} of {} answers right (executed or replayed, right bytes; each "
-                                   "effect ran exactly once)",
-                                   all_correct ? "PASS" : "FAIL", all_correct ? answers : 0, answers));
-    verdicts.push_back(std::isfinite(ratio)
-                           ? fmt::format("{} throughput: async / blocking = {:.2f} (target >= 1.0)",
-                                         ratio_ok ? "PASS" : "FAIL", ratio)
-                           : std::string("SKIP throughput: needs both scenarios"));
-    verdicts.push_back(std::isfinite(async_rss)
-                           ? fmt::format("{} memory: async peak RSS {:.1f} MB (target <= 100 MB)",
-                                         rss_ok ? "PASS" : "FAIL", async_rss)
-                           : std::string("SKIP memory: the async scenario did not run"));
+    verdicts.push_back(
+        fmt::format("{} correctness: {} of {} answers right (executed or replayed, right bytes; each "
+                    "effect ran exactly once)",
+                    all_correct ? "PASS" : "FAIL", all_correct ? answers : 0, answers));
+    verdicts.push_back(std::isfinite(ratio) ? fmt::format("{} throughput: async / blocking = {:.2f} (target >= 1.0)",
+                                                          ratio_ok ? "PASS" : "FAIL", ratio)
+                                            : std::string("SKIP throughput: needs both scenarios"));
+    verdicts.push_back(std::isfinite(async_rss) ? fmt::format("{} memory: async peak RSS {:.1f} MB (target <= 100 MB)",
+                                                              rss_ok ? "PASS" : "FAIL", async_rss)
+                                                : std::string("SKIP memory: the async scenario did not run"));
 
     std::string s = "{\n";
     s += fmt::format("  \"requests\": {}, \"effect_ms\": {}, \"rounds\": {}, \"replay\": {},\n", o.requests,
@@ -747,13 +759,15 @@ int run_parent(const Options& o) {
     for (std::size_t i = 0; i < rounds.size(); ++i) {
         s += i ? ",\n    {" : "\n    {";
         for (std::size_t j = 0; j < rounds[i].size(); ++j) {
-            s += fmt::format("{}\"{}\": {}", j ? ",\n     " : "", rounds[i][j].scenario, json_scenario(rounds[i][j], o));
+            s +=
+                fmt::format("{}\"{}\": {}", j ? ",\n     " : "", rounds[i][j].scenario, json_scenario(rounds[i][j], o));
         }
         s += "}";
     }
     s += "\n  ],\n";
-    s += fmt::format("  \"async_ops_per_s\": {}, \"blocking_ops_per_s\": {}, \"ratio\": {}, \"async_peak_rss_mb\": {},\n",
-                     json_number(a), json_number(b), json_number(ratio), json_number(async_rss));
+    s += fmt::format(
+        "  \"async_ops_per_s\": {}, \"blocking_ops_per_s\": {}, \"ratio\": {}, \"async_peak_rss_mb\": {},\n",
+        json_number(a), json_number(b), json_number(ratio), json_number(async_rss));
     s += fmt::format("  \"targets\": {{\"all_correct\": {}, \"ratio_ge_1\": {}, \"async_rss_le_100_mb\": {}}},\n",
                      all_correct ? "true" : "false", std::isfinite(ratio) ? (ratio_ok ? "true" : "false") : "null",
                      std::isfinite(async_rss) ? (rss_ok ? "true" : "false") : "null");

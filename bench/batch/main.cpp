@@ -18,10 +18,10 @@
 // scripts/with-postgres.sh (a throwaway cluster):
 //   scripts/with-postgres.sh build/batch-rel/bench/batch/idem-batch-bench --db "$IDEM_TEST_DATABASE_URL"
 // --min-ratio X: exit 1 unless fresh messages/s at --batch is at least X times execute_once's.
-#include <idem/idem.hpp>
-#include <idem/postgres_store.hpp>
 #include <libpq-fe.h>
 #include <unistd.h>
+#include <idem/idem.hpp>
+#include <idem/postgres_store.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -140,7 +140,8 @@ public:
         if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
             throw std::runtime_error("cannot connect: " + std::string(conn_ ? PQerrorMessage(conn_.get()) : "?"));
         }
-        PQsetNoticeProcessor(conn_.get(), [](void*, const char*) {}, nullptr);
+        PQsetNoticeProcessor(
+            conn_.get(), [](void*, const char*) {}, nullptr);
     }
     std::string value(const std::string& sql, const std::vector<std::string>& params = {}) {
         std::vector<const char*> values;
@@ -263,9 +264,10 @@ int main(int argc, char** argv) {
         Admin admin(o.db);
         const std::string server = admin.value("SHOW server_version");
         const std::string sync = admin.value("SHOW synchronous_commit");
-        std::printf("idem-batch-bench %s: %zu messages per phase, %zu thread(s), %zu round(s); PostgreSQL %s, "
-                    "synchronous_commit=%s\n",
-                    idem::version_string, o.messages, o.threads, o.rounds, server.c_str(), sync.c_str());
+        std::printf(
+            "idem-batch-bench %s: %zu messages per phase, %zu thread(s), %zu round(s); PostgreSQL %s, "
+            "synchronous_commit=%s\n",
+            idem::version_string, o.messages, o.threads, o.rounds, server.c_str(), sync.c_str());
         if (sync != "on") std::printf("WARNING: synchronous_commit is not on: these are not the durable figures\n");
         std::fflush(stdout);
 
@@ -293,7 +295,8 @@ int main(int argc, char** argv) {
         for (std::size_t round = 0; round < o.rounds; ++round) {
             for (std::size_t k = 0; k < methods.size(); ++k) {
                 const std::size_t m = (k + round) % methods.size();  // rotate the order per round
-                const auto fresh = make_keys("fresh-" + std::to_string(round) + "-" + std::to_string(m) + "-", o.messages);
+                const auto fresh =
+                    make_keys("fresh-" + std::to_string(round) + "-" + std::to_string(m) + "-", o.messages);
                 run_phase(store, o, methods[m], fresh, Case::fresh, totals[{0, m}]);
                 run_phase(store, o, methods[m], replay_keys, Case::replay, totals[{1, m}]);
             }
@@ -311,7 +314,8 @@ int main(int argc, char** argv) {
                         f.rt_per_message(), f.rate() / totals[{0, 0}].rate(), r.rate(), r.rt_per_message(),
                         r.rate() / totals[{1, 0}].rate());
         }
-        const auto at = std::find_if(methods.begin(), methods.end(), [&](const Method& m) { return m.batch == o.batch; });
+        const auto at =
+            std::find_if(methods.begin(), methods.end(), [&](const Method& m) { return m.batch == o.batch; });
         const std::size_t mi = static_cast<std::size_t>(at - methods.begin());
         const double fresh_ratio = totals[{0, mi}].rate() / totals[{0, 0}].rate();
         const double replay_ratio = totals[{1, mi}].rate() / totals[{1, 0}].rate();

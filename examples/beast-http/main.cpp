@@ -51,7 +51,8 @@ asio::awaitable<idem::Response> pay(Service& service, const idem::http::beast::r
             co_await provider.async_wait(use_awaitable);  // the provider's call: awaited, not blocking
             --service.in_flight;
             const int id = ++service.charges;
-            co_return idem::Response{201, "{\"payment\":" + std::to_string(id) + ",\"status\":\"captured\"}",
+            co_return idem::Response{201,
+                                     "{\"payment\":" + std::to_string(id) + ",\"status\":\"captured\"}",
                                      {{"Content-Type", "application/json"}}};
         },
         use_awaitable);

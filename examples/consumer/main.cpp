@@ -27,8 +27,8 @@
 // usable "id". Exit status: 0 when the stream was processed, 1 on a fatal error, 2 on bad usage.
 //
 // Database: --db, else $IDEM_TEST_DATABASE_URL, else $DATABASE_URL (a libpq conninfo).
-#include <idem/idem.hpp>
 #include <libpq-fe.h>
+#include <idem/idem.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -128,11 +128,13 @@ public:
         if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
             throw std::runtime_error("cannot connect: " + std::string(conn_ ? PQerrorMessage(conn_.get()) : "?"));
         }
-        PQsetNoticeProcessor(conn_.get(), [](void*, const char*) {}, nullptr);  // "already exists, skipping"
-        exec("CREATE TABLE IF NOT EXISTS consumer_balances ("
-             " scope text NOT NULL, account text NOT NULL, balance_cents bigint NOT NULL,"
-             " PRIMARY KEY (scope, account))",
-             {});
+        PQsetNoticeProcessor(
+            conn_.get(), [](void*, const char*) {}, nullptr);  // "already exists, skipping"
+        exec(
+            "CREATE TABLE IF NOT EXISTS consumer_balances ("
+            " scope text NOT NULL, account text NOT NULL, balance_cents bigint NOT NULL,"
+            " PRIMARY KEY (scope, account))",
+            {});
     }
 
     /// Adds `delta` to the account's balance (autocommit); returns the new balance.
@@ -141,18 +143,19 @@ public:
             // Nothing was sent: certainly not applied, so the claim may be released.
             throw idem::not_performed("ledger connection is down");
         }
-        auto rows = exec("INSERT INTO consumer_balances (scope, account, balance_cents) VALUES ($1, $2, $3) "
-                         "ON CONFLICT (scope, account) DO UPDATE "
-                         "SET balance_cents = consumer_balances.balance_cents + EXCLUDED.balance_cents "
-                         "RETURNING balance_cents",
-                         {scope, account, std::to_string(delta)});
+        auto rows = exec(
+            "INSERT INTO consumer_balances (scope, account, balance_cents) VALUES ($1, $2, $3) "
+            "ON CONFLICT (scope, account) DO UPDATE "
+            "SET balance_cents = consumer_balances.balance_cents + EXCLUDED.balance_cents "
+            "RETURNING balance_cents",
+            {scope, account, std::to_string(delta)});
         return std::stoll(rows.at(0).at(0));
     }
 
     std::vector<std::pair<std::string, std::int64_t>> balances(const std::string& scope) {
         std::vector<std::pair<std::string, std::int64_t>> out;
-        for (auto& row : exec("SELECT account, balance_cents FROM consumer_balances WHERE scope = $1 ORDER BY account",
-                              {scope})) {
+        for (auto& row :
+             exec("SELECT account, balance_cents FROM consumer_balances WHERE scope = $1 ORDER BY account", {scope})) {
             out.emplace_back(row.at(0), std::stoll(row.at(1)));
         }
         return out;
@@ -229,8 +232,7 @@ std::string reason(const std::exception_ptr& error) {
 
 class Consumer {
 public:
-    Consumer(const Options& o, idem::IdempotencyStore& store, Ledger& ledger)
-        : o_(o), store_(store), ledger_(ledger) {}
+    Consumer(const Options& o, idem::IdempotencyStore& store, Ledger& ledger) : o_(o), store_(store), ledger_(ledger) {}
 
     void add(Event e, idem::Fingerprint fp) {
         // Workaround: execute_batch calls every later copy of an id in a batch a "duplicate", even
@@ -246,9 +248,8 @@ public:
     void flush() {
         // Messages another consumer holds right now are redelivered a few times, as a broker would.
         for (int round = 0; !messages_.empty(); ++round) {
-            auto results = idem::execute_batch(store_, messages_, [&](std::size_t i) {
-                return apply(ledger_, o_.scope, events_[i]);
-            });
+            auto results = idem::execute_batch(store_, messages_,
+                                               [&](std::size_t i) { return apply(ledger_, o_.scope, events_[i]); });
             std::vector<idem::Message> retry;
             std::vector<Event> retry_events;
             std::chrono::milliseconds wait{0};
@@ -276,8 +277,8 @@ public:
                         break;
                     case idem::BatchOutcome::released:
                         ++counts.failed;
-                        say("failed   " + e.id + " (line " + std::to_string(e.line) + "): refused, not applied: " +
-                            reason(r.error));
+                        say("failed   " + e.id + " (line " + std::to_string(e.line) +
+                            "): refused, not applied: " + reason(r.error));
                         break;
                     case idem::BatchOutcome::failed:
                         ++counts.failed;

@@ -10,12 +10,12 @@
 //   Never retries any other 4xx: the request itself is wrong and would fail the same way.
 // * Prints "HTTP <status>" (plus " (replayed)" for a stored answer) and the body on stdout; one
 //   line per retry on stderr. Exit status 0 for 2xx, 1 otherwise, 2 for bad arguments.
+#include <httplib.h>
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <httplib.h>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -68,8 +68,7 @@ Options parse_options(int argc, char** argv) {
     bool have_amount = false;
     for (int i = 1; i < argc; ++i) {
         std::string arg = argv[i];
-        if (arg == "-h" || arg == "--help")
-            usage(0);
+        if (arg == "-h" || arg == "--help") usage(0);
         std::string value;
         if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
             value = arg.substr(eq + 1);
@@ -79,30 +78,19 @@ Options parse_options(int argc, char** argv) {
         } else {
             bad_option(arg + " needs a value");
         }
-        if (arg == "--url")
-            o.url = value;
-        else if (arg == "--account")
-            o.account = value;
-        else if (arg == "--order")
-            o.order = parse_int(arg, value), have_order = true;
-        else if (arg == "--amount")
-            o.amount = parse_int(arg, value), have_amount = true;
-        else if (arg == "--currency")
-            o.currency = value;
-        else if (arg == "--card")
-            o.card = value;
-        else if (arg == "--key")
-            o.key = value;
+        if (arg == "--url") o.url = value;
+        else if (arg == "--account") o.account = value;
+        else if (arg == "--order") o.order = parse_int(arg, value), have_order = true;
+        else if (arg == "--amount") o.amount = parse_int(arg, value), have_amount = true;
+        else if (arg == "--currency") o.currency = value;
+        else if (arg == "--card") o.card = value;
+        else if (arg == "--key") o.key = value;
         else if (arg == "--max-retries")
-            o.max_retries =
-                static_cast<int>(std::clamp<std::int64_t>(parse_int(arg, value), 0, 100));
-        else if (arg == "--timeout-ms")
-            o.timeout = milliseconds(std::max<std::int64_t>(1, parse_int(arg, value)));
-        else
-            bad_option("unknown option " + arg);
+            o.max_retries = static_cast<int>(std::clamp<std::int64_t>(parse_int(arg, value), 0, 100));
+        else if (arg == "--timeout-ms") o.timeout = milliseconds(std::max<std::int64_t>(1, parse_int(arg, value)));
+        else bad_option("unknown option " + arg);
     }
-    if (o.url.empty() || o.account.empty() || !have_order || !have_amount || o.currency.empty() ||
-        o.card.empty()) {
+    if (o.url.empty() || o.account.empty() || !have_order || !have_amount || o.currency.empty() || o.card.empty()) {
         bad_option("--url, --account, --order, --amount, --currency and --card are required");
     }
     return o;
@@ -114,16 +102,14 @@ std::string uuid_v4() {
     unsigned char bytes[16];
     for (int i = 0; i < 16; i += 4) {
         const std::uint32_t word = device();
-        for (int j = 0; j < 4; ++j)
-            bytes[i + j] = static_cast<unsigned char>(word >> (8 * j));
+        for (int j = 0; j < 4; ++j) bytes[i + j] = static_cast<unsigned char>(word >> (8 * j));
     }
-    bytes[6] = static_cast<unsigned char>((bytes[6] & 0x0f) | 0x40); // version 4
-    bytes[8] = static_cast<unsigned char>((bytes[8] & 0x3f) | 0x80); // RFC 4122 variant
+    bytes[6] = static_cast<unsigned char>((bytes[6] & 0x0f) | 0x40);  // version 4
+    bytes[8] = static_cast<unsigned char>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
     static constexpr char hex[] = "0123456789abcdef";
     std::string out;
     for (int i = 0; i < 16; ++i) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
-            out += '-';
+        if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
         out += hex[bytes[i] >> 4];
         out += hex[bytes[i] & 0xf];
     }
@@ -134,19 +120,15 @@ std::string uuid_v4() {
 std::pair<std::string, std::string> split_url(const std::string& url) {
     const auto scheme_end = url.find("://");
     const auto path_start = url.find('/', scheme_end == std::string::npos ? 0 : scheme_end + 3);
-    if (path_start == std::string::npos)
-        return {url, "/payments"};
+    if (path_start == std::string::npos) return {url, "/payments"};
     std::string path = url.substr(path_start);
-    if (path == "/")
-        path = "/payments";
+    if (path == "/") path = "/payments";
     return {url.substr(0, path_start), path};
 }
 
-bool retryable_status(int status) {
-    return status >= 500 || status == 409 || status == 429;
-}
+bool retryable_status(int status) { return status >= 500 || status == 409 || status == 429; }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
     const Options options = parse_options(argc, argv);
@@ -162,15 +144,11 @@ int main(int argc, char** argv) {
 
     const auto [base, path] = split_url(options.url);
     httplib::Client client(base);
-    if (!client.is_valid())
-        bad_option("--url: cannot use '" + options.url + "'");
-    client.set_connection_timeout(
-        std::chrono::duration_cast<std::chrono::microseconds>(options.timeout));
+    if (!client.is_valid()) bad_option("--url: cannot use '" + options.url + "'");
+    client.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(options.timeout));
     client.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(options.timeout));
-    client.set_write_timeout(
-        std::chrono::duration_cast<std::chrono::microseconds>(options.timeout));
-    const httplib::Headers headers = {{"Authorization", "Bearer " + options.account},
-                                      {"Idempotency-Key", key}};
+    client.set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(options.timeout));
+    const httplib::Headers headers = {{"Authorization", "Bearer " + options.account}, {"Idempotency-Key", key}};
 
     std::cerr << "payments-client: Idempotency-Key " << key << "\n";
     std::mt19937_64 jitter(std::random_device{}());
@@ -185,16 +163,14 @@ int main(int argc, char** argv) {
             const int status = result->status;
             if (!retryable_status(status) || attempt >= options.max_retries) {
                 const bool replayed = result->get_header_value("Idempotent-Replayed") == "true";
-                std::cout << "HTTP " << status << (replayed ? " (replayed)" : "") << "\n"
-                          << result->body << std::endl;
+                std::cout << "HTTP " << status << (replayed ? " (replayed)" : "") << "\n" << result->body << std::endl;
                 return status >= 200 && status < 300 ? 0 : 1;
             }
             what = "HTTP " + std::to_string(status);
             const std::string header = result->get_header_value("Retry-After");
             std::int64_t seconds = 0;
             if (!header.empty() &&
-                std::from_chars(header.data(), header.data() + header.size(), seconds).ec ==
-                    std::errc() &&
+                std::from_chars(header.data(), header.data() + header.size(), seconds).ec == std::errc() &&
                 seconds > 0) {
                 retry_after = milliseconds(std::min<std::int64_t>(seconds, 60) * 1000);
             }
@@ -206,12 +182,11 @@ int main(int argc, char** argv) {
             }
         }
         // Full jitter: uniform in [0, min(cap, base * 2^attempt)], but never before Retry-After.
-        const auto ceiling =
-            std::min<std::int64_t>(max_delay.count(), base_delay.count() << std::min(attempt, 20));
+        const auto ceiling = std::min<std::int64_t>(max_delay.count(), base_delay.count() << std::min(attempt, 20));
         milliseconds delay{std::uniform_int_distribution<std::int64_t>(0, ceiling)(jitter)};
         delay = std::max(delay, retry_after);
-        std::cerr << "payments-client: attempt " << attempt + 1 << ": " << what << ", retrying in "
-                  << delay.count() << " ms\n";
+        std::cerr << "payments-client: attempt " << attempt + 1 << ": " << what << ", retrying in " << delay.count()
+                  << " ms\n";
         std::this_thread::sleep_for(delay);
     }
 }

@@ -16,30 +16,30 @@
 // --reconcile-every-ms 200) whose database backends are terminated for 5 s while 40 payments
 // start, each retried; then every key must have its one 201 and one ledger charge within the
 // README's bound of the last fault. See run_faults.
+#include <fcntl.h>
+#include <httplib.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fcntl.h>
 #include <fstream>
-#include <httplib.h>
 #include <iostream>
 #include <latch>
-#include <libpq-fe.h>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <poll.h>
 #include <random>
 #include <set>
-#include <signal.h>
-#include <spawn.h>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 extern char** environ;
@@ -60,9 +60,7 @@ void check(bool ok, const std::string& what) {
     }
 }
 
-void section(const std::string& title) {
-    std::cout << "-- " << title << std::endl;
-}
+void section(const std::string& title) { std::cout << "-- " << title << std::endl; }
 
 // ------------------------------------------------------------------------------------------
 // servers
@@ -76,8 +74,7 @@ std::vector<pid_t> g_children;
 
 void kill_children() {
     for (const pid_t pid : g_children) {
-        if (pid > 0)
-            kill(pid, SIGKILL);
+        if (pid > 0) kill(pid, SIGKILL);
     }
 }
 
@@ -85,20 +82,17 @@ void kill_children() {
 std::optional<Server> start_server(const std::string& exe, const std::vector<std::string>& args,
                                    const std::string& log_path = {}) {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0)
-        return std::nullopt;
+    if (pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
     if (!log_path.empty()) {
-        posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_path.c_str(),
-                                         O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     }
     std::vector<std::string> storage{exe};
     storage.insert(storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
-    for (auto& s : storage)
-        argv.push_back(s.data());
+    for (auto& s : storage) argv.push_back(s.data());
     argv.push_back(nullptr);
     pid_t pid = -1;
     const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
@@ -115,12 +109,10 @@ std::optional<Server> start_server(const std::string& exe, const std::vector<std
     const auto until = Clock::now() + 30s;
     while (line.find('\n') == std::string::npos && Clock::now() < until) {
         pollfd p{fds[0], POLLIN, 0};
-        if (poll(&p, 1, 200) <= 0)
-            continue;
+        if (poll(&p, 1, 200) <= 0) continue;
         char buf[256];
         const ssize_t n = read(fds[0], buf, sizeof buf);
-        if (n <= 0)
-            break;
+        if (n <= 0) break;
         line.append(buf, static_cast<std::size_t>(n));
     }
     close(fds[0]);
@@ -158,7 +150,7 @@ int stop_server(Server& server) {
 // HTTP
 
 struct Reply {
-    int status = 0; // 0: no response (network error)
+    int status = 0;  // 0: no response (network error)
     std::string error;
     std::string body;
     httplib::Headers headers;
@@ -169,13 +161,12 @@ struct Reply {
     [[nodiscard]] bool replayed() const { return header("Idempotent-Replayed") == "true"; }
 };
 
-Reply send(const std::string& url, const std::string& method, const std::string& path,
-           const httplib::Headers& headers, const std::string& body = {}) {
+Reply send(const std::string& url, const std::string& method, const std::string& path, const httplib::Headers& headers,
+           const std::string& body = {}) {
     httplib::Client client(url);
     client.set_connection_timeout(10s);
     client.set_read_timeout(30s);
-    auto result = method == "GET" ? client.Get(path, headers)
-                                  : client.Post(path, headers, body, "application/json");
+    auto result = method == "GET" ? client.Get(path, headers) : client.Post(path, headers, body, "application/json");
     Reply reply;
     if (!result) {
         reply.error = httplib::to_string(result.error());
@@ -190,56 +181,42 @@ Reply send(const std::string& url, const std::string& method, const std::string&
 Reply pay(const std::string& url, const std::string& account, const std::optional<std::string>& key,
           const std::string& body) {
     httplib::Headers headers;
-    if (!account.empty())
-        headers.emplace("Authorization", "Bearer " + account);
-    if (key)
-        headers.emplace("Idempotency-Key", *key);
+    if (!account.empty()) headers.emplace("Authorization", "Bearer " + account);
+    if (key) headers.emplace("Idempotency-Key", *key);
     return send(url, "POST", "/payments", headers, body);
 }
 
-std::string payment_body(long order, long amount, const std::string& card,
-                         const std::string& currency = "BRL") {
-    return R"({"order_id":)" + std::to_string(order) + R"(,"amount_cents":)" +
-           std::to_string(amount) + R"(,"currency":")" + currency + R"(","card":")" + card +
-           R"("})";
+std::string payment_body(long order, long amount, const std::string& card, const std::string& currency = "BRL") {
+    return R"({"order_id":)" + std::to_string(order) + R"(,"amount_cents":)" + std::to_string(amount) +
+           R"(,"currency":")" + currency + R"(","card":")" + card + R"("})";
 }
 
 /// The gateway's own count of calls for a key (optionally one account's), or -1 on error.
-long gateway_count(const std::string& url, const std::string& key,
-                   const std::string& account = {}) {
-    std::string path =
-        "/gateway/charges?idempotency_key=" + httplib::detail::encode_query_param(key);
-    if (!account.empty())
-        path += "&account=" + httplib::detail::encode_query_param(account);
+long gateway_count(const std::string& url, const std::string& key, const std::string& account = {}) {
+    std::string path = "/gateway/charges?idempotency_key=" + httplib::detail::encode_query_param(key);
+    if (!account.empty()) path += "&account=" + httplib::detail::encode_query_param(account);
     const Reply r = send(url, "GET", path, {});
-    if (r.status != 200)
-        return -1;
+    if (r.status != 200) return -1;
     const auto json = nlohmann::json::parse(r.body, nullptr, false);
-    if (json.is_discarded() || !json.contains("count"))
-        return -1;
+    if (json.is_discarded() || !json.contains("count")) return -1;
     return json["count"].get<long>();
 }
 
 std::string describe(const Reply& r) {
-    if (r.status == 0)
-        return "network error: " + r.error;
+    if (r.status == 0) return "network error: " + r.error;
     return "HTTP " + std::to_string(r.status) + " " + r.body.substr(0, 200);
 }
 
 /// Runs payments-client; returns its exit status and combined output.
-std::pair<int, std::string> run_client(const std::string& exe,
-                                       const std::vector<std::string>& args) {
+std::pair<int, std::string> run_client(const std::string& exe, const std::vector<std::string>& args) {
     std::string command = exe;
-    for (const auto& a : args)
-        command += " '" + a + "'";
+    for (const auto& a : args) command += " '" + a + "'";
     command += " 2>&1";
     std::string output;
     FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr)
-        return {-1, ""};
+    if (pipe == nullptr) return {-1, ""};
     char buf[512];
-    while (fgets(buf, sizeof buf, pipe) != nullptr)
-        output += buf;
+    while (fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
     const int status = pclose(pipe);
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
@@ -266,13 +243,11 @@ public:
     Sql& operator=(const Sql&) = delete;
 
     /// The rows of a statement, every value as text (NULL as "NULL"). Throws on any error.
-    std::vector<std::vector<std::string>> query(const std::string& sql,
-                                                const std::vector<std::string>& params = {}) {
+    std::vector<std::vector<std::string>> query(const std::string& sql, const std::vector<std::string>& params = {}) {
         std::vector<const char*> values;
-        for (const auto& p : params)
-            values.push_back(p.c_str());
-        PGresult* result = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()),
-                                        nullptr, values.data(), nullptr, nullptr, 0);
+        for (const auto& p : params) values.push_back(p.c_str());
+        PGresult* result = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                        nullptr, nullptr, 0);
         const auto status = PQresultStatus(result);
         if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
             const std::string message = PQresultErrorMessage(result);
@@ -307,7 +282,7 @@ constexpr std::chrono::milliseconds kRetryMax{250};
 constexpr std::chrono::milliseconds kSchedulingSlack{2000};
 
 struct FaultOptions {
-    std::chrono::milliseconds faults{5000}; // how long backends are terminated
+    std::chrono::milliseconds faults{5000};  // how long backends are terminated
     // Every key has its 201 this long after the last fault at the latest.
     std::chrono::milliseconds bound =
         kReleaseAfter + kFaultsLease + 2 * kFaultsReconcileEvery + kRetryMax + kSchedulingSlack;
@@ -319,10 +294,10 @@ struct Intent {
     std::string key;
     std::string body;
     Clock::time_point first_request;
-    std::optional<Clock::time_point> settled_at; // the first 201
+    std::optional<Clock::time_point> settled_at;  // the first 201
     std::string body_201;
-    std::optional<Reply> refused; // a final answer other than 201 (never expected)
-    std::map<int, int> statuses;  // status -> how many (0: no response)
+    std::optional<Reply> refused;  // a final answer other than 201 (never expected)
+    std::map<int, int> statuses;   // status -> how many (0: no response)
 };
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {
@@ -360,14 +335,14 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
     std::vector<std::string> logs;
     for (const char* name : {"A", "B"}) {
         logs.push_back(log_dir + "/" + name + ".log");
-        auto s = start_server(server_exe,
-                              {"--listen", "127.0.0.1:0", "--db", db, "--lease-ms",
-                               std::to_string(kFaultsLease.count()), "--reconcile-every-ms",
-                               std::to_string(kFaultsReconcileEvery.count()),
-                               // (a request's claim and its save further apart: more faults
-                               // land in between)
-                               "--gateway-latency-ms", "20", "--threads", "64"},
-                              logs.back());
+        auto s =
+            start_server(server_exe,
+                         {"--listen", "127.0.0.1:0", "--db", db, "--lease-ms", std::to_string(kFaultsLease.count()),
+                          "--reconcile-every-ms", std::to_string(kFaultsReconcileEvery.count()),
+                          // (a request's claim and its save further apart: more faults
+                          // land in between)
+                          "--gateway-latency-ms", "20", "--threads", "64"},
+                         logs.back());
         if (!s) {
             std::cout << "FAILED: could not start instance " << name << std::endl;
             return 1;
@@ -397,11 +372,8 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
     const auto terminate_all = [&] {
         const std::string pids = terminate(1'000'000);
         for (const auto until = Clock::now() + 30s; Clock::now() < until;) {
-            if (killer
-                    .query("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
-                           {pids})
-                    .at(0)
-                    .at(0) == "0")
+            if (killer.query("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", {pids}).at(0).at(0) ==
+                "0")
                 return;
             std::this_thread::sleep_for(10ms);
         }
@@ -411,20 +383,17 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
     const auto pay_at_once = [&](const std::string& tag, int count, long first_order) {
         std::vector<std::string> keys;
         std::vector<Reply> replies(static_cast<std::size_t>(count));
-        for (int i = 0; i < count; ++i)
-            keys.push_back("faults-" + run + "-" + tag + "-" + std::to_string(i));
+        for (int i = 0; i < count; ++i) keys.push_back("faults-" + run + "-" + tag + "-" + std::to_string(i));
         std::latch go(count);
         std::vector<std::thread> threads;
         for (int i = 0; i < count; ++i) {
             threads.emplace_back([&, i] {
                 const auto at = static_cast<std::size_t>(i);
                 go.arrive_and_wait();
-                replies[at] = pay(i % 2 == 0 ? A : B, acct, keys[at],
-                                  payment_body(first_order + i, 100 + i, "tok_ok"));
+                replies[at] = pay(i % 2 == 0 ? A : B, acct, keys[at], payment_body(first_order + i, 100 + i, "tok_ok"));
             });
         }
-        for (auto& t : threads)
-            t.join();
+        for (auto& t : threads) t.join();
         return std::pair(keys, replies);
     };
     // The gateway's ledger ids per key of this run's account, straight from the database.
@@ -438,28 +407,24 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         return charges;
     };
     // New payments must be paid on their first request, each charged once.
-    const auto check_paid_at_once = [&](const std::vector<std::string>& keys,
-                                        const std::vector<Reply>& replies,
+    const auto check_paid_at_once = [&](const std::vector<std::string>& keys, const std::vector<Reply>& replies,
                                         const std::string& when) {
         auto charges = ledger();
         for (std::size_t i = 0; i < keys.size(); ++i) {
             check(replies[i].status == 201 && !replies[i].replayed(),
-                  "new payment " + keys[i] + " " + when + " -> 201 at once, got " +
-                      describe(replies[i]));
+                  "new payment " + keys[i] + " " + when + " -> 201 at once, got " + describe(replies[i]));
             check(charges[keys[i]].size() == 1, "new payment " + keys[i] + ": the gateway holds " +
-                                                    std::to_string(charges[keys[i]].size()) +
-                                                    " charges");
+                                                    std::to_string(charges[keys[i]].size()) + " charges");
         }
     };
     // What the database and the servers' logs say about a key (on failure).
     const auto explain = [&](const std::string& key) {
-        for (const auto& row : witness.query(
-                 "SELECT state, fence, attempt, created_at, lease_until, now() FROM idem_keys "
-                 "WHERE scope = $1 AND key = $2",
-                 {"payments:acct:" + acct, key})) {
-            std::cout << "     idem row: state " << row[0] << ", fence " << row[1] << ", attempt "
-                      << row[2] << ", created " << row[3] << ", lease until " << row[4] << " (now "
-                      << row[5] << ")" << std::endl;
+        for (const auto& row :
+             witness.query("SELECT state, fence, attempt, created_at, lease_until, now() FROM idem_keys "
+                           "WHERE scope = $1 AND key = $2",
+                           {"payments:acct:" + acct, key})) {
+            std::cout << "     idem row: state " << row[0] << ", fence " << row[1] << ", attempt " << row[2]
+                      << ", created " << row[3] << ", lease until " << row[4] << " (now " << row[5] << ")" << std::endl;
         }
         for (std::size_t s = 0; s < logs.size(); ++s) {
             std::ifstream in(logs[s]);
@@ -471,8 +436,8 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         }
     };
 
-    section("terminating the instances' backends for " + std::to_string(fo.faults.count()) +
-            " ms while " + std::to_string(fo.keys) + " payments start, each retried");
+    section("terminating the instances' backends for " + std::to_string(fo.faults.count()) + " ms while " +
+            std::to_string(fo.keys) + " payments start, each retried");
     std::vector<Intent> intents(static_cast<std::size_t>(fo.keys));
     const auto start = Clock::now() + 200ms;
     // Every client retries until its 201, or until well past the bound (to tell "late" from
@@ -500,9 +465,8 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
                     intent.refused = r;
                     return;
                 }
-                std::this_thread::sleep_for(
-                    kRetryMin +
-                    std::chrono::milliseconds(jitter() % (kRetryMax - kRetryMin).count()));
+                std::this_thread::sleep_for(kRetryMin +
+                                            std::chrono::milliseconds(jitter() % (kRetryMax - kRetryMin).count()));
             }
         });
     }
@@ -522,8 +486,7 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
     section("new payments right after the faults: paid at once");
     const auto [after_keys, after_replies] = pay_at_once("after", 8, 2000);
     give_up = (deadline + 5s).time_since_epoch().count();
-    for (auto& t : clients)
-        t.join();
+    for (auto& t : clients) t.join();
     check_paid_at_once(after_keys, after_replies, "right after the faults");
 
     section("every key settled within " + std::to_string(fo.bound.count()) +
@@ -531,13 +494,10 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
     std::map<int, int> all_statuses;
     double latest = 0;
     for (const Intent& intent : intents) {
-        for (const auto& [status, n] : intent.statuses)
-            all_statuses[status] += n;
-        if (intent.settled_at)
-            latest = std::max(latest, seconds_between(last_fault, *intent.settled_at));
+        for (const auto& [status, n] : intent.statuses) all_statuses[status] += n;
+        if (intent.settled_at) latest = std::max(latest, seconds_between(last_fault, *intent.settled_at));
     }
-    std::cout << "   answers to the clients (0: no response): " << histogram(all_statuses)
-              << std::endl;
+    std::cout << "   answers to the clients (0: no response): " << histogram(all_statuses) << std::endl;
     std::cout << "   the last key settled " << latest << " s after the last fault" << std::endl;
     check(kills > 0, "the faults terminated backends");
     auto charges = ledger();
@@ -548,22 +508,17 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         const std::string who = "key " + intent.key + " (first sent " +
                                 std::to_string(seconds_between(start, intent.first_request)) +
                                 " s into the faults; answers " + histogram(intent.statuses) + ")";
-        if (intent.refused)
-            check(false, who + ": refused with " + describe(*intent.refused));
+        if (intent.refused) check(false, who + ": refused with " + describe(*intent.refused));
         check(in_time,
               who + ": " +
-                  (intent.settled_at
-                       ? "201 only " +
-                             std::to_string(seconds_between(last_fault, *intent.settled_at)) +
-                             " s after the last fault"
-                       : "no 201 " + std::to_string(seconds_between(last_fault, Clock::now())) +
-                             " s after the last fault"));
-        check(ids.size() == 1,
-              who + ": the gateway holds " + std::to_string(ids.size()) + " charges");
+                  (intent.settled_at ? "201 only " + std::to_string(seconds_between(last_fault, *intent.settled_at)) +
+                                           " s after the last fault"
+                                     : "no 201 " + std::to_string(seconds_between(last_fault, Clock::now())) +
+                                           " s after the last fault"));
+        check(ids.size() == 1, who + ": the gateway holds " + std::to_string(ids.size()) + " charges");
         if (intent.settled_at) {
             const auto json = nlohmann::json::parse(intent.body_201, nullptr, false);
-            check(!json.is_discarded() && ids.size() == 1 &&
-                      json.value("payment_id", "") == "pay_" + ids[0],
+            check(!json.is_discarded() && ids.size() == 1 && json.value("payment_id", "") == "pay_" + ids[0],
                   who + ": the 201 is the gateway's one charge: " + intent.body_201);
             // A 201 whose save failed was answered from memory; the reconciler stores the same
             // bytes later. Either way, stored by the deadline.
@@ -581,23 +536,21 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         }
     }
     for (const auto& key : after_keys) {
-        if (charges[key].size() != 1)
-            explain(key);
+        if (charges[key].size() != 1) explain(key);
     }
 
-    section("one more fault in a quiet moment (every backend terminated), then new payments: "
-            "paid at once");
+    section(
+        "one more fault in a quiet moment (every backend terminated), then new payments: "
+        "paid at once");
     terminate_all();
     const auto [quiet_keys, quiet_replies] = pay_at_once("quiet", 8, 4000);
     check_paid_at_once(quiet_keys, quiet_replies, "after a fault in a quiet moment");
     for (std::size_t i = 0; i < quiet_keys.size(); ++i) {
-        if (quiet_replies[i].status != 201)
-            explain(quiet_keys[i]);
+        if (quiet_replies[i].status != 201) explain(quiet_keys[i]);
     }
 
-    const auto left =
-        witness.query("SELECT count(*) FROM idem_keys WHERE scope = $1 AND state = 'in_progress'",
-                      {"payments:acct:" + acct});
+    const auto left = witness.query("SELECT count(*) FROM idem_keys WHERE scope = $1 AND state = 'in_progress'",
+                                    {"payments:acct:" + acct});
     check(left.at(0).at(0) == "0", "no key left in progress: " + left.at(0).at(0));
 
     section("SIGTERM: both instances exit cleanly");
@@ -607,47 +560,38 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         check(status == 0, "instance " + url + " exited with " + std::to_string(status));
     }
     if (g_failures == 0) {
-        for (const auto& log : logs)
-            std::remove(log.c_str());
+        for (const auto& log : logs) std::remove(log.c_str());
         rmdir(log_dir.c_str());
     } else {
         std::cout << "   server logs kept in " << log_dir << std::endl;
     }
-    std::cout << (g_failures == 0 ? "PASSED" : "FAILED") << ": " << g_checks - g_failures << "/"
-              << g_checks << " checks passed (" << unsettled << " of " << fo.keys
-              << " keys of the faults unsettled in time)" << std::endl;
+    std::cout << (g_failures == 0 ? "PASSED" : "FAILED") << ": " << g_checks - g_failures << "/" << g_checks
+              << " checks passed (" << unsettled << " of " << fo.keys << " keys of the faults unsettled in time)"
+              << std::endl;
     return g_failures == 0 ? 0 : 1;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
     std::string server_exe, client_exe, db;
     bool faults = false;
     FaultOptions fault_options;
-    if (const char* env = std::getenv("IDEM_TEST_DATABASE_URL"))
-        db = env;
+    if (const char* env = std::getenv("IDEM_TEST_DATABASE_URL")) db = env;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         if (arg == "--faults") {
             faults = true;
             continue;
         }
-        if (i + 1 >= argc)
-            break;
+        if (i + 1 >= argc) break;
         const std::string value = argv[++i];
-        if (arg == "--server")
-            server_exe = value;
-        else if (arg == "--client")
-            client_exe = value;
-        else if (arg == "--db")
-            db = value;
-        else if (arg == "--bound-ms")
-            fault_options.bound = std::chrono::milliseconds(std::stol(value));
-        else if (arg == "--faults-ms")
-            fault_options.faults = std::chrono::milliseconds(std::stol(value));
-        else if (arg == "--keys")
-            fault_options.keys = std::stoi(value);
+        if (arg == "--server") server_exe = value;
+        else if (arg == "--client") client_exe = value;
+        else if (arg == "--db") db = value;
+        else if (arg == "--bound-ms") fault_options.bound = std::chrono::milliseconds(std::stol(value));
+        else if (arg == "--faults-ms") fault_options.faults = std::chrono::milliseconds(std::stol(value));
+        else if (arg == "--keys") fault_options.keys = std::stoi(value);
     }
     if (faults && !server_exe.empty() && !db.empty()) {
         std::atexit(kill_children);
@@ -679,19 +623,17 @@ int main(int argc, char** argv) {
     };
     const std::string acct = "acct_e2e_" + run;
 
-    section("starting instances A, B (lease 300 ms, gateway 50 ms) and C, D (rate limit 3/s) on "
-            "one database");
+    section(
+        "starting instances A, B (lease 300 ms, gateway 50 ms) and C, D (rate limit 3/s) on "
+        "one database");
     // A and B: a 50 ms gateway, so that the simultaneous requests really overlap a running charge.
-    const std::vector<std::string> common{
-        "--listen", "127.0.0.1:0",          "--db", db,          "--lease-ms",
-        "300",      "--reconcile-every-ms", "100",  "--threads", "64"};
+    const std::vector<std::string> common{"--listen", "127.0.0.1:0",          "--db", db,          "--lease-ms",
+                                          "300",      "--reconcile-every-ms", "100",  "--threads", "64"};
     std::vector<Server> servers;
     for (int i = 0; i < 4; ++i) {
         auto args = common;
-        if (i < 2)
-            args.insert(args.end(), {"--gateway-latency-ms", "50"});
-        if (i >= 2)
-            args.insert(args.end(), {"--rate-limit-per-second", "3"});
+        if (i < 2) args.insert(args.end(), {"--gateway-latency-ms", "50"});
+        if (i >= 2) args.insert(args.end(), {"--rate-limit-per-second", "3"});
         auto s = start_server(server_exe, args);
         if (!s) {
             std::cout << "FAILED: could not start instance " << i << std::endl;
@@ -699,18 +641,16 @@ int main(int argc, char** argv) {
         }
         servers.push_back(*s);
     }
-    const std::string A = servers[0].url, B = servers[1].url, C = servers[2].url,
-                      D = servers[3].url;
+    const std::string A = servers[0].url, B = servers[1].url, C = servers[2].url, D = servers[3].url;
     for (const auto& s : servers) {
         check(s.url.starts_with("http://127.0.0.1:"), "instance listens on loopback: " + s.url);
-        check(send(s.url, "GET", "/healthz", {}).status == 200,
-              "instance answers /healthz: " + s.url);
+        check(send(s.url, "GET", "/healthz", {}).status == 200, "instance answers /healthz: " + s.url);
     }
     // E: only the /metrics section calls it, so its counters are exactly that section's calls (the
     // default 30 s lease and an hourly reconciler: no other section's key reaches its observer).
-    const auto metrics_instance =
-        start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms",
-                                  "3600000", "--db-pool", "4", "--threads", "8"});
+    const auto metrics_instance = start_server(
+        server_exe,
+        {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--db-pool", "4", "--threads", "8"});
     if (!metrics_instance) {
         std::cout << "FAILED: could not start instance E" << std::endl;
         return 1;
@@ -723,8 +663,7 @@ int main(int argc, char** argv) {
         const std::string key = fresh_key("auth");
         const Reply none = pay(A, "", key, payment_body(1, 100, "tok_ok"));
         check(none.status == 401, "no Authorization -> 401, got " + describe(none));
-        httplib::Headers basic{{"Authorization", "Basic YWxpY2U6c2VjcmV0"},
-                               {"Idempotency-Key", key}};
+        httplib::Headers basic{{"Authorization", "Basic YWxpY2U6c2VjcmV0"}, {"Idempotency-Key", key}};
         const Reply b = send(A, "POST", "/payments", basic, payment_body(1, 100, "tok_ok"));
         check(b.status == 401, "Basic auth -> 401, got " + describe(b));
         check(gateway_count(A, key) == 0, "no charge after 401");
@@ -739,11 +678,9 @@ int main(int argc, char** argv) {
                                                    "cd"),
                                        std::string("ab\tcd"), std::string("\xff\xfe")}) {
             const Reply r = pay(A, acct, bad, payment_body(2, 100, "tok_ok"));
-            check(r.status == 400, "invalid key (" + std::to_string(bad.size()) +
-                                       " bytes) -> 400, got " + describe(r));
+            check(r.status == 400, "invalid key (" + std::to_string(bad.size()) + " bytes) -> 400, got " + describe(r));
         }
-        const Reply max =
-            pay(A, acct, run + std::string(255 - run.size(), 'k'), payment_body(2, 100, "tok_ok"));
+        const Reply max = pay(A, acct, run + std::string(255 - run.size(), 'k'), payment_body(2, 100, "tok_ok"));
         check(max.status == 201, "a 255-byte key is accepted, got " + describe(max));
     }
 
@@ -756,28 +693,19 @@ int main(int argc, char** argv) {
             {"empty body", ""},
             {"array", "[1,2]"},
             {"missing card", R"({"order_id":7,"amount_cents":2500,"currency":"BRL"})"},
-            {"amount as string",
-             R"({"order_id":7,"amount_cents":"2500","currency":"BRL","card":"tok_ok"})"},
-            {"amount as float",
-             R"({"order_id":7,"amount_cents":2500.0,"currency":"BRL","card":"tok_ok"})"},
-            {"amount fractional",
-             R"({"order_id":7,"amount_cents":25.5,"currency":"BRL","card":"tok_ok"})"},
+            {"amount as string", R"({"order_id":7,"amount_cents":"2500","currency":"BRL","card":"tok_ok"})"},
+            {"amount as float", R"({"order_id":7,"amount_cents":2500.0,"currency":"BRL","card":"tok_ok"})"},
+            {"amount fractional", R"({"order_id":7,"amount_cents":25.5,"currency":"BRL","card":"tok_ok"})"},
             {"amount zero", R"({"order_id":7,"amount_cents":0,"currency":"BRL","card":"tok_ok"})"},
-            {"amount negative",
-             R"({"order_id":7,"amount_cents":-100,"currency":"BRL","card":"tok_ok"})"},
-            {"order_id as string",
-             R"({"order_id":"7","amount_cents":2500,"currency":"BRL","card":"tok_ok"})"},
-            {"lowercase currency",
-             R"({"order_id":7,"amount_cents":2500,"currency":"brl","card":"tok_ok"})"},
-            {"4-letter currency",
-             R"({"order_id":7,"amount_cents":2500,"currency":"BRLX","card":"tok_ok"})"},
+            {"amount negative", R"({"order_id":7,"amount_cents":-100,"currency":"BRL","card":"tok_ok"})"},
+            {"order_id as string", R"({"order_id":"7","amount_cents":2500,"currency":"BRL","card":"tok_ok"})"},
+            {"lowercase currency", R"({"order_id":7,"amount_cents":2500,"currency":"brl","card":"tok_ok"})"},
+            {"4-letter currency", R"({"order_id":7,"amount_cents":2500,"currency":"BRLX","card":"tok_ok"})"},
             {"card as number", R"({"order_id":7,"amount_cents":2500,"currency":"BRL","card":42})"},
-            {"unknown field",
-             R"({"order_id":7,"amount_cents":2500,"currency":"BRL","card":"tok_ok","x":1})"},
+            {"unknown field", R"({"order_id":7,"amount_cents":2500,"currency":"BRL","card":"tok_ok","x":1})"},
             {"duplicate field",
              R"({"order_id":7,"amount_cents":1,"amount_cents":2500,"currency":"BRL","card":"tok_ok"})"},
-            {"trailing garbage",
-             R"({"order_id":7,"amount_cents":2500,"currency":"BRL","card":"tok_ok"} x)"},
+            {"trailing garbage", R"({"order_id":7,"amount_cents":2500,"currency":"BRL","card":"tok_ok"} x)"},
         };
         for (const auto& [what, body] : bad_bodies) {
             const Reply r = pay(what.size() % 2 == 0 ? A : B, acct, k1, body);
@@ -789,21 +717,22 @@ int main(int argc, char** argv) {
         check(ok.status == 201, "same key, corrected body -> 201, got " + describe(ok));
         check(!ok.replayed(), "first success is not marked as replayed");
         const auto json = nlohmann::json::parse(ok.body, nullptr, false);
-        check(!json.is_discarded() && json.value("status", "") == "captured" &&
-                  json.value("order_id", 0) == 7 && json.value("amount_cents", 0) == 2500 &&
-                  json.value("currency", "") == "BRL" &&
+        check(!json.is_discarded() && json.value("status", "") == "captured" && json.value("order_id", 0) == 7 &&
+                  json.value("amount_cents", 0) == 2500 && json.value("currency", "") == "BRL" &&
                   json.value("payment_id", "").starts_with("pay_"),
               "201 body has payment_id, status, order_id, amount_cents, currency: " + ok.body);
         check(ok.header("Content-Type").starts_with("application/json"), "201 is application/json");
 
-        section("replay: same status, byte-identical body, Idempotent-Replayed; field "
-                "order/whitespace do not matter");
+        section(
+            "replay: same status, byte-identical body, Idempotent-Replayed; field "
+            "order/whitespace do not matter");
         const Reply again = pay(B, acct, k1, k1_body);
         check(again.status == 201 && again.body == ok.body,
               "replay on the other instance is identical: " + describe(again));
         check(again.replayed(), "replay carries Idempotent-Replayed: true");
-        const std::string reordered = "{ \"card\" : \"tok_ok\",\n  \"currency\":\"BRL\", "
-                                      "\"amount_cents\": 2500 ,\"order_id\":7 }";
+        const std::string reordered =
+            "{ \"card\" : \"tok_ok\",\n  \"currency\":\"BRL\", "
+            "\"amount_cents\": 2500 ,\"order_id\":7 }";
         const Reply re = pay(A, acct, k1, reordered);
         check(re.status == 201 && re.body == ok.body && re.replayed(),
               "reordered fields and whitespace -> same replay, got " + describe(re));
@@ -823,8 +752,7 @@ int main(int argc, char** argv) {
         const Reply first = pay(A, acct, key, payment_body(8, 990, "tok_declined"));
         check(first.status == 402, "tok_declined -> 402, got " + describe(first));
         const auto json = nlohmann::json::parse(first.body, nullptr, false);
-        check(!json.is_discarded() && json.value("error", "") == "card_declined",
-              "402 body has error card_declined");
+        check(!json.is_discarded() && json.value("error", "") == "card_declined", "402 body has error card_declined");
         check(gateway_count(A, key) == 1, "the declined attempt is one gateway call");
         const Reply second = pay(B, acct, key, payment_body(8, 990, "tok_declined"));
         check(second.status == 402 && second.body == first.body && second.replayed(),
@@ -832,8 +760,7 @@ int main(int argc, char** argv) {
         check(gateway_count(B, key) == 1, "gateway count stays 1 after the replay");
     }
 
-    section(
-        "tok_timeout: 503 outcome_unknown -> 409 while in progress -> reconciled 201, one charge");
+    section("tok_timeout: 503 outcome_unknown -> 409 while in progress -> reconciled 201, one charge");
     {
         const std::string key = fresh_key("timeout");
         const std::string body = payment_body(9, 4200, "tok_timeout");
@@ -849,23 +776,19 @@ int main(int argc, char** argv) {
         const auto until = Clock::now() + 15s;
         while (Clock::now() < until) {
             settled = pay(settled.status % 2 == 0 ? A : B, acct, key, body);
-            if (settled.status != 409)
-                break;
+            if (settled.status != 409) break;
             std::this_thread::sleep_for(100ms);
         }
-        check(settled.status == 201,
-              "after the reconciler, the retry gets 201, got " + describe(settled));
+        check(settled.status == 201, "after the reconciler, the retry gets 201, got " + describe(settled));
         const auto json = nlohmann::json::parse(settled.body, nullptr, false);
-        const std::string charges =
-            send(A, "GET", "/gateway/charges?idempotency_key=" + key, {}).body;
+        const std::string charges = send(A, "GET", "/gateway/charges?idempotency_key=" + key, {}).body;
         const auto ledger = nlohmann::json::parse(charges, nullptr, false);
         check(!json.is_discarded() && !ledger.is_discarded() && ledger["count"] == 1 &&
                   json.value("payment_id", "") == ledger["charges"][0].value("payment_id", "?") &&
                   json.value("status", "") == "captured",
               "the 201 is the one charge the gateway made: " + settled.body + " vs " + charges);
         const Reply again = pay(A, acct, key, body);
-        check(again.status == 201 && again.body == settled.body && again.replayed(),
-              "and it replays identically");
+        check(again.status == 201 && again.body == settled.body && again.replayed(), "and it replays identically");
         check(gateway_count(A, key) == 1, "gateway count is 1");
     }
 
@@ -883,29 +806,23 @@ int main(int argc, char** argv) {
                 replies[static_cast<std::size_t>(i)] = pay(i % 2 == 0 ? A : B, acct, key, body);
             });
         }
-        for (auto& t : threads)
-            t.join();
+        for (auto& t : threads) t.join();
         std::map<int, int> by_status;
         std::set<std::string> bodies_201;
         bool retry_after_ok = true;
         for (const auto& r : replies) {
             ++by_status[r.status];
-            if (r.status == 0)
-                std::cout << "   network error: " << r.error << std::endl;
-            if (r.status == 201)
-                bodies_201.insert(r.body);
-            if (r.status == 409 && r.header("Retry-After").empty())
-                retry_after_ok = false;
+            if (r.status == 0) std::cout << "   network error: " << r.error << std::endl;
+            if (r.status == 201) bodies_201.insert(r.body);
+            if (r.status == 409 && r.header("Retry-After").empty()) retry_after_ok = false;
         }
         std::string summary;
-        for (const auto& [status, n] : by_status)
-            summary += std::to_string(status) + "x" + std::to_string(n) + " ";
+        for (const auto& [status, n] : by_status) summary += std::to_string(status) + "x" + std::to_string(n) + " ";
         std::cout << "   statuses: " << summary << std::endl;
-        check(by_status.size() <= 2 && by_status[201] >= 1 &&
-                  by_status[201] + by_status[409] == kRequests,
+        check(by_status.size() <= 2 && by_status[201] >= 1 && by_status[201] + by_status[409] == kRequests,
               "every response is 201 or 409: " + summary);
-        check(bodies_201.size() == 1, "every 201 body is byte-identical (" +
-                                          std::to_string(bodies_201.size()) + " distinct)");
+        check(bodies_201.size() == 1,
+              "every 201 body is byte-identical (" + std::to_string(bodies_201.size()) + " distinct)");
         check(retry_after_ok, "every 409 has Retry-After");
         check(gateway_count(A, key) == 1, "gateway count is 1");
         const Reply after = pay(B, acct, key, body);
@@ -920,14 +837,11 @@ int main(int argc, char** argv) {
         const Reply a = pay(A, acct, key, payment_body(11, 1000, "tok_ok"));
         const Reply b = pay(B, acct_b, key, payment_body(12, 2000, "tok_ok"));
         check(a.status == 201 && b.status == 201,
-              "both accounts get 201 (no 422 across accounts): " + describe(a) + " / " +
-                  describe(b));
+              "both accounts get 201 (no 422 across accounts): " + describe(a) + " / " + describe(b));
         check(a.body != b.body, "different payments");
-        check(gateway_count(A, key, acct) == 1 && gateway_count(A, key, acct_b) == 1,
-              "one charge per account");
+        check(gateway_count(A, key, acct) == 1 && gateway_count(A, key, acct_b) == 1, "one charge per account");
         const Reply a2 = pay(B, acct, key, payment_body(11, 1000, "tok_ok"));
-        check(a2.status == 201 && a2.body == a.body && a2.replayed(),
-              "account A's replay is A's payment");
+        check(a2.status == 201 && a2.body == a.body && a2.replayed(), "account A's replay is A's payment");
         const Reply b_with_a_body = pay(A, acct_b, key, payment_body(11, 1000, "tok_ok"));
         check(b_with_a_body.status == 422, "account B cannot reach A's request under the same key");
     }
@@ -938,8 +852,7 @@ int main(int argc, char** argv) {
         std::vector<std::pair<std::string, Reply>> sent;
         for (int i = 0; i < 10; ++i) {
             const std::string key = fresh_key("rl");
-            sent.emplace_back(
-                key, pay(i % 2 == 0 ? C : D, limited, key, payment_body(20 + i, 100, "tok_ok")));
+            sent.emplace_back(key, pay(i % 2 == 0 ? C : D, limited, key, payment_body(20 + i, 100, "tok_ok")));
         }
         int ok = 0, limited_count = 0;
         std::string rejected_key;
@@ -947,31 +860,27 @@ int main(int argc, char** argv) {
         bool retry_after = true;
         for (std::size_t i = 0; i < sent.size(); ++i) {
             const auto& [key, r] = sent[i];
-            if (r.status == 201)
-                ++ok;
+            if (r.status == 201) ++ok;
             if (r.status == 429) {
                 ++limited_count;
-                if (r.header("Retry-After").empty())
-                    retry_after = false;
+                if (r.header("Retry-After").empty()) retry_after = false;
                 if (rejected_key.empty()) {
                     rejected_key = key;
                     rejected_order = 20 + static_cast<int>(i);
                 }
             }
         }
-        check(limited_count >= 1 && ok + limited_count == 10,
-              "10 quick requests at 3/s: some 429s, the rest 201 (" + std::to_string(ok) + " ok, " +
-                  std::to_string(limited_count) + " limited)");
+        check(limited_count >= 1 && ok + limited_count == 10, "10 quick requests at 3/s: some 429s, the rest 201 (" +
+                                                                  std::to_string(ok) + " ok, " +
+                                                                  std::to_string(limited_count) + " limited)");
         check(ok <= 6, "no more than 3 per second were accepted across both instances");
         check(retry_after, "every 429 has Retry-After");
-        const Reply other =
-            pay(C, acct + "_other", fresh_key("rl-other"), payment_body(30, 100, "tok_ok"));
+        const Reply other = pay(C, acct + "_other", fresh_key("rl-other"), payment_body(30, 100, "tok_ok"));
         check(other.status == 201, "another account is not limited, got " + describe(other));
         if (!rejected_key.empty()) {
             check(gateway_count(C, rejected_key) == 0, "no gateway call for a 429");
             std::this_thread::sleep_for(1100ms);
-            const Reply later =
-                pay(D, limited, rejected_key, payment_body(rejected_order, 100, "tok_ok"));
+            const Reply later = pay(D, limited, rejected_key, payment_body(rejected_order, 100, "tok_ok"));
             check(later.status == 201 && !later.replayed(),
                   "after Retry-After the same key succeeds: " + describe(later));
             check(gateway_count(C, rejected_key) == 1, "one charge for it");
@@ -981,35 +890,27 @@ int main(int argc, char** argv) {
     section("payments-client: one key per intent, reused on retries");
     {
         const std::string key = fresh_key("client");
-        auto [rc1, out1] =
-            run_client(client_exe, {"--url", A, "--account", acct, "--order", "40", "--amount",
-                                    "5000", "--currency", "BRL", "--card", "tok_ok", "--key", key});
+        auto [rc1, out1] = run_client(client_exe, {"--url", A, "--account", acct, "--order", "40", "--amount", "5000",
+                                                   "--currency", "BRL", "--card", "tok_ok", "--key", key});
         check(rc1 == 0 && out1.find("HTTP 201") != std::string::npos,
               "client pays: exit " + std::to_string(rc1) + "\n" + out1);
-        auto [rc2, out2] =
-            run_client(client_exe, {"--url", B, "--account", acct, "--order", "40", "--amount",
-                                    "5000", "--currency", "BRL", "--card", "tok_ok", "--key", key});
-        check(rc2 == 0 && out2.find("HTTP 201 (replayed)") != std::string::npos,
-              "client replays: " + out2);
+        auto [rc2, out2] = run_client(client_exe, {"--url", B, "--account", acct, "--order", "40", "--amount", "5000",
+                                                   "--currency", "BRL", "--card", "tok_ok", "--key", key});
+        check(rc2 == 0 && out2.find("HTTP 201 (replayed)") != std::string::npos, "client replays: " + out2);
         check(gateway_count(A, key) == 1, "one charge");
 
-        auto [rc3, out3] =
-            run_client(client_exe, {"--url", B, "--account", acct, "--order", "41", "--amount",
-                                    "5000", "--currency", "BRL", "--card", "tok_timeout"});
-        check(rc3 == 0 && out3.find("HTTP 201") != std::string::npos &&
-                  out3.find("HTTP 503") != std::string::npos,
+        auto [rc3, out3] = run_client(client_exe, {"--url", B, "--account", acct, "--order", "41", "--amount", "5000",
+                                                   "--currency", "BRL", "--card", "tok_timeout"});
+        check(rc3 == 0 && out3.find("HTTP 201") != std::string::npos && out3.find("HTTP 503") != std::string::npos,
               "client retries through 503/409 to the reconciled 201: " + out3);
         const auto key_at = out3.find("Idempotency-Key ");
         if (key_at != std::string::npos) {
             const std::string generated = out3.substr(key_at + 16, 36);
-            check(gateway_count(A, generated) == 1,
-                  "the generated key was charged once: " + generated);
+            check(gateway_count(A, generated) == 1, "the generated key was charged once: " + generated);
         }
-        auto [rc4, out4] =
-            run_client(client_exe, {"--url", A, "--account", acct, "--order", "42", "--amount",
-                                    "5000", "--currency", "brl", "--card", "tok_ok"});
-        check(rc4 == 1 && out4.find("HTTP 400") != std::string::npos &&
-                  out4.find("retrying") == std::string::npos,
+        auto [rc4, out4] = run_client(client_exe, {"--url", A, "--account", acct, "--order", "42", "--amount", "5000",
+                                                   "--currency", "brl", "--card", "tok_ok"});
+        check(rc4 == 1 && out4.find("HTTP 400") != std::string::npos && out4.find("retrying") == std::string::npos,
               "client does not retry a 400: " + out4);
     }
 
@@ -1018,25 +919,22 @@ int main(int argc, char** argv) {
         // The value of one sample line ("name{labels} value"), or "" if the series is missing.
         const auto value = [](const std::string& text, const std::string& series) {
             const auto at = text.find("\n" + series + " ");
-            if (at == std::string::npos)
-                return std::string();
+            if (at == std::string::npos) return std::string();
             const auto from = at + series.size() + 2;
             return text.substr(from, text.find('\n', from) - from);
         };
         const auto calls = [&](const std::string& text, const std::string& outcome) {
             return value(text, "idem_calls_total{outcome=\"" + outcome + "\"}");
         };
-        const std::vector<std::string> outcomes{"executed", "replayed",  "in_progress",
+        const std::vector<std::string> outcomes{"executed", "replayed", "in_progress",
                                                 "mismatch", "released", "unknown"};
         const Reply before = send(E, "GET", "/metrics", {});
-        check(before.status == 200 &&
-                  before.header("Content-Type").starts_with("text/plain; version=0.0.4"),
+        check(before.status == 200 && before.header("Content-Type").starts_with("text/plain; version=0.0.4"),
               "/metrics answers 200 text/plain; version=0.0.4: " + describe(before) + " " +
                   before.header("Content-Type"));
         for (const auto& outcome : outcomes)
             check(calls(before.body, outcome) == "0",
-                  "before any payment, calls " + outcome + " = 0, got '" +
-                      calls(before.body, outcome) + "'");
+                  "before any payment, calls " + outcome + " = 0, got '" + calls(before.body, outcome) + "'");
 
         const std::string acct_m = acct + "_metrics";
         constexpr int kNew = 4, kReplays = 3;
@@ -1047,8 +945,7 @@ int main(int argc, char** argv) {
             check(r.status == 201 && !r.replayed(), "metrics: new payment -> 201, got " + describe(r));
         }
         for (int i = 0; i < kReplays; ++i) {
-            const Reply r = pay(E, acct_m, keys[static_cast<std::size_t>(i)],
-                                payment_body(60 + i, 700, "tok_ok"));
+            const Reply r = pay(E, acct_m, keys[static_cast<std::size_t>(i)], payment_body(60 + i, 700, "tok_ok"));
             check(r.status == 201 && r.replayed(), "metrics: replay -> 201 replayed, got " + describe(r));
         }
         const Reply reused = pay(E, acct_m, keys[0], payment_body(60, 701, "tok_ok"));
@@ -1063,10 +960,12 @@ int main(int argc, char** argv) {
 
         const Reply after = send(E, "GET", "/metrics", {});
         check(after.status == 200, "/metrics answers 200 again: " + describe(after));
-        const std::map<std::string, std::string> expected{
-            {"executed", std::to_string(kNew)}, {"replayed", std::to_string(kReplays)},
-            {"in_progress", "1"},               {"mismatch", "1"},
-            {"released", "0"},                  {"unknown", "1"}};
+        const std::map<std::string, std::string> expected{{"executed", std::to_string(kNew)},
+                                                          {"replayed", std::to_string(kReplays)},
+                                                          {"in_progress", "1"},
+                                                          {"mismatch", "1"},
+                                                          {"released", "0"},
+                                                          {"unknown", "1"}};
         for (const auto& [outcome, n] : expected) {
             check(calls(after.body, outcome) == n,
                   "calls " + outcome + " = " + n + ", got '" + calls(after.body, outcome) + "'");
@@ -1081,19 +980,15 @@ int main(int argc, char** argv) {
         check(open >= "1" && open <= "4" && open.size() == 1, "1..4 connections open: " + open);
         check(value(after.body, "idem_pool_waiters") == "0", "no caller waits for a connection");
         check(value(after.body, "idem_pool_acquire_timeouts_total") == "0", "no pool timeout");
-        check(value(after.body, "idem_reconcile_failures_total{kind=\"sweep\"}") == "0",
-              "no failed reconciler sweep");
-        check(value(after.body, "idem_store_claims_total") ==
-                  std::to_string(kNew + kReplays + 1 + 2),
-              "the store saw one claim per call that reached it: " +
-                  value(after.body, "idem_store_claims_total"));
+        check(value(after.body, "idem_reconcile_failures_total{kind=\"sweep\"}") == "0", "no failed reconciler sweep");
+        check(value(after.body, "idem_store_claims_total") == std::to_string(kNew + kReplays + 1 + 2),
+              "the store saw one claim per call that reached it: " + value(after.body, "idem_store_claims_total"));
 
         // F: the replay cache and group commit on. The first replay reads the completed record
         // from PostgreSQL and keeps it; the next ones never reach the store, and are byte-identical.
         const auto cached_instance = start_server(
-            server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000",
-                         "--db-pool", "4", "--threads", "8", "--replay-cache-mb", "8",
-                         "--group-commit", "on"});
+            server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--db-pool", "4",
+                         "--threads", "8", "--replay-cache-mb", "8", "--group-commit", "on"});
         check(cached_instance.has_value(), "instance F starts with --replay-cache-mb 8 --group-commit on");
         if (cached_instance) {
             servers.push_back(*cached_instance);
@@ -1107,8 +1002,8 @@ int main(int argc, char** argv) {
                       "cache: replay " + std::to_string(i + 1) + " -> 201 replayed, same bytes, got " + describe(r));
             }
             const Reply changed = pay(F, acct_m, key, payment_body(90, 901, "tok_ok"));
-            check(changed.status == 422, "cache: same key, other amount -> 422 from a cached entry, got " +
-                                             describe(changed));
+            check(changed.status == 422,
+                  "cache: same key, other amount -> 422 from a cached entry, got " + describe(changed));
             const Reply m = send(F, "GET", "/metrics", {});
             check(calls(m.body, "executed") == "1" && calls(m.body, "replayed") == "3" &&
                       calls(m.body, "mismatch") == "1",
@@ -1125,8 +1020,7 @@ int main(int argc, char** argv) {
     section("loopback only");
     {
         auto [rc, out] = run_client(server_exe, {"--listen", "0.0.0.0:0", "--db", db});
-        check(rc == 2 && out.find("loopback") != std::string::npos,
-              "--listen 0.0.0.0 is refused: " + out);
+        check(rc == 2 && out.find("loopback") != std::string::npos, "--listen 0.0.0.0 is refused: " + out);
     }
 
     section("SIGTERM: every instance exits cleanly");
@@ -1136,7 +1030,7 @@ int main(int argc, char** argv) {
         check(status == 0, "instance " + url + " exited with " + std::to_string(status));
     }
 
-    std::cout << (g_failures == 0 ? "PASSED" : "FAILED") << ": " << g_checks - g_failures << "/"
-              << g_checks << " checks passed" << std::endl;
+    std::cout << (g_failures == 0 ? "PASSED" : "FAILED") << ": " << g_checks - g_failures << "/" << g_checks
+              << " checks passed" << std::endl;
     return g_failures == 0 ? 0 : 1;
 }

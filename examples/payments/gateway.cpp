@@ -1,7 +1,7 @@
 #include "gateway.hpp"
 
-#include <charconv>
 #include <poll.h>
+#include <charconv>
 #include <string>
 #include <thread>
 #include <utility>
@@ -11,8 +11,7 @@ namespace {
 
 using PgResult = std::unique_ptr<PGresult, decltype(&PQclear)>;
 
-constexpr std::string_view kCreatedAt =
-    R"(to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))";
+constexpr std::string_view kCreatedAt = R"(to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))";
 
 const std::string kChargeColumns =
     "id, account, idempotency_key, order_id, amount_cents, currency, card, "
@@ -21,23 +20,24 @@ const std::string kChargeColumns =
 
 // Prepared on every pooled connection when it is opened.
 const std::pair<const char*, std::string> kStatements[] = {
-    {"gw_charge", "INSERT INTO gateway_charges (account, idempotency_key, order_id, amount_cents, "
-                  "currency, card, "
-                  "status) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, " +
-                      std::string(kCreatedAt)},
-    {"gw_find",
-     "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 ORDER BY id"},
+    {"gw_charge",
+     "INSERT INTO gateway_charges (account, idempotency_key, order_id, amount_cents, "
+     "currency, card, "
+     "status) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, " +
+         std::string(kCreatedAt)},
+    {"gw_find", "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 ORDER BY id"},
     {"gw_find_account",
-     "SELECT " + kChargeColumns +
-         " FROM gateway_charges WHERE idempotency_key = $1 AND account = $2 ORDER BY id"},
+     "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 AND account = $2 ORDER BY id"},
     // How long ago an instant (microseconds since the Unix epoch) was, by the database's clock.
-    {"gw_age_ms", "SELECT floor(extract(epoch FROM clock_timestamp() - to_timestamp($1::float8 / 1e6)) * 1000)::bigint"},
+    {"gw_age_ms",
+     "SELECT floor(extract(epoch FROM clock_timestamp() - to_timestamp($1::float8 / 1e6)) * 1000)::bigint"},
     {"rl_hit",
      "INSERT INTO payments_rate_limit AS r (account, window_start, hits) "
      "VALUES ($1, floor(extract(epoch FROM clock_timestamp()))::bigint, 1) "
      "ON CONFLICT (account, window_start) DO UPDATE SET hits = r.hits + 1 RETURNING hits"},
-    {"rl_purge", "DELETE FROM payments_rate_limit WHERE window_start < floor(extract(epoch FROM "
-                 "clock_timestamp()))::bigint - 60"},
+    {"rl_purge",
+     "DELETE FROM payments_rate_limit WHERE window_start < floor(extract(epoch FROM "
+     "clock_timestamp()))::bigint - 60"},
 };
 
 constexpr std::string_view kSchema = R"SQL(
@@ -66,8 +66,7 @@ COMMIT;
 
 std::string pg_message(PGconn* conn) {
     std::string message = conn != nullptr ? PQerrorMessage(conn) : "out of memory";
-    while (!message.empty() && (message.back() == '\n' || message.back() == ' '))
-        message.pop_back();
+    while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
     return message;
 }
 
@@ -84,14 +83,12 @@ std::int64_t to_int64(const char* text) {
 PgResult exec_prepared(PGconn* conn, const char* name, std::initializer_list<const char*> params,
                        ExecStatusType expect = PGRES_TUPLES_OK) {
     std::vector<const char*> values(params);
-    PgResult result(PQexecPrepared(conn, name, static_cast<int>(values.size()), values.data(),
-                                   nullptr, nullptr, 0),
+    PgResult result(PQexecPrepared(conn, name, static_cast<int>(values.size()), values.data(), nullptr, nullptr, 0),
                     &PQclear);
     if (!result || PQresultStatus(result.get()) != expect) {
         const char* state = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
         std::string message = result ? PQresultErrorMessage(result.get()) : pg_message(conn);
-        while (!message.empty() && message.back() == '\n')
-            message.pop_back();
+        while (!message.empty() && message.back() == '\n') message.pop_back();
         throw DbError(std::string("payments: ") + name + ": " + message +
                       (state != nullptr ? std::string(" [") + state + "]" : std::string()));
     }
@@ -102,8 +99,7 @@ PgResult exec_prepared(PGconn* conn, const char* name, std::initializer_list<con
 // a server shutting down, sends its FATAL error and closes the socket. So anything to read on an
 // idle pooled connection (or an error polling it) means it must not be used.
 bool idle_connection_alive(PGconn* conn) {
-    if (PQstatus(conn) != CONNECTION_OK)
-        return false;
+    if (PQstatus(conn) != CONNECTION_OK) return false;
     pollfd p{PQsocket(conn), POLLIN, 0};
     return p.fd >= 0 && ::poll(&p, 1, 0) == 0;
 }
@@ -122,7 +118,7 @@ Charge charge_from_row(const PGresult* result, int row) {
     return charge;
 }
 
-} // namespace
+}  // namespace
 
 // ----------------------------------------------------------------------------------------------
 // PgPool
@@ -131,21 +127,19 @@ PgPool::PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds
                std::chrono::milliseconds wait)
     : conninfo_(std::move(conninfo)),
       options_("-c statement_timeout=" + std::to_string(statement_timeout.count())),
-      size_(size == 0 ? 1 : size), wait_(wait) {}
+      size_(size == 0 ? 1 : size),
+      wait_(wait) {}
 
 PgPool::~PgPool() {
     std::lock_guard lock(mutex_);
-    for (PGconn* conn : idle_)
-        PQfinish(conn);
+    for (PGconn* conn : idle_) PQfinish(conn);
     idle_.clear();
 }
 
-PgPool::Lease::Lease(Lease&& other) noexcept
-    : pool_(other.pool_), conn_(std::exchange(other.conn_, nullptr)) {}
+PgPool::Lease::Lease(Lease&& other) noexcept : pool_(other.pool_), conn_(std::exchange(other.conn_, nullptr)) {}
 
 PgPool::Lease::~Lease() {
-    if (conn_ != nullptr)
-        pool_->give_back(conn_);
+    if (conn_ != nullptr) pool_->give_back(conn_);
 }
 
 PGconn* PgPool::open() {
@@ -175,8 +169,7 @@ PgPool::Lease PgPool::acquire() {
         if (!idle_.empty()) {
             PGconn* conn = idle_.back();
             idle_.pop_back();
-            if (idle_connection_alive(conn))
-                return Lease(this, conn);
+            if (idle_connection_alive(conn)) return Lease(this, conn);
             // Its backend went away while it sat here. Sending a charge on it would fail only
             // after the charge was sent, as far as FakeGateway::charge can tell: an unknown
             // outcome that keeps the key in progress until the reconciler releases it. Close it
@@ -199,16 +192,14 @@ PgPool::Lease PgPool::acquire() {
                 throw;
             }
         }
-        if (available_.wait_until(lock, until) == std::cv_status::timeout && idle_.empty() &&
-            open_ >= size_) {
+        if (available_.wait_until(lock, until) == std::cv_status::timeout && idle_.empty() && open_ >= size_) {
             throw DbError("payments: every database connection stayed busy");
         }
     }
 }
 
 void PgPool::give_back(PGconn* conn) noexcept {
-    const bool healthy =
-        PQstatus(conn) == CONNECTION_OK && PQtransactionStatus(conn) == PQTRANS_IDLE;
+    const bool healthy = PQstatus(conn) == CONNECTION_OK && PQtransactionStatus(conn) == PQTRANS_IDLE;
     {
         std::lock_guard lock(mutex_);
         if (healthy) {
@@ -217,18 +208,15 @@ void PgPool::give_back(PGconn* conn) noexcept {
             --open_;
         }
     }
-    if (!healthy)
-        PQfinish(conn);
+    if (!healthy) PQfinish(conn);
     available_.notify_one();
 }
 
 void PgPool::exec_script(std::string_view sql) {
     // Its own connection: the pooled ones prepare statements on tables this script creates.
     const char* keys[] = {"dbname", "application_name", "connect_timeout", "options", nullptr};
-    const char* values[] = {conninfo_.c_str(), "payments-setup", "5",
-                            "-c client_min_messages=warning", nullptr};
-    std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdbParams(keys, values, 1),
-                                                      &PQfinish);
+    const char* values[] = {conninfo_.c_str(), "payments-setup", "5", "-c client_min_messages=warning", nullptr};
+    std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdbParams(keys, values, 1), &PQfinish);
     if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
         throw DbError("payments: cannot connect to the database: " + pg_message(conn.get()));
     }
@@ -238,17 +226,14 @@ void PgPool::exec_script(std::string_view sql) {
     }
 }
 
-void ensure_app_schema(PgPool& pool) {
-    pool.exec_script(kSchema);
-}
+void ensure_app_schema(PgPool& pool) { pool.exec_script(kSchema); }
 
 // -----------------------------------------------------------------------------------------
 // FakeGateway
 
 Charge FakeGateway::charge(const ChargeRequest& request) {
     const PaymentRequest& payment = *request.payment;
-    if (latency_.count() > 0)
-        std::this_thread::sleep_for(latency_); // the network, both ways
+    if (latency_.count() > 0) std::this_thread::sleep_for(latency_);  // the network, both ways
 
     std::optional<PgPool::Lease> conn;
     try {
@@ -271,8 +256,7 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
     try {
         result = exec_prepared(conn->get(), "gw_charge",
                                {account.c_str(), key.c_str(), order_id.c_str(), amount.c_str(),
-                                payment.currency.c_str(), payment.card.c_str(),
-                                captured ? "captured" : "declined"});
+                                payment.currency.c_str(), payment.card.c_str(), captured ? "captured" : "declined"});
     } catch (const DbError& e) {
         if (PQstatus(conn->get()) == CONNECTION_OK) {
             // The gateway answered with an error: the statement was rolled back, nothing charged.
@@ -298,26 +282,23 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
     return charge;
 }
 
-std::vector<Charge> FakeGateway::find(std::string_view idempotency_key,
-                                      std::optional<std::string_view> account) {
+std::vector<Charge> FakeGateway::find(std::string_view idempotency_key, std::optional<std::string_view> account) {
     PgPool::Lease conn = pool_.acquire();
     const std::string key(idempotency_key);
     const std::string acct(account.value_or(""));
-    PgResult result =
-        account ? exec_prepared(conn.get(), "gw_find_account", {key.c_str(), acct.c_str()})
-                : exec_prepared(conn.get(), "gw_find", {key.c_str()});
+    PgResult result = account ? exec_prepared(conn.get(), "gw_find_account", {key.c_str(), acct.c_str()})
+                              : exec_prepared(conn.get(), "gw_find", {key.c_str()});
     std::vector<Charge> charges;
     const int rows = PQntuples(result.get());
     charges.reserve(static_cast<std::size_t>(rows));
-    for (int row = 0; row < rows; ++row)
-        charges.push_back(charge_from_row(result.get(), row));
+    for (int row = 0; row < rows; ++row) charges.push_back(charge_from_row(result.get(), row));
     return charges;
 }
 
 std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system_clock::time_point instant) {
     PgPool::Lease conn = pool_.acquire();
-    const std::string micros = std::to_string(
-        std::chrono::duration_cast<std::chrono::microseconds>(instant.time_since_epoch()).count());
+    const std::string micros =
+        std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(instant.time_since_epoch()).count());
     PgResult result = exec_prepared(conn.get(), "gw_age_ms", {micros.c_str()});
     return std::chrono::milliseconds(to_int64(PQgetvalue(result.get(), 0, 0)));
 }
@@ -337,4 +318,4 @@ void RateLimiter::purge() {
     (void)exec_prepared(conn.get(), "rl_purge", {}, PGRES_COMMAND_OK);
 }
 
-} // namespace payments
+}  // namespace payments

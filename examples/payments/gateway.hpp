@@ -14,11 +14,11 @@
 #include "idem/errors.hpp"
 #include "payment.hpp"
 
+#include <libpq-fe.h>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <libpq-fe.h>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -119,8 +119,7 @@ public:
     [[nodiscard]] Charge charge(const ChargeRequest& request);
 
     /// Ledger rows for a key, oldest first; `account` narrows to one account. Throws DbError.
-    [[nodiscard]] std::vector<Charge> find(std::string_view idempotency_key,
-                                           std::optional<std::string_view> account);
+    [[nodiscard]] std::vector<Charge> find(std::string_view idempotency_key, std::optional<std::string_view> account);
     /// How long ago `instant` (a time the database stamped, such as a record's created_at) was, by
     /// the database's own clock — never this machine's, which may run ahead. Throws DbError.
     [[nodiscard]] std::chrono::milliseconds age_by_database_clock(std::chrono::system_clock::time_point instant);
@@ -145,4 +144,4 @@ private:
     std::int64_t per_second_;
 };
 
-} // namespace payments
+}  // namespace payments

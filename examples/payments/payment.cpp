@@ -28,8 +28,7 @@ public:
     unsigned seen = 0;
 
     bool start_object(std::size_t /*size*/) {
-        if (depth_++ != 0)
-            return fail("nested objects are not accepted");
+        if (depth_++ != 0) return fail("nested objects are not accepted");
         return true;
     }
     bool end_object() {
@@ -50,12 +49,10 @@ public:
         } else if (name == "card") {
             field_ = kCard;
         } else {
-            if (name.size() > 64)
-                return fail("unknown field");
+            if (name.size() > 64) return fail("unknown field");
             return fail("unknown field \"" + name + "\"");
         }
-        if ((seen & field_) != 0)
-            return fail("duplicate field \"" + name + "\"");
+        if ((seen & field_) != 0) return fail("duplicate field \"" + name + "\"");
         seen |= field_;
         return true;
     }
@@ -67,13 +64,11 @@ public:
         return integer(static_cast<std::int64_t>(value));
     }
     bool number_float(number_float_t /*value*/, const string_t& /*text*/) {
-        if (depth_ == 0)
-            return fail("the body must be a JSON object");
+        if (depth_ == 0) return fail("the body must be a JSON object");
         return fail(std::string(name_of(field_)) + " must be an integer (money is integer cents)");
     }
     bool string(string_t& value) {
-        if (depth_ == 0)
-            return fail("the body must be a JSON object");
+        if (depth_ == 0) return fail("the body must be a JSON object");
         if (field_ == kCurrency) {
             if (value.size() != 3 || !upper(value[0]) || !upper(value[1]) || !upper(value[2])) {
                 return fail("currency must be 3 uppercase letters (ISO 4217)");
@@ -82,8 +77,7 @@ public:
             return true;
         }
         if (field_ == kCard) {
-            if (value.empty() || value.size() > kMaxCardBytes)
-                return fail("card must be 1..64 bytes");
+            if (value.empty() || value.size() > kMaxCardBytes) return fail("card must be 1..64 bytes");
             for (const char c : value) {
                 if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
                     return fail("card must not contain control characters");
@@ -97,10 +91,8 @@ public:
     bool null() { return wrong_type(); }
     bool boolean(bool /*value*/) { return wrong_type(); }
     bool binary(binary_t& /*value*/) { return wrong_type(); }
-    bool parse_error(std::size_t position, const std::string& /*token*/,
-                     const nlohmann::detail::exception& /*e*/) {
-        if (error.empty())
-            error = "malformed JSON at byte " + std::to_string(position);
+    bool parse_error(std::size_t position, const std::string& /*token*/, const nlohmann::detail::exception& /*e*/) {
+        if (error.empty()) error = "malformed JSON at byte " + std::to_string(position);
         return false;
     }
 
@@ -108,49 +100,35 @@ private:
     static bool upper(char c) { return c >= 'A' && c <= 'Z'; }
     static std::string_view name_of(unsigned field) {
         switch (field) {
-        case kOrderId:
-            return "order_id";
-        case kAmount:
-            return "amount_cents";
-        case kCurrency:
-            return "currency";
-        case kCard:
-            return "card";
-        default:
-            return "value";
+            case kOrderId: return "order_id";
+            case kAmount: return "amount_cents";
+            case kCurrency: return "currency";
+            case kCard: return "card";
+            default: return "value";
         }
     }
     bool fail(std::string message) {
-        if (error.empty())
-            error = std::move(message);
+        if (error.empty()) error = std::move(message);
         return false;
     }
     bool wrong_type() {
-        if (depth_ == 0)
-            return fail("the body must be a JSON object");
+        if (depth_ == 0) return fail("the body must be a JSON object");
         switch (field_) {
-        case kOrderId:
-            return fail("order_id must be an integer");
-        case kAmount:
-            return fail("amount_cents must be a positive integer");
-        case kCurrency:
-            return fail("currency must be a string of 3 uppercase letters");
-        case kCard:
-            return fail("card must be a string");
-        default:
-            return fail("unexpected value");
+            case kOrderId: return fail("order_id must be an integer");
+            case kAmount: return fail("amount_cents must be a positive integer");
+            case kCurrency: return fail("currency must be a string of 3 uppercase letters");
+            case kCard: return fail("card must be a string");
+            default: return fail("unexpected value");
         }
     }
     bool integer(std::int64_t value) {
-        if (depth_ == 0)
-            return fail("the body must be a JSON object");
+        if (depth_ == 0) return fail("the body must be a JSON object");
         if (field_ == kOrderId) {
             request.order_id = value;
             return true;
         }
         if (field_ == kAmount) {
-            if (value <= 0)
-                return fail("amount_cents must be a positive integer");
+            if (value <= 0) return fail("amount_cents must be a positive integer");
             request.amount_cents = value;
             return true;
         }
@@ -162,31 +140,27 @@ private:
 };
 
 bool token_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '-' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+           c == '.';
 }
 
-void append_int(std::string& out, std::int64_t value) {
-    out += std::to_string(value);
-}
+void append_int(std::string& out, std::int64_t value) { out += std::to_string(value); }
 
-} // namespace
+}  // namespace
 
 std::optional<PaymentRequest> parse_payment_request(std::string_view body, std::string& error) {
     RequestSax sax;
-    const bool ok = nlohmann::json::sax_parse(body.begin(), body.end(), &sax,
-                                              nlohmann::json::input_format_t::json, true, false);
+    const bool ok =
+        nlohmann::json::sax_parse(body.begin(), body.end(), &sax, nlohmann::json::input_format_t::json, true, false);
     if (!ok || !sax.error.empty()) {
         error = sax.error.empty() ? "malformed JSON" : sax.error;
         return std::nullopt;
     }
     if (sax.seen != kAll) {
         std::string missing;
-        for (const auto& [bit, name] :
-             {std::pair{kOrderId, "order_id"}, std::pair{kAmount, "amount_cents"},
-              std::pair{kCurrency, "currency"}, std::pair{kCard, "card"}}) {
-            if ((sax.seen & bit) == 0)
-                missing += missing.empty() ? name : std::string(", ") + name;
+        for (const auto& [bit, name] : {std::pair{kOrderId, "order_id"}, std::pair{kAmount, "amount_cents"},
+                                        std::pair{kCurrency, "currency"}, std::pair{kCard, "card"}}) {
+            if ((sax.seen & bit) == 0) missing += missing.empty() ? name : std::string(", ") + name;
         }
         error = "missing field(s): " + missing;
         return std::nullopt;
@@ -195,31 +169,24 @@ std::optional<PaymentRequest> parse_payment_request(std::string_view body, std::
 }
 
 idem::Fingerprint payment_fingerprint(const PaymentRequest& request) {
-    return idem::fingerprint(std::string_view("payments.v1"), request.order_id,
-                             request.amount_cents, request.currency, request.card);
+    return idem::fingerprint(std::string_view("payments.v1"), request.order_id, request.amount_cents, request.currency,
+                             request.card);
 }
 
 std::optional<std::string> bearer_account(std::string_view authorization) {
     constexpr std::string_view scheme = "bearer ";
-    if (authorization.size() <= scheme.size())
-        return std::nullopt;
+    if (authorization.size() <= scheme.size()) return std::nullopt;
     for (std::size_t i = 0; i < scheme.size(); ++i) {
         char c = authorization[i];
-        if (c >= 'A' && c <= 'Z')
-            c = static_cast<char>(c - 'A' + 'a');
-        if (c != scheme[i])
-            return std::nullopt;
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+        if (c != scheme[i]) return std::nullopt;
     }
     std::string_view token = authorization.substr(scheme.size());
-    while (!token.empty() && token.front() == ' ')
-        token.remove_prefix(1);
-    while (!token.empty() && token.back() == ' ')
-        token.remove_suffix(1);
-    if (token.empty() || token.size() > 64)
-        return std::nullopt;
+    while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+    while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+    if (token.empty() || token.size() > 64) return std::nullopt;
     for (const char c : token) {
-        if (!token_char(c))
-            return std::nullopt;
+        if (!token_char(c)) return std::nullopt;
     }
     return std::string(token);
 }
@@ -231,13 +198,10 @@ std::string payment_scope(std::string_view account) {
     return scope;
 }
 
-std::string_view payment_scope_prefix() {
-    return kScopePrefix;
-}
+std::string_view payment_scope_prefix() { return kScopePrefix; }
 
 std::optional<std::string> account_of_scope(std::string_view scope) {
-    if (scope.size() <= kScopePrefix.size() || !scope.starts_with(kScopePrefix))
-        return std::nullopt;
+    if (scope.size() <= kScopePrefix.size() || !scope.starts_with(kScopePrefix)) return std::nullopt;
     return std::string(scope.substr(kScopePrefix.size()));
 }
 
@@ -246,10 +210,8 @@ idem::Response charge_response(const Charge& charge) {
     const bool captured = charge.status == "captured";
     std::string body;
     body.reserve(160);
-    if (!captured)
-        body += "{\"error\":\"card_declined\",";
-    else
-        body += '{';
+    if (!captured) body += "{\"error\":\"card_declined\",";
+    else body += '{';
     body += "\"payment_id\":\"pay_";
     append_int(body, charge.id);
     body += "\",\"status\":";
@@ -261,8 +223,7 @@ idem::Response charge_response(const Charge& charge) {
     body += ",\"currency\":";
     append_json_string(body, charge.currency);
     body += '}';
-    return idem::Response{
-        captured ? 201 : 402, std::move(body), {{"Content-Type", "application/json"}}};
+    return idem::Response{captured ? 201 : 402, std::move(body), {{"Content-Type", "application/json"}}};
 }
 
 void append_json_string(std::string& out, std::string_view text) {
@@ -271,29 +232,19 @@ void append_json_string(std::string& out, std::string_view text) {
     for (const char ch : text) {
         const auto c = static_cast<unsigned char>(ch);
         switch (c) {
-        case '"':
-            out += "\\\"";
-            break;
-        case '\\':
-            out += "\\\\";
-            break;
-        case '\n':
-            out += "\\n";
-            break;
-        case '\r':
-            out += "\\r";
-            break;
-        case '\t':
-            out += "\\t";
-            break;
-        default:
-            if (c < 0x20 || c == 0x7f) {
-                out += "\\u00";
-                out += hex[c >> 4];
-                out += hex[c & 0xf];
-            } else {
-                out += ch; // UTF-8 passes through; invalid UTF-8 never gets this far
-            }
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (c < 0x20 || c == 0x7f) {
+                    out += "\\u00";
+                    out += hex[c >> 4];
+                    out += hex[c & 0xf];
+                } else {
+                    out += ch;  // UTF-8 passes through; invalid UTF-8 never gets this far
+                }
         }
     }
     out += '"';
@@ -310,4 +261,4 @@ std::string error_body(std::string_view code, std::string_view detail) {
     return body;
 }
 
-} // namespace payments
+}  // namespace payments

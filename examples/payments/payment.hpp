@@ -28,8 +28,7 @@ struct PaymentRequest {
 
 /// Parses and validates a request body. On failure returns nullopt and sets `error` to a short
 /// human-readable reason (for the 400 body).
-[[nodiscard]] std::optional<PaymentRequest> parse_payment_request(std::string_view body,
-                                                                  std::string& error);
+[[nodiscard]] std::optional<PaymentRequest> parse_payment_request(std::string_view body, std::string& error);
 
 /// What the request says, in a fixed order, independent of JSON field order and whitespace.
 [[nodiscard]] idem::Fingerprint payment_fingerprint(const PaymentRequest& request);
@@ -54,7 +53,7 @@ struct Charge {
     std::int64_t amount_cents = 0;
     std::string currency;
     std::string card;
-    std::string status; // "captured" or "declined"
+    std::string status;  // "captured" or "declined"
     std::string created_at;
 };
 
@@ -68,4 +67,4 @@ struct Charge {
 /// Appends `text` to `out` as a JSON string literal (quotes included).
 void append_json_string(std::string& out, std::string_view text);
 
-} // namespace payments
+}  // namespace payments

@@ -19,23 +19,23 @@
 #include "payment.hpp"
 
 #include <arpa/inet.h>
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <httplib.h>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <pthread.h>
-#include <signal.h>
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <sys/socket.h>
 #include <thread>
 
 namespace {
@@ -47,7 +47,8 @@ using std::chrono::milliseconds;
 std::mutex g_log_mutex;
 std::string g_log_prefix = "payments-server";
 
-template <class... Parts> void log(const Parts&... parts) {
+template <class... Parts>
+void log(const Parts&... parts) {
     std::lock_guard lock(g_log_mutex);
     std::cerr << g_log_prefix << ": ";
     (std::cerr << ... << parts);
@@ -64,7 +65,7 @@ struct Options {
     milliseconds gateway_latency{0};
     milliseconds lease{30'000};
     milliseconds reconcile_every{1'000};
-    std::int64_t rate_limit_per_second = 0; // 0: off
+    std::int64_t rate_limit_per_second = 0;  // 0: off
     std::size_t threads = 32;
     std::size_t db_pool = 8;
     std::size_t replay_cache_mb = 0;  // 0: off
@@ -98,24 +99,21 @@ struct Options {
     usage(2);
 }
 
-std::int64_t parse_int(std::string_view name, std::string_view text, std::int64_t min,
-                       std::int64_t max) {
+std::int64_t parse_int(std::string_view name, std::string_view text, std::int64_t min, std::int64_t max) {
     std::int64_t value = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (ec != std::errc() || end != text.data() + text.size() || value < min || value > max) {
-        bad_option(std::string(name) + ": expected an integer in [" + std::to_string(min) + ", " +
-                   std::to_string(max) + "], got '" + std::string(text) + "'");
+        bad_option(std::string(name) + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                   "], got '" + std::string(text) + "'");
     }
     return value;
 }
 
 bool is_loopback(const std::string& host) {
     in_addr v4{};
-    if (inet_pton(AF_INET, host.c_str(), &v4) == 1)
-        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
     in6_addr v6{};
-    if (inet_pton(AF_INET6, host.c_str(), &v6) == 1)
-        return IN6_IS_ADDR_LOOPBACK(&v6);
+    if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
     return false;
 }
 
@@ -124,8 +122,7 @@ Options parse_options(int argc, char** argv) {
     std::string listen;
     for (int i = 1; i < argc; ++i) {
         std::string arg = argv[i];
-        if (arg == "-h" || arg == "--help")
-            usage(0);
+        if (arg == "-h" || arg == "--help") usage(0);
         std::string value;
         if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
             value = arg.substr(eq + 1);
@@ -135,48 +132,32 @@ Options parse_options(int argc, char** argv) {
         } else {
             bad_option(arg + " needs a value");
         }
-        if (arg == "--listen")
-            listen = value;
-        else if (arg == "--db")
-            o.db = value;
-        else if (arg == "--gateway-latency-ms")
-            o.gateway_latency = milliseconds(parse_int(arg, value, 0, 4000));
-        else if (arg == "--lease-ms")
-            o.lease = milliseconds(parse_int(arg, value, 50, 86'400'000));
-        else if (arg == "--reconcile-every-ms")
-            o.reconcile_every = milliseconds(parse_int(arg, value, 10, 3'600'000));
-        else if (arg == "--rate-limit-per-second")
-            o.rate_limit_per_second = parse_int(arg, value, 0, 1'000'000'000);
-        else if (arg == "--threads")
-            o.threads = static_cast<std::size_t>(parse_int(arg, value, 1, 1024));
-        else if (arg == "--db-pool")
-            o.db_pool = static_cast<std::size_t>(parse_int(arg, value, 1, 256));
+        if (arg == "--listen") listen = value;
+        else if (arg == "--db") o.db = value;
+        else if (arg == "--gateway-latency-ms") o.gateway_latency = milliseconds(parse_int(arg, value, 0, 4000));
+        else if (arg == "--lease-ms") o.lease = milliseconds(parse_int(arg, value, 50, 86'400'000));
+        else if (arg == "--reconcile-every-ms") o.reconcile_every = milliseconds(parse_int(arg, value, 10, 3'600'000));
+        else if (arg == "--rate-limit-per-second") o.rate_limit_per_second = parse_int(arg, value, 0, 1'000'000'000);
+        else if (arg == "--threads") o.threads = static_cast<std::size_t>(parse_int(arg, value, 1, 1024));
+        else if (arg == "--db-pool") o.db_pool = static_cast<std::size_t>(parse_int(arg, value, 1, 256));
         else if (arg == "--replay-cache-mb")
             o.replay_cache_mb = static_cast<std::size_t>(parse_int(arg, value, 0, 1 << 20));
         else if (arg == "--group-commit") {
-            if (value != "on" && value != "off")
-                bad_option("--group-commit: expected on or off, got '" + value + "'");
+            if (value != "on" && value != "off") bad_option("--group-commit: expected on or off, got '" + value + "'");
             o.group_commit = value == "on";
-        } else
-            bad_option("unknown option " + arg);
+        } else bad_option("unknown option " + arg);
     }
-    if (listen.empty())
-        bad_option("--listen is required");
-    if (o.db.empty())
-        bad_option("--db is required");
+    if (listen.empty()) bad_option("--listen is required");
+    if (o.db.empty()) bad_option("--db is required");
     const auto colon = listen.rfind(':');
-    if (colon == std::string::npos)
-        bad_option("--listen: expected HOST:PORT");
+    if (colon == std::string::npos) bad_option("--listen: expected HOST:PORT");
     o.host = listen.substr(0, colon);
     if (o.host.size() >= 2 && o.host.front() == '[' && o.host.back() == ']')
         o.host = o.host.substr(1, o.host.size() - 2);
-    if (o.host == "localhost")
-        o.host = "127.0.0.1";
-    o.port = static_cast<int>(
-        parse_int("--listen port", std::string_view(listen).substr(colon + 1), 0, 65535));
+    if (o.host == "localhost") o.host = "127.0.0.1";
+    o.port = static_cast<int>(parse_int("--listen port", std::string_view(listen).substr(colon + 1), 0, 65535));
     if (!is_loopback(o.host))
-        bad_option("--listen: '" + o.host +
-                   "' is not a loopback address; this example only listens on loopback");
+        bad_option("--listen: '" + o.host + "' is not a loopback address; this example only listens on loopback");
     return o;
 }
 
@@ -216,8 +197,8 @@ void reply_retry(httplib::Response& res, int status, const std::string& body, mi
 struct Service {
     idem::IdempotencyStore& store;  // PostgresStore, or a CachedStore in front of it
     payments::FakeGateway& gateway;
-    payments::RateLimiter* limiter; // null: no rate limit
-    idem::http::Route route;        // the Idempotency-Key rules (make_route)
+    payments::RateLimiter* limiter;  // null: no rate limit
+    idem::http::Route route;         // the Idempotency-Key rules (make_route)
     milliseconds charge_start_budget;
 
     void post_payment(const httplib::Request& req, httplib::Response& res) const;
@@ -254,8 +235,7 @@ void Service::post_payment(const httplib::Request& req, httplib::Response& res) 
     const auto account = payments::bearer_account(req.get_header_value("Authorization"));
     if (!account) {
         res.set_header("WWW-Authenticate", "Bearer");
-        return reply(res, 401,
-                     payments::error_body("unauthorized", "send Authorization: Bearer <account>"));
+        return reply(res, 401, payments::error_body("unauthorized", "send Authorization: Bearer <account>"));
     }
     // 2. Rate limit, before anything is claimed: a 429 never consumes the key.
     if (limiter != nullptr) {
@@ -274,7 +254,7 @@ void Service::post_payment(const httplib::Request& req, httplib::Response& res) 
     const auto deadline = Clock::now() + charge_start_budget;
     idem::http::httplib::serve(store, req, res, payments::payment_scope(*account), route, [&](idem::Context& ctx) {
         std::string problem;
-        const auto payment = payments::parse_payment_request(req.body, problem); // valid: fingerprinted
+        const auto payment = payments::parse_payment_request(req.body, problem);  // valid: fingerprinted
         try {
             return payments::charge_response(gateway.charge({.account = *account,
                                                              .idempotency_key = ctx.key().value(),
@@ -298,8 +278,7 @@ void Service::get_charges(const httplib::Request& req, httplib::Response& res) c
     }
     const std::string key = req.get_param_value("idempotency_key");
     std::optional<std::string> account;
-    if (req.has_param("account"))
-        account = req.get_param_value("account");
+    if (req.has_param("account")) account = req.get_param_value("account");
     try {
         const auto charges = gateway.find(key, account);
         nlohmann::ordered_json out;
@@ -339,49 +318,46 @@ void Service::get_charges(const httplib::Request& req, httplib::Response& res) c
 //   no charge yet, but one could still be on its way → leave it; it is listed again later.
 class ReconcilerThread {
 public:
-    ReconcilerThread(idem::IdempotencyStore& store, payments::FakeGateway& gateway,
-                     payments::RateLimiter* limiter, milliseconds every, milliseconds lease)
+    ReconcilerThread(idem::IdempotencyStore& store, payments::FakeGateway& gateway, payments::RateLimiter* limiter,
+                     milliseconds every, milliseconds lease)
         : reconciler_(
-              store, [&gateway](idem::Reconciliation& r) { resolve(gateway, r); },
-              make_options(lease)),
-          limiter_(limiter), every_(every) {}
+              store, [&gateway](idem::Reconciliation& r) { resolve(gateway, r); }, make_options(lease)),
+          limiter_(limiter),
+          every_(every) {}
 
     void start() {
         thread_ = std::jthread([this](std::stop_token stop) { run(stop); });
     }
     void stop() {
         thread_.request_stop();
-        if (thread_.joinable())
-            thread_.join();
+        if (thread_.joinable()) thread_.join();
     }
 
 private:
     static idem::ReconcilerOptions make_options(milliseconds lease) {
         idem::ReconcilerOptions options;
         options.scopes = idem::ScopeFilter::prefix(std::string(payments::payment_scope_prefix()));
-        options.lease = lease; // a key left undecided is looked at again after this
+        options.lease = lease;  // a key left undecided is looked at again after this
         return options;
     }
 
     static void resolve(payments::FakeGateway& gateway, idem::Reconciliation& r) {
         const auto account = payments::account_of_scope(r.key().scope());
-        if (!account)
-            return;
-        const auto charges = gateway.find(r.key().value(), *account); // throws: left for later
+        if (!account) return;
+        const auto charges = gateway.find(r.key().value(), *account);  // throws: left for later
         if (!charges.empty()) {
             if (charges.size() > 1) {
-                log("reconciler: ALERT: ", charges.size(), " gateway charges for key '",
-                    r.key().value(), "' of account ", *account);
+                log("reconciler: ALERT: ", charges.size(), " gateway charges for key '", r.key().value(),
+                    "' of account ", *account);
             }
             const idem::Response response = payments::charge_response(charges.front());
-            log("reconciler: key '", r.key().value(), "' of account ", *account,
-                " was charged: saving ", response.status, " (pay_", charges.front().id, ")");
+            log("reconciler: key '", r.key().value(), "' of account ", *account, " was charged: saving ",
+                response.status, " (pay_", charges.front().id, ")");
             r.save(response);
         } else if (gateway.age_by_database_clock(r.record().created_at) > kReleaseAfter) {
             // (aged by the database's clock, which stamped created_at: a server whose clock runs
             // ahead would release a key whose charge may still be in flight — a double charge)
-            log("reconciler: key '", r.key().value(), "' of account ", *account,
-                " was never charged: releasing");
+            log("reconciler: key '", r.key().value(), "' of account ", *account, " was never charged: releasing");
             r.release();
         }
     }
@@ -393,8 +369,7 @@ private:
         while (!stop.stop_requested()) {
             try {
                 const auto sweep = reconciler_.run_once();
-                if (sweep.failed > 0)
-                    log("reconciler: ", sweep.failed, " key(s) could not be settled this time");
+                if (sweep.failed > 0) log("reconciler: ", sweep.failed, " key(s) could not be settled this time");
             } catch (const std::exception& e) {
                 log("reconciler: ", e.what());
             }
@@ -417,7 +392,7 @@ private:
     std::jthread thread_;
 };
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
     const Options options = parse_options(argc, argv);
@@ -448,8 +423,7 @@ int main(int argc, char** argv) {
         payments::ensure_app_schema(pool);
         payments::FakeGateway gateway(pool, options.gateway_latency);
         std::optional<payments::RateLimiter> limiter;
-        if (options.rate_limit_per_second > 0)
-            limiter.emplace(pool, options.rate_limit_per_second);
+        if (options.rate_limit_per_second > 0) limiter.emplace(pool, options.rate_limit_per_second);
 
         idem::ClaimOptions claim_options;
         claim_options.lease = options.lease;
@@ -463,8 +437,8 @@ int main(int argc, char** argv) {
             cached->set_observer(metrics);  // the calls it answers; the store reports its own events
         }
         idem::IdempotencyStore& serving = cached ? static_cast<idem::IdempotencyStore&>(*cached) : store;
-        const Service service{serving, gateway, limiter ? &*limiter : nullptr,
-                              make_route(claim_options, options.lease), kChargeStartBudget};
+        const Service service{serving, gateway, limiter ? &*limiter : nullptr, make_route(claim_options, options.lease),
+                              kChargeStartBudget};
 
         HttpServer server;
         const std::size_t threads = options.threads;
@@ -477,46 +451,39 @@ int main(int argc, char** argv) {
             service.post_payment(req, res);
         });
         server.Get("/gateway/charges",
-                   [&service](const httplib::Request& req, httplib::Response& res) {
-                       service.get_charges(req, res);
-                   });
-        server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-            reply(res, 200, "{\"status\":\"ok\"}");
-        });
+                   [&service](const httplib::Request& req, httplib::Response& res) { service.get_charges(req, res); });
+        server.Get("/healthz",
+                   [](const httplib::Request&, httplib::Response& res) { reply(res, 200, "{\"status\":\"ok\"}"); });
         server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
             res.status = 200;
             res.set_content(metrics->render(), std::string(idem::PrometheusObserver::content_type));
         });
-        server.set_exception_handler(
-            [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-                try {
-                    if (ep)
-                        std::rethrow_exception(ep);
-                } catch (const std::exception& e) {
-                    log("unhandled: ", e.what());
-                } catch (...) {
-                    log("unhandled non-standard exception");
-                }
-                reply(res, 500, payments::error_body("internal_error"));
-            });
+        server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            try {
+                if (ep) std::rethrow_exception(ep);
+            } catch (const std::exception& e) {
+                log("unhandled: ", e.what());
+            } catch (...) {
+                log("unhandled non-standard exception");
+            }
+            reply(res, 500, payments::error_body("internal_error"));
+        });
 
         int port = options.port;
         if (port == 0) {
             port = server.bind_to_any_port(options.host);
-            if (port <= 0)
-                throw std::runtime_error("cannot bind " + options.host);
+            if (port <= 0) throw std::runtime_error("cannot bind " + options.host);
         } else if (!server.bind_to_port(options.host, port)) {
             throw std::runtime_error("cannot bind " + options.host + ":" + std::to_string(port));
         }
-        if (!server.raise_backlog(SOMAXCONN))
-            log("warning: cannot raise the listen backlog");
+        if (!server.raise_backlog(SOMAXCONN)) log("warning: cannot raise the listen backlog");
         g_log_prefix = "payments-server[" + std::to_string(port) + "]";
         const std::string url_host =
             options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
         std::cout << "listening on http://" << url_host << ":" << port << std::endl;
 
-        ReconcilerThread reconciler(store, gateway, limiter ? &*limiter : nullptr,
-                                    options.reconcile_every, options.lease);
+        ReconcilerThread reconciler(store, gateway, limiter ? &*limiter : nullptr, options.reconcile_every,
+                                    options.lease);
         reconciler.start();
 
         std::atomic<bool> stopping{false};
@@ -524,21 +491,17 @@ int main(int argc, char** argv) {
         std::thread signal_thread([&] {
             int sig = 0;
             sigwait(&stop_signals, &sig);
-            if (listen_done)
-                return;
+            if (listen_done) return;
             stopping = true;
             log("signal ", sig, ": stopping");
             // listen_after_bind may not have started yet; stop() only acts on a running server.
-            while (!listen_done && !server.is_running())
-                std::this_thread::sleep_for(5ms);
-            if (!listen_done)
-                server.stop();
+            while (!listen_done && !server.is_running()) std::this_thread::sleep_for(5ms);
+            if (!listen_done) server.stop();
         });
 
         const bool listened = server.listen_after_bind();
         listen_done = true;
-        if (!stopping)
-            pthread_kill(signal_thread.native_handle(), SIGTERM); // wake sigwait
+        if (!stopping) pthread_kill(signal_thread.native_handle(), SIGTERM);  // wake sigwait
         signal_thread.join();
         reconciler.stop();
         if (!stopping && !listened) {

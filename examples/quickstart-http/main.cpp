@@ -29,13 +29,13 @@ int main(int argc, char** argv) {
             if (req.body.empty())  // certainly not performed: the key is released, the 400 not stored
                 throw idem::http::not_performed(idem::Response{400, "{\"error\":\"empty order\"}"});
             const int id = next_order++;  // the side effect: create the order
-            return idem::Response{201, "{\"order\":" + std::to_string(id) + "}",
-                                  {{"Content-Type", "application/json"}}};
+            return idem::Response{
+                201, "{\"order\":" + std::to_string(id) + "}", {{"Content-Type", "application/json"}}};
         });
     });
     const int port = argc > 2 ? std::atoi(argv[2]) : 0;
-    const int bound = port > 0 ? (server.bind_to_port("127.0.0.1", port) ? port : -1)
-                               : server.bind_to_any_port("127.0.0.1");
+    const int bound =
+        port > 0 ? (server.bind_to_port("127.0.0.1", port) ? port : -1) : server.bind_to_any_port("127.0.0.1");
     if (bound <= 0) return 1;
     std::cout << "listening on http://127.0.0.1:" << bound << std::endl;
     return server.listen_after_bind() ? 0 : 1;

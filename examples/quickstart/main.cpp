@@ -22,11 +22,9 @@ namespace {
 
 // Where to connect: argv[1], else IDEM_TEST_DATABASE_URL, else DATABASE_URL.
 std::string conninfo_from(int argc, char** argv) {
-    if (argc > 1)
-        return argv[1];
+    if (argc > 1) return argv[1];
     for (const char* name : {"IDEM_TEST_DATABASE_URL", "DATABASE_URL"}) {
-        if (const char* value = std::getenv(name); value && *value)
-            return value;
+        if (const char* value = std::getenv(name); value && *value) return value;
     }
     return {};
 }
@@ -35,25 +33,23 @@ std::string conninfo_from(int argc, char** argv) {
 void print_http(const idem::Result<idem::Response>& r) {
     std::cout << "  outcome: " << idem::to_string(r.outcome()) << "\n  HTTP:    ";
     switch (r.outcome()) {
-    case idem::Outcome::executed: // the stored response, as produced
-        std::cout << r.response().status << "  " << r.response().body << "\n";
-        break;
-    case idem::Outcome::replayed: // the very same bytes, marked as a replay
-        std::cout << r.response().status << "  " << r.response().body
-                  << "\n           Idempotent-Replayed: true\n";
-        break;
-    case idem::Outcome::in_progress: // the first request is still running: come back later
-        std::cout << "409 Conflict\n           Retry-After: "
-                  << (r.retry_after().count() + 999) / 1000 << "  (retry_after "
-                  << r.retry_after().count() << " ms)\n";
-        break;
-    case idem::Outcome::mismatch: // the key was reused for a different request: a client bug
-        std::cout << "422 Unprocessable Content (key reused with a different request)\n";
-        break;
+        case idem::Outcome::executed:  // the stored response, as produced
+            std::cout << r.response().status << "  " << r.response().body << "\n";
+            break;
+        case idem::Outcome::replayed:  // the very same bytes, marked as a replay
+            std::cout << r.response().status << "  " << r.response().body << "\n           Idempotent-Replayed: true\n";
+            break;
+        case idem::Outcome::in_progress:  // the first request is still running: come back later
+            std::cout << "409 Conflict\n           Retry-After: " << (r.retry_after().count() + 999) / 1000
+                      << "  (retry_after " << r.retry_after().count() << " ms)\n";
+            break;
+        case idem::Outcome::mismatch:  // the key was reused for a different request: a client bug
+            std::cout << "422 Unprocessable Content (key reused with a different request)\n";
+            break;
     }
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
     const std::string conninfo = conninfo_from(argc, argv);
@@ -69,12 +65,11 @@ int main(int argc, char** argv) {
         idem::PostgresOptions options;
         options.table = "idem_quickstart";
         idem::PostgresStore store(conninfo, options);
-        store.ensure_schema(); // creates the table if needed; safe to run at every start
+        store.ensure_schema();  // creates the table if needed; safe to run at every start
 
         // The key: the client's Idempotency-Key header, within a scope (tenant + endpoint).
         // A fresh value per run, so the demo starts clean each time.
-        const std::string run =
-            std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+        const std::string run = std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
         const idem::Key key("acct_42:POST /charges", "order-1001-" + run);
 
         // The fingerprint: what the request asked for. Same key + different fingerprint = mismatch.
@@ -85,9 +80,8 @@ int main(int argc, char** argv) {
         auto charge = [&] {
             ++charges;
             std::cout << "  >>> charging the card: R$ 250.00 (charge #" << charges << ")\n";
-            return idem::Response{201,
-                                  R"({"id":"ch_1001","amount":25000,"currency":"BRL"})",
-                                  {{"Content-Type", "application/json"}}};
+            return idem::Response{
+                201, R"({"id":"ch_1001","amount":25000,"currency":"BRL"})", {{"Content-Type", "application/json"}}};
         };
 
         std::cout << "1. first request\n";
@@ -114,13 +108,12 @@ int main(int argc, char** argv) {
                 (void)idem::execute_once(store, slow_key, request, [&] {
                     started.set_value();
                     signalled = true;
-                    finish.get_future().wait(); // a slow payment provider
+                    finish.get_future().wait();  // a slow payment provider
                     return idem::Response{201, R"({"id":"ch_1002"})", {}};
                 });
             } catch (const idem::error& e) {
                 std::cerr << "slow request failed: " << e.what() << "\n";
-                if (!signalled)
-                    started.set_value();
+                if (!signalled) started.set_value();
             }
         });
         started.get_future().wait();

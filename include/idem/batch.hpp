@@ -68,8 +68,8 @@ template <class R>
 struct BatchEntry {
     /// What happened to the message.
     BatchOutcome outcome = BatchOutcome::failed;
-    std::optional<R> response{};  ///< executed, replayed
-    std::exception_ptr error{};   ///< released, failed
+    std::optional<R> response{};               ///< executed, replayed
+    std::exception_ptr error{};                ///< released, failed
     std::chrono::milliseconds retry_after{0};  ///< in_progress
 };
 
@@ -181,9 +181,10 @@ template <class F>
         for (std::size_t j = 0; j < saves.size(); ++j) {
             BatchEntry<R>& entry = out[first[saved_slot[j]]];
             entry.outcome = BatchOutcome::failed;
-            entry.error = std::make_exception_ptr(response_not_saved(
-                std::string("idem: the effect ran but the batch save failed: ") + std::string(detail::without_prefix(e.what())),
-                std::string(saves[j].result), e.sqlstate()));
+            entry.error = std::make_exception_ptr(
+                response_not_saved(std::string("idem: the effect ran but the batch save failed: ") +
+                                       std::string(detail::without_prefix(e.what())),
+                                   std::string(saves[j].result), e.sqlstate()));
             store.emit(Event::unknown, &saves[j].key);
         }
         return out;
@@ -202,8 +203,8 @@ template <class F>
                 break;
             case SaveStatus::too_large:
                 entry.outcome = BatchOutcome::failed;
-                entry.error = std::make_exception_ptr(response_too_large(
-                    "idem: result exceeds max_result_bytes", std::string(saves[j].result)));
+                entry.error = std::make_exception_ptr(
+                    response_too_large("idem: result exceeds max_result_bytes", std::string(saves[j].result)));
                 store.emit(Event::unknown, &saves[j].key);
                 break;
         }

@@ -55,9 +55,7 @@ public:
     /// 1 for the first attempt at this key; more when resume mode took over a stale attempt.
     [[nodiscard]] int attempt() const noexcept { return taken_over_ ? taken_over_->attempt : 1; }
     /// The last recovery point an earlier attempt recorded, and its data (resume mode).
-    [[nodiscard]] std::optional<std::string> phase() const {
-        return taken_over_ ? taken_over_->phase : std::nullopt;
-    }
+    [[nodiscard]] std::optional<std::string> phase() const { return taken_over_ ? taken_over_->phase : std::nullopt; }
     /// The data recorded with phase() (resume mode).
     [[nodiscard]] std::optional<std::string> phase_data() const {
         return taken_over_ ? taken_over_->phase_data : std::nullopt;
@@ -157,9 +155,9 @@ template <class R>
     } catch (const lease_lost&) {
         throw;
     } catch (const error& e) {
-        throw response_not_saved(std::string("idem: the effect ran but its result was not saved: ") +
-                                     std::string(without_prefix(e.what())),
-                                 std::move(bytes), e.sqlstate());
+        throw response_not_saved(
+            std::string("idem: the effect ran but its result was not saved: ") + std::string(without_prefix(e.what())),
+            std::move(bytes), e.sqlstate());
     }
 }
 
@@ -173,9 +171,8 @@ template <class F>
 /// Runs `fn` at most once for `key`: claims the key, runs fn() or fn(Context&), saves its result
 /// and returns executed; answers replayed, in_progress or mismatch without running fn when the
 /// claim was lost (see the top of this header for every step and error).
-[[nodiscard]] Result<effect_result_t<F>> execute_once(IdempotencyStore& store, const Key& key,
-                                                     const Fingerprint& fp, F&& fn,
-                                                     const ClaimOptions& options = {}) {
+[[nodiscard]] Result<effect_result_t<F>> execute_once(IdempotencyStore& store, const Key& key, const Fingerprint& fp,
+                                                      F&& fn, const ClaimOptions& options = {}) {
     using R = effect_result_t<F>;
     static_assert(!std::is_void_v<R>, "idem::execute_once: the effect must return the result to store");
     static_assert(std::is_same_v<decltype(codec<R>::encode(std::declval<const R&>())), std::string>,

@@ -14,10 +14,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
-#include <cstring>
 #include <string_view>
 #include <type_traits>
 

@@ -66,16 +66,16 @@ namespace idem::http {
 
 /// One header field line as received. Names compare case-insensitively.
 struct Header {
-    std::string_view name{};  ///< field name as sent
+    std::string_view name{};   ///< field name as sent
     std::string_view value{};  ///< field value as sent
 };
 
 /// A framework-neutral view of a request. Every field line is listed, in order, duplicates kept.
 struct Request {
-    std::string_view method{};  ///< e.g. "POST"
-    std::string_view target{};  ///< request target as sent: path and query
+    std::string_view method{};      ///< e.g. "POST"
+    std::string_view target{};      ///< request target as sent: path and query
     std::vector<Header> headers{};  ///< every field line, in order
-    std::string_view body{};  ///< body bytes
+    std::string_view body{};        ///< body bytes
     /// False when the adapter cannot see header values as sent (cpp-httplib 0.11 percent-decodes
     /// them): a key holding '%' is then refused with 400, since a decode may have changed it.
     bool exact_header_values = true;

@@ -4,9 +4,9 @@
 // scopes is two different keys, and no call in one scope can see a key of another.
 //
 // Contract: scope and value are each 1..255 bytes of valid UTF-8 with no control characters
-// (C0 U+0000..U+001F, DEL U+007F, C1 U+0080..U+009F). Anything else throws idem::invalid_key from the constructor, before any
-// I/O. Everything else — quotes, semicolons, "'; DROP TABLE x; --" — is stored verbatim: every
-// statement idem runs is parameterised.
+// (C0 U+0000..U+001F, DEL U+007F, C1 U+0080..U+009F). Anything else throws idem::invalid_key from the constructor,
+// before any I/O. Everything else — quotes, semicolons, "'; DROP TABLE x; --" — is stored verbatim: every statement
+// idem runs is parameterised.
 //
 // ScopeFilter (below) says which scopes a listing covers — list_stale() and a Reconciler.
 //

@@ -43,15 +43,14 @@ public:
     MemoryStore(const MemoryStore&) = delete;
     MemoryStore& operator=(const MemoryStore&) = delete;
 
-    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp,
-                              const ClaimOptions& options = {}) override;
+    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options = {}) override;
     void save(const Key& key, Fence fence, std::string_view result) override;
     void release(const Key& key, Fence fence) override;
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
     void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) override;
     void record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) override;
-    [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence,
-                                                 std::chrono::milliseconds lease, bool new_attempt) override;
+    [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
+                                                 bool new_attempt) override;
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;

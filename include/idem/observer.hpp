@@ -10,7 +10,8 @@
 // key); purged (purge_expired, count = rows); reconcile_failed (a reconciler could not resolve a
 // key — the key, and in `detail` the stage and the reason, e.g. "save: response_too_large: …" — or,
 // with no key, a whole sweep failed: listing stale keys, an outage). Implement Observer to feed your
-// own metrics, or use idem::PrometheusObserver (idem/prometheus.hpp). New events are added at the end, so the numbers of the existing ones never change.
+// own metrics, or use idem::PrometheusObserver (idem/prometheus.hpp). New events are added at the end, so the numbers
+// of the existing ones never change.
 //
 // Thread-safety: on_event is called concurrently from every thread using the store; it must be
 // thread-safe and must not throw (it is noexcept). CountingObserver is lock-free.
@@ -45,9 +46,9 @@ inline constexpr std::size_t event_count = 10;
 
 /// The event's name, e.g. "reconcile_failed".
 [[nodiscard]] constexpr std::string_view to_string(Event event) noexcept {
-    constexpr std::string_view names[event_count] = {
-        "executed", "replayed",   "in_progress", "mismatch", "released",
-        "unknown",  "taken_over", "reconciled",  "purged",   "reconcile_failed"};
+    constexpr std::string_view names[event_count] = {"executed", "replayed",        "in_progress", "mismatch",
+                                                     "released", "unknown",         "taken_over",  "reconciled",
+                                                     "purged",   "reconcile_failed"};
     return names[static_cast<std::size_t>(event)];
 }
 

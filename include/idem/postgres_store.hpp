@@ -157,9 +157,9 @@ enum class DistributeBy { scope, key };
 
 /// What PostgresStore::inspect() found about the database a store serves.
 struct Deployment {
-    bool citus = false;         ///< the citus extension is installed in the database
+    bool citus = false;           ///< the citus extension is installed in the database
     std::string citus_version{};  ///< the extension's version (e.g. "13.2-1"); empty without Citus
-    bool coordinator = true;    ///< false: connected to a Citus worker node
+    bool coordinator = true;      ///< false: connected to a Citus worker node
     /// The table's distribution column; none: not distributed (plain PostgreSQL, a local table).
     std::optional<DistributeBy> distributed_by{};
     /// What a service should log (or refuse to start on), each with its fix: e.g. idem's
@@ -185,8 +185,8 @@ public:
     void ensure_schema();
 
     /// Citus: distributes the table over the cluster by `by` (create_distributed_table; existing
-    /// rows move to the shards, and their local copies are truncated). Idempotent; call it after ensure_schema(), on the coordinator.
-    /// Throws config_error without the citus extension, on a worker node, when the table does not
+    /// rows move to the shards, and their local copies are truncated). Idempotent; call it after ensure_schema(), on
+    /// the coordinator. Throws config_error without the citus extension, on a worker node, when the table does not
     /// exist, or when it is already distributed by the other column.
     void distribute(DistributeBy by);
 
@@ -203,8 +203,7 @@ public:
     /// Throws config_error on an invalid table name.
     [[nodiscard]] static std::string schema_sql(const std::string& table = "idem_keys");
 
-    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp,
-                              const ClaimOptions& options = {}) override;
+    [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options = {}) override;
     void save(const Key& key, Fence fence, std::string_view result) override;
     [[nodiscard]] std::vector<Claim> claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
                                                  const ClaimOptions& options = {}) override;
@@ -213,8 +212,8 @@ public:
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
     void extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) override;
     void record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) override;
-    [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence,
-                                                 std::chrono::milliseconds lease, bool new_attempt) override;
+    [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
+                                                 bool new_attempt) override;
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;

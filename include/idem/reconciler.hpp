@@ -30,14 +30,13 @@
 //   * Failures that will happen again with the same decision — the result is over the store's
 //     max_result_bytes (response_too_large), the database refuses the save/release for the data
 //     itself (database_error of SQLSTATE class 22 data, 23 constraint, 42 rule, 54 limit), or
-//     refuses idem for good (config_error, e.g. 42501 a missing privilege) — back off: the reconciler extends its lease on the key by `failure_backoff`, so no
-//     reconciler, in this process or another, hands the key to a resolver again before then.
-//     The state lives in the row, not in the process: it survives restarts, needs no memory per
-//     key, and the key leaves the head of the oldest-first listing instead of filling every
-//     batch (a reconciler that merely skipped such keys would list them first forever and starve
-//     the others). After the backoff the key is tried once more — a fix in the meantime (a larger
-//     max_result_bytes, a resolver that saves a summary) then resolves it — and reported again
-//     if it still fails.
+//     refuses idem for good (config_error, e.g. 42501 a missing privilege) — back off: the reconciler extends its lease
+//     on the key by `failure_backoff`, so no reconciler, in this process or another, hands the key to a resolver again
+//     before then. The state lives in the row, not in the process: it survives restarts, needs no memory per key, and
+//     the key leaves the head of the oldest-first listing instead of filling every batch (a reconciler that merely
+//     skipped such keys would list them first forever and starve the others). After the backoff the key is tried once
+//     more — a fix in the meantime (a larger max_result_bytes, a resolver that saves a summary) then resolves it — and
+//     reported again if it still fails.
 //   * Other failures may pass — the resolver threw (the provider is down), the store is
 //     unavailable, a serialization or lock timeout, another owner took the key (lease_lost) — and
 //     the key is retried once this reconciler's `lease` passes, as before, each failure reported.
@@ -143,7 +142,7 @@ public:
     /// A key this sweep could not resolve. It stays in progress (clients still get in_progress)
     /// unless another owner resolves it (stage save/release, error_type "lease_lost").
     struct Failure {
-        Key key;  ///< the key that failed
+        Key key;        ///< the key that failed
         Stage stage{};  ///< where it failed
         /// What was thrown: the idem::error class ("response_too_large", "lease_lost",
         /// "database_error", "store_unavailable", ...), "std::exception" or "unknown".
@@ -160,12 +159,12 @@ public:
 
     /// What one run_once() did.
     struct Sweep {
-        std::size_t listed = 0;    ///< stale keys seen
-        std::size_t taken = 0;     ///< taken by this reconciler (others were taken by someone else)
-        std::size_t saved = 0;  ///< resolved with a saved result
-        std::size_t released = 0;  ///< released (certainly not performed)
-        std::size_t left = 0;  ///< left in progress by the resolver
-        std::size_t failed = 0;    ///< failures.size()
+        std::size_t listed = 0;           ///< stale keys seen
+        std::size_t taken = 0;            ///< taken by this reconciler (others were taken by someone else)
+        std::size_t saved = 0;            ///< resolved with a saved result
+        std::size_t released = 0;         ///< released (certainly not performed)
+        std::size_t left = 0;             ///< left in progress by the resolver
+        std::size_t failed = 0;           ///< failures.size()
         std::vector<Failure> failures{};  ///< in the order the keys were handled
     };
 

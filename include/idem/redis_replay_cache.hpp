@@ -63,9 +63,9 @@ struct RedisReplayCacheOptions {
 
 /// Counters since the tier was made.
 struct RedisReplayCacheStats {
-    std::uint64_t hits = 0;  ///< finds answered from Redis
+    std::uint64_t hits = 0;      ///< finds answered from Redis
     std::uint64_t misses = 0;    ///< not there, expired, or not asked (paused after an error)
-    std::uint64_t inserts = 0;  ///< records kept
+    std::uint64_t inserts = 0;   ///< records kept
     std::uint64_t rejected = 0;  ///< not kept: not completed, no read_at, no retention left, too large
     std::uint64_t errors = 0;    ///< Redis errors and timeouts, and entries that could not be decoded
     std::uint64_t skipped = 0;   ///< calls answered as misses during a pause after an error

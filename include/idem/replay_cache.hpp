@@ -49,19 +49,18 @@ struct ReplayCacheOptions {
 
 /// Counters since the cache was made (summed over the shards; not one atomic snapshot).
 struct ReplayCacheStats {
-    std::uint64_t hits = 0;  ///< finds answered from the cache
-    std::uint64_t misses = 0;      ///< not there, or expired (expired entries are dropped)
-    std::uint64_t inserts = 0;  ///< records kept
-    std::uint64_t evictions = 0;   ///< dropped to make room (least recently used)
-    std::uint64_t rejected = 0;    ///< not kept: too large, not completed, no read_at, expired
-    std::uint64_t entries = 0;  ///< entries held now
-    std::uint64_t bytes = 0;  ///< bytes the entries account for now
+    std::uint64_t hits = 0;       ///< finds answered from the cache
+    std::uint64_t misses = 0;     ///< not there, or expired (expired entries are dropped)
+    std::uint64_t inserts = 0;    ///< records kept
+    std::uint64_t evictions = 0;  ///< dropped to make room (least recently used)
+    std::uint64_t rejected = 0;   ///< not kept: too large, not completed, no read_at, expired
+    std::uint64_t entries = 0;    ///< entries held now
+    std::uint64_t bytes = 0;      ///< bytes the entries account for now
 };
 
 /// Completed records in process memory, bounded by bytes, sharded (see the top of this header).
 class ReplayCache final : public ReplayTier {
 public:
-
     /// Throws config_error on invalid options (see the top of this header).
     explicit ReplayCache(ReplayCacheOptions options = {});
     ~ReplayCache() override;

@@ -89,7 +89,7 @@ struct Record {
     std::optional<std::string> result{};
     /// The last recovery point the effect recorded (record_phase), and its data.
     std::optional<std::string> phase{};
-    std::optional<std::string> phase_data{};  ///< the data recorded with `phase`
+    std::optional<std::string> phase_data{};             ///< the data recorded with `phase`
     std::chrono::system_clock::time_point created_at{};  ///< when the key was claimed
     /// When the owner's lease passes (in progress).
     std::chrono::system_clock::time_point lease_until{};
@@ -123,14 +123,14 @@ struct Claim {
 
 /// An in-progress key whose lease has passed: its owner crashed, hangs, or met an unknown outcome.
 struct StaleKey {
-    Key key;  ///< the key
+    Key key;          ///< the key
     Record record{};  ///< its record, as listed
 };
 
 /// One save of a batch (see IdempotencyStore::save_batch).
 struct SaveRequest {
-    const Key& key;  ///< the key to complete
-    Fence fence = 0;  ///< the fence token of its claim
+    const Key& key;             ///< the key to complete
+    Fence fence = 0;            ///< the fence token of its claim
     std::string_view result{};  ///< the encoded result to store
 };
 
@@ -142,23 +142,23 @@ enum class SaveStatus { saved, lease_lost, too_large };
 /// pipeline of statements flushed together counts once. Connection set-up is not counted.
 struct StoreStats {
     std::uint64_t round_trips = 0;  ///< waits for the database's answer
-    std::uint64_t claims = 0;             ///< claim() calls
-    std::uint64_t claims_won = 0;         ///< claims that created (or took over) the record
-    std::uint64_t saves = 0;  ///< save() calls (and saves of a batch)
-    std::uint64_t releases = 0;  ///< release() calls
-    std::uint64_t reads = 0;  ///< read() calls
+    std::uint64_t claims = 0;       ///< claim() calls
+    std::uint64_t claims_won = 0;   ///< claims that created (or took over) the record
+    std::uint64_t saves = 0;        ///< save() calls (and saves of a batch)
+    std::uint64_t releases = 0;     ///< release() calls
+    std::uint64_t reads = 0;        ///< read() calls
     /// Statements retried (broken connection, 40001, 55P03...).
     std::uint64_t retries = 0;
-    std::uint64_t connections_opened = 0;  ///< database connections opened
+    std::uint64_t connections_opened = 0;     ///< database connections opened
     std::uint64_t connections_discarded = 0;  ///< closed after an error or a failed health check
     /// Group commit (PostgresStore): shared transactions sent for concurrent claims / saves, the calls
     /// that went in them, and the largest group seen. A caller that went alone counts as a group of 1.
     std::uint64_t claim_groups = 0;
-    std::uint64_t grouped_claims = 0;  ///< claims sent in those shared transactions
+    std::uint64_t grouped_claims = 0;       ///< claims sent in those shared transactions
     std::uint64_t largest_claim_group = 0;  ///< the most claims one shared transaction carried
-    std::uint64_t save_groups = 0;  ///< shared transactions sent for concurrent saves
-    std::uint64_t grouped_saves = 0;  ///< saves sent in those shared transactions
-    std::uint64_t largest_save_group = 0;  ///< the most saves one shared transaction carried
+    std::uint64_t save_groups = 0;          ///< shared transactions sent for concurrent saves
+    std::uint64_t grouped_saves = 0;        ///< saves sent in those shared transactions
+    std::uint64_t largest_save_group = 0;   ///< the most saves one shared transaction carried
 };
 
 /// The interface every backend implements (see the top of this header for the states of a key).
@@ -169,8 +169,7 @@ public:
 
     /// Claims `key` for a request with fingerprint `fp`. Durable before it returns.
     /// Throws store_unavailable (nothing claimed by this call) or database_error.
-    [[nodiscard]] virtual Claim claim(const Key& key, const Fingerprint& fp,
-                                      const ClaimOptions& options = {}) = 0;
+    [[nodiscard]] virtual Claim claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options = {}) = 0;
 
     /// Completes the key with `result`. Throws lease_lost if `fence` no longer owns it,
     /// response_too_large if result.size() > max_result_bytes() (before any I/O),
@@ -186,8 +185,7 @@ public:
     /// claims on one node (on a Citus-distributed table, one per shard segment: docs/scale-out.md);
     /// the default runs claim() for each. Throws like claim() for failures of the whole batch,
     /// releasing what it had won.
-    [[nodiscard]] virtual std::vector<Claim> claim_batch(std::span<const Key> keys,
-                                                         std::span<const Fingerprint> fps,
+    [[nodiscard]] virtual std::vector<Claim> claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
                                                          const ClaimOptions& options = {});
 
     /// Saves many results at once; statuses[i] answers saves[i]. PostgresStore: one round trip, one
@@ -202,8 +200,7 @@ public:
 
     /// Recovery point: the fence holder records the phase it reached and small data (e.g. the
     /// provider's id), so a resumed attempt or the reconciler continues from there. Throws lease_lost.
-    virtual void record_phase(const Key& key, Fence fence, std::string_view phase,
-                              std::string_view data) = 0;
+    virtual void record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) = 0;
 
     /// Takes over an in-progress key whose lease has passed and whose fence is still `stale_fence`:
     /// gives it a new fence and a lease of `lease`. `new_attempt` adds one to the attempt number
@@ -211,8 +208,7 @@ public:
     /// concurrent takers succeeds; the others get nullopt. The old fence holder gets lease_lost
     /// from any later write.
     [[nodiscard]] virtual std::optional<Fence> take_over(const Key& key, Fence stale_fence,
-                                                         std::chrono::milliseconds lease,
-                                                         bool new_attempt) = 0;
+                                                         std::chrono::milliseconds lease, bool new_attempt) = 0;
 
     /// The stored record, if any (expired records included until purged).
     [[nodiscard]] virtual std::optional<Record> read(const Key& key) = 0;
@@ -229,8 +225,7 @@ public:
     /// Deletes completed records past their retention, `batch_size` rows per transaction, skipping
     /// rows another session has locked, until none is left or `max_batches` ran. Returns how many
     /// were deleted. Never waits on a claim, and claims of live keys never wait on it.
-    virtual std::size_t purge_expired(std::size_t batch_size = 1000,
-                                      std::size_t max_batches = SIZE_MAX) = 0;
+    virtual std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) = 0;
 
     /// Counters since the store was made.
     [[nodiscard]] virtual StoreStats stats() const = 0;

@@ -53,7 +53,7 @@ public:
 
     /// The answer to exec().
     struct Rows {
-        std::vector<Row> rows{};  ///< the rows returned, in order
+        std::vector<Row> rows{};   ///< the rows returned, in order
         std::size_t affected = 0;  ///< rows inserted/updated/deleted (or returned)
     };
 
@@ -84,8 +84,8 @@ private:
 
 /// In-transaction execute_once; see the top of this header.
 template <class F>
-[[nodiscard]] auto execute_once_in_transaction(PostgresStore& store, const Key& key, const Fingerprint& fp,
-                                               F&& fn, const ClaimOptions& options = {})
+[[nodiscard]] auto execute_once_in_transaction(PostgresStore& store, const Key& key, const Fingerprint& fp, F&& fn,
+                                               const ClaimOptions& options = {})
     -> Result<std::remove_cvref_t<std::invoke_result_t<F&, Transaction&>>> {
     using R = std::remove_cvref_t<std::invoke_result_t<F&, Transaction&>>;
     std::optional<R> value;

@@ -37,7 +37,8 @@ void AsyncConnection::watch_socket() {
     const int fd = PQsocket(conn_.get());
     if (fd < 0) pg::throw_connect_error(PQerrorMessage(conn_.get()));
     // The same socket? (by identity: a new socket may get the number of the one libpq closed)
-    struct stat ours {}, theirs {};
+    struct stat ours {
+    }, theirs{};
     if (socket_.is_open() && ::fstat(fd, &theirs) == 0 && ::fstat(socket_.native_handle(), &ours) == 0 &&
         ours.st_ino == theirs.st_ino && ours.st_dev == theirs.st_dev) {
         return;
@@ -45,7 +46,8 @@ void AsyncConnection::watch_socket() {
     boost::system::error_code ignored;
     if (socket_.is_open()) socket_.close(ignored);
     const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (copy < 0) throw store_unavailable(std::string("idem: cannot watch the PostgreSQL socket: ") + std::strerror(errno));
+    if (copy < 0)
+        throw store_unavailable(std::string("idem: cannot watch the PostgreSQL socket: ") + std::strerror(errno));
     socket_.assign(copy);
 }
 
@@ -79,11 +81,11 @@ net::awaitable<void> AsyncConnection::open() {
             }
         });
         boost::system::error_code ec;
-        co_await socket_.async_wait(poll == PGRES_POLLING_READING ? net::posix::stream_descriptor::wait_read
-                                                                  : net::posix::stream_descriptor::wait_write,
-                                    // (the pool's connection, whoever asked for it: a caller's cancellation does not end it)
-                                    net::bind_cancellation_slot(net::cancellation_slot(),
-                                                                net::redirect_error(net::use_awaitable, ec)));
+        co_await socket_.async_wait(
+            poll == PGRES_POLLING_READING ? net::posix::stream_descriptor::wait_read
+                                          : net::posix::stream_descriptor::wait_write,
+            // (the pool's connection, whoever asked for it: a caller's cancellation does not end it)
+            net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
         wait->waiting = false;
         timer.cancel();
         if (wait->timed_out) throw store_unavailable("idem: cannot connect to PostgreSQL: timeout expired");
@@ -135,11 +137,11 @@ void AsyncConnection::send(const pg::Step& step) {
     const pg::StatementDef& def = *step.def;
     const pg::Params& p = *step.params;
     const int ok = settings_.prepared_statements && !def.name.empty()
-        ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(),
-                              step.result_format)
-        : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
-                            def.param_types.empty() ? nullptr : def.param_types.data(), p.values(), p.lengths(),
-                            p.formats(), step.result_format);
+                       ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(),
+                                             p.formats(), step.result_format)
+                       : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
+                                           def.param_types.empty() ? nullptr : def.param_types.data(), p.values(),
+                                           p.lengths(), p.formats(), step.result_format);
     if (ok != 1) fail_now("send " + def.name);
     if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail_now("PQpipelineSync");
 }
@@ -177,7 +179,8 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
         return;
     }
     const bool was_idle = fifo_.empty();
-    fifo_.push_back(Pending{pg::PipelineAnswers(sync_after.size()), std::move(sync_after), deadline, std::move(handler)});
+    fifo_.push_back(
+        Pending{pg::PipelineAnswers(sync_after.size()), std::move(sync_after), deadline, std::move(handler)});
     if (!reading_) {
         reading_ = true;
         net::co_spawn(strand_, read_loop(shared_from_this()), net::detached);
@@ -220,7 +223,8 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
             break;
         }
         boost::system::error_code ec;
-        co_await socket_.async_wait(net::posix::stream_descriptor::wait_write, net::redirect_error(net::use_awaitable, ec));
+        co_await socket_.async_wait(net::posix::stream_descriptor::wait_write,
+                                    net::redirect_error(net::use_awaitable, ec));
         if (ec && !broken_) {
             fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed: " + ec.message())));
         }
@@ -234,7 +238,8 @@ net::awaitable<void> AsyncConnection::read_loop(std::shared_ptr<AsyncConnection>
         drain();  // what libpq has already read (a send or flush reads when the socket is full)
         if (broken_ || fifo_.empty()) break;
         boost::system::error_code ec;
-        co_await socket_.async_wait(net::posix::stream_descriptor::wait_read, net::redirect_error(net::use_awaitable, ec));
+        co_await socket_.async_wait(net::posix::stream_descriptor::wait_read,
+                                    net::redirect_error(net::use_awaitable, ec));
         if (broken_) break;
         if (ec) {
             fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed: " + ec.message())));
@@ -256,7 +261,8 @@ net::awaitable<void> AsyncConnection::deadline_loop(std::shared_ptr<AsyncConnect
     while (!broken_ && !fifo_.empty()) {
         const auto until = fifo_.front().deadline;
         if (Clock::now() >= until) {
-            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)")));
+            fail(std::make_exception_ptr(
+                pg::connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)")));
             break;
         }
         deadline_timer_.expires_at(until);
@@ -281,8 +287,8 @@ void AsyncConnection::drain() {
             });
         }
     } catch (const pg::pipeline_surprise& e) {
-        fail(std::make_exception_ptr(pg::connection_broken(std::string("idem: PostgreSQL connection failed (") + e.what() +
-                                                           "): " + pg::trim(PQerrorMessage(conn_.get())))));
+        fail(std::make_exception_ptr(pg::connection_broken(std::string("idem: PostgreSQL connection failed (") +
+                                                           e.what() + "): " + pg::trim(PQerrorMessage(conn_.get())))));
     } catch (const pg::connection_broken&) {
         fail(std::current_exception());
     }

@@ -10,11 +10,11 @@
 #include <boost/asio/use_future.hpp>
 
 #include <algorithm>
-#include <type_traits>
-#include <unordered_set>
 #include <atomic>
 #include <future>
 #include <limits>
+#include <type_traits>
+#include <unordered_set>
 #include <vector>
 
 #include "../common.hpp"
@@ -39,7 +39,8 @@ namespace {
 net::awaitable<void> pause_for(std::chrono::milliseconds d) {
     net::steady_timer timer(co_await net::this_coro::executor, d);
     boost::system::error_code ec;
-    co_await timer.async_wait(net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
+    co_await timer.async_wait(
+        net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
 }
 
 std::string notify_payload(const pg::TableName& t, const Key& key) {
@@ -62,8 +63,8 @@ struct AsyncPostgresStore::Impl {
           blocking(conninfo, blocking_options(options)),  // validates the options, connects lazily
           table(pg::TableName::parse(options.table)),
           defs(pg::statements(table)),
-          settings{std::move(conninfo),    options.application_name, options.connect_timeout,
-                   options.statement_timeout, options.lock_timeout,  options.prepared_statements,
+          settings{std::move(conninfo),       options.application_name, options.connect_timeout,
+                   options.statement_timeout, options.lock_timeout,     options.prepared_statements,
                    options.session_options},
           connected(strand, Clock::time_point::max()) {}
 
@@ -109,9 +110,10 @@ struct AsyncPostgresStore::Impl {
     // every open one is busy (so load spreads over pool_size connections, each pipelining).
     net::awaitable<std::shared_ptr<AsyncConnection>> acquire() {
         for (;;) {
-            const auto end = std::remove_if(connections.begin(), connections.end(),
-                                            [](const auto& c) { return c->broken(); });
-            counters.discarded.fetch_add(static_cast<std::uint64_t>(connections.end() - end), std::memory_order_relaxed);
+            const auto end =
+                std::remove_if(connections.begin(), connections.end(), [](const auto& c) { return c->broken(); });
+            counters.discarded.fetch_add(static_cast<std::uint64_t>(connections.end() - end),
+                                         std::memory_order_relaxed);
             connections.erase(end, connections.end());
             std::shared_ptr<AsyncConnection> best;
             for (const auto& c : connections) {
@@ -177,8 +179,10 @@ struct AsyncPostgresStore::Impl {
             co_return co_await run(conn, steps);
         }
         Params none;
-        const Step steps[] = {{&defs[pg::kBegin], &none, false},    {&defs[pg::kClaimInsert], &ins, false},
-                              {&defs[pg::kSelect], &sel, false},    {&defs[pg::kCommit], &none, true},
+        const Step steps[] = {{&defs[pg::kBegin], &none, false},
+                              {&defs[pg::kClaimInsert], &ins, false},
+                              {&defs[pg::kSelect], &sel, false},
+                              {&defs[pg::kCommit], &none, true},
                               {&defs[pg::kRollback], &none, true}};
         pg::StepResults all = co_await run(conn, steps);
         if (!all[4].ok() || PQtransactionStatus(conn.native()) == PQTRANS_INERROR) {
@@ -231,7 +235,6 @@ struct AsyncPostgresStore::Impl {
             if (next.pause.count() > 0) co_await pause_for(next.pause);
         }
     }
-
 
     // ---- Group commit (docs/design.md, "The asynchronous path") ----
     //
@@ -350,7 +353,8 @@ struct AsyncPostgresStore::Impl {
     // sends its own statements, with its fence, and recognises whatever the group committed).
     net::awaitable<void> run_claim_group(std::vector<ClaimMember*> group) {
         // Rows in key order: concurrent groups lock shared keys in one order.
-        std::sort(group.begin(), group.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+        std::sort(group.begin(), group.end(),
+                  [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
         for (ClaimMember* c : group) c->got = ClaimMember::Got::alone;
         std::shared_ptr<AsyncConnection> conn;
         std::exception_ptr unreachable;
@@ -413,7 +417,8 @@ struct AsyncPostgresStore::Impl {
     }
 
     net::awaitable<void> run_save_group(std::vector<SaveMember*> group) {
-        std::sort(group.begin(), group.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
+        std::sort(group.begin(), group.end(),
+                  [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
         // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
         // goes alone, after the group, as a concurrent save of it would.
         std::vector<SaveMember*> sent;
@@ -437,7 +442,8 @@ struct AsyncPostgresStore::Impl {
             try {
                 std::vector<pg::SaveRow> rows;
                 rows.reserve(sent.size());
-                for (const SaveMember* m : sent) rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
+                for (const SaveMember* m : sent)
+                    rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
                 const pg::SaveRowsPlan plan(defs, pg::Layout::plain, rows);
                 note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group, sent.size());
                 count(counters.round_trips);
@@ -530,7 +536,8 @@ struct AsyncPostgresStore::Impl {
                         break;
                     }
                     // (rounded up: a poll due at the deadline reads after it, and so answers)
-                    co_await pause_for(std::chrono::ceil<std::chrono::milliseconds>(machine.next_poll() - Clock::now()));
+                    co_await pause_for(
+                        std::chrono::ceil<std::chrono::milliseconds>(machine.next_poll() - Clock::now()));
                     next = machine.on_waited(true);
                     break;
                 }
@@ -550,7 +557,12 @@ struct AsyncPostgresStore::Impl {
         co_return co_await with_connection<std::optional<Record>>(
             "take_over", [&](AsyncConnection& conn, int attempt) -> net::awaitable<std::optional<Record>> {
                 Params p;
-                p.text(key.scope()).text(key.value()).int8(stale).int8(fresh).int8(lease.count()).int4(new_attempt ? 1 : 0);
+                p.text(key.scope())
+                    .text(key.value())
+                    .int8(stale)
+                    .int8(fresh)
+                    .int8(lease.count())
+                    .int4(new_attempt ? 1 : 0);
                 auto res = co_await run_one(conn, pg::kTakeOver, p);
                 if (auto taken = pg::take_over_answer(res, lease)) co_return taken;
                 if (attempt > 1) {
@@ -708,7 +720,8 @@ net::awaitable<void> AsyncPostgresStore::co_record_phase(Key key, Fence fence, s
 }
 
 net::awaitable<std::optional<Fence>> AsyncPostgresStore::co_take_over(Key key, Fence stale_fence,
-                                                                      std::chrono::milliseconds lease, bool new_attempt) {
+                                                                      std::chrono::milliseconds lease,
+                                                                      bool new_attempt) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     const Fence fence = idem::detail::new_fence();
@@ -730,8 +743,9 @@ namespace {
 // never on the store's own strand, where the operation could not run while we wait.
 void refuse_on_own_executor(const AsyncPostgresStore::executor_type& strand) {
     if (strand.running_in_this_thread()) {
-        throw config_error("idem: a blocking call of AsyncPostgresStore was made on the store's own executor, "
-                           "where it would wait for itself: co_await the co_ / async_ forms there");
+        throw config_error(
+            "idem: a blocking call of AsyncPostgresStore was made on the store's own executor, "
+            "where it would wait for itself: co_await the co_ / async_ forms there");
     }
 }
 }  // namespace

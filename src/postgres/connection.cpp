@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
@@ -90,9 +90,7 @@ std::uint64_t get_be(const PGresult* r, int row, int col, int width) {
     return v;
 }
 
-std::int64_t get_int8(const PGresult* r, int row, int col) {
-    return static_cast<std::int64_t>(get_be(r, row, col, 8));
-}
+std::int64_t get_int8(const PGresult* r, int row, int col) { return static_cast<std::int64_t>(get_be(r, row, col, 8)); }
 std::int32_t get_int4(const PGresult* r, int row, int col) {
     return static_cast<std::int32_t>(static_cast<std::uint32_t>(get_be(r, row, col, 4)));
 }
@@ -126,7 +124,8 @@ std::chrono::system_clock::time_point timestamptz_from_pg(std::int64_t us) noexc
 }
 
 void quiet_notices(PGconn* conn) noexcept {
-    PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);
+    PQsetNoticeProcessor(
+        conn, [](void*, const char*) {}, nullptr);
 }
 
 bool is_connection_sqlstate(std::string_view s) noexcept {
@@ -160,11 +159,12 @@ std::string session_options(const ConnectSettings& settings) {
     // they stay cached while the table grows — until the next ANALYZE, each claim reads the whole
     // table (measured: 1 ms and 5,000 rows read per lookup at 5,000 rows). Off, the planner takes
     // the index whatever the statistics say. list_stale, which must scan, turns it back on.
-    std::string ours = "-c enable_seqscan=off -c statement_timeout=" + std::to_string(settings.statement_timeout.count()) +
-                       " -c lock_timeout=" + std::to_string(settings.lock_timeout.count()) +
-                       // a claim never runs inside an open transaction; this is a safety net
-                       " -c idle_in_transaction_session_timeout=" +
-                       std::to_string(std::max<long long>(settings.statement_timeout.count() * 2, 1000));
+    std::string ours =
+        "-c enable_seqscan=off -c statement_timeout=" + std::to_string(settings.statement_timeout.count()) +
+        " -c lock_timeout=" + std::to_string(settings.lock_timeout.count()) +
+        // a claim never runs inside an open transaction; this is a safety net
+        " -c idle_in_transaction_session_timeout=" +
+        std::to_string(std::max<long long>(settings.statement_timeout.count() * 2, 1000));
     return user.empty() ? ours : user + " " + ours;
 }
 
@@ -231,8 +231,10 @@ std::string connect_failure_sqlstate(std::string_view message) noexcept {
     //
     // libpq's own verdict on the conninfo, before any connection (its messages begin with it).
     static constexpr std::string_view malformed[] = {
-        "invalid connection option", "invalid integer value", "invalid port number", "missing \"=\" after",
-        "unterminated quoted string", "invalid URI", "invalid sslmode value", "invalid gssencmode value",
+        "invalid connection option",     "invalid integer value",
+        "invalid port number",           "missing \"=\" after",
+        "unterminated quoted string",    "invalid URI",
+        "invalid sslmode value",         "invalid gssencmode value",
         "invalid channel_binding value", "invalid target_session_attrs value",
     };
     for (std::string_view m : malformed) {
@@ -261,7 +263,8 @@ void throw_connect_error(const std::string& libpq_message) {
 }
 
 ConnectParams::ConnectParams(const ConnectSettings& settings)
-    : timeout_(std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000))),  // libpq: seconds, min 2
+    : timeout_(std::to_string(
+          std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000))),  // libpq: seconds, min 2
       options_(settings.session_options ? session_options(settings) : std::string()) {
     // The user's conninfo is expanded from "dbname"; the keywords after it take precedence.
     keys_ = {"dbname", "connect_timeout", "application_name", settings.session_options ? "options" : nullptr, nullptr};
@@ -283,9 +286,8 @@ void check_prepared(const PGresult* r, const StatementDef& def) {
     // The backend went away while we prepared (terminated, shutting down): a broken
     // connection, retried on a fresh one like any other — not a statement's error.
     if (is_connection_sqlstate(state)) {
-        throw connection_broken("idem: PostgreSQL closed the connection while preparing: " +
-                                    trim(PQresultErrorMessage(r)),
-                                state);
+        throw connection_broken(
+            "idem: PostgreSQL closed the connection while preparing: " + trim(PQresultErrorMessage(r)), state);
     }
     // (a missing table is a config_error that says to run ensure_schema(); a lock or
     // statement timeout while preparing, the table being locked, is unavailable now)
@@ -352,8 +354,7 @@ void Connection::prepare(const ConnectSettings& settings, std::span<const Statem
 void Connection::fail(const std::string& what) {
     if (overdue_.load(std::memory_order_acquire)) fail_overdue();  // the watchdog cut it: say why
     broken_ = true;
-    throw connection_broken("idem: PostgreSQL connection failed (" + what +
-                            "): " + trim(PQerrorMessage(conn_.get())));
+    throw connection_broken("idem: PostgreSQL connection failed (" + what + "): " + trim(PQerrorMessage(conn_.get())));
 }
 
 void Connection::fail_overdue() {
@@ -456,17 +457,16 @@ void Connection::send(const Step& step) {
     const StatementDef& def = *step.def;
     const Params& p = *step.params;
     const int ok = prepared_ && !def.name.empty()
-        ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(),
-                              step.result_format)
-        : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
-                            def.param_types.empty() ? nullptr : def.param_types.data(), p.values(), p.lengths(),
-                            p.formats(), step.result_format);
+                       ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(),
+                                             p.formats(), step.result_format)
+                       : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
+                                           def.param_types.empty() ? nullptr : def.param_types.data(), p.values(),
+                                           p.lengths(), p.formats(), step.result_format);
     if (ok != 1) fail("send " + def.name);
     if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail("PQpipelineSync");
 }
 
-bool Connection::wait_notification(std::string_view channel, std::string_view payload,
-                                   Clock::time_point deadline) {
+bool Connection::wait_notification(std::string_view channel, std::string_view payload, Clock::time_point deadline) {
     if (generation_ != detail::fork_generation()) refuse_in_child();
     for (;;) {
         if (PQconsumeInput(conn_.get()) != 1) fail("PQconsumeInput");
@@ -604,13 +604,16 @@ bool PipelineAnswers::feed(ResultPtr r, bool sync_after) {
                 case PGRES_PIPELINE_ABORTED: out_[i_].aborted = true; break;
                 case PGRES_FATAL_ERROR: take_error(out_[i_], std::move(r)); break;
                 default:
-                    throw pipeline_surprise(std::string("unexpected result status ") + PQresStatus(PQresultStatus(r.get())));
+                    throw pipeline_surprise(std::string("unexpected result status ") +
+                                            PQresStatus(PQresultStatus(r.get())));
             }
             expect_ = Expect::null;
             return false;
         case Expect::null:
         case Expect::null_after_commit_error:
-            if (r) surprise(expect_ == Expect::null ? "unexpected extra result" : "unexpected extra result after a failed commit");
+            if (r)
+                surprise(expect_ == Expect::null ? "unexpected extra result"
+                                                 : "unexpected extra result after a failed commit");
             if (expect_ == Expect::null && !sync_after) {
                 ++i_;
                 expect_ = Expect::result;

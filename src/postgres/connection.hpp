@@ -13,16 +13,16 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <stop_token>
-#include <thread>
-#include <functional>
-#include <optional>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "idem/errors.hpp"
@@ -112,7 +112,7 @@ private:
     std::array<int, kCapacity> lengths_;
     std::array<int, kCapacity> formats_;
     std::array<std::array<char, 8>, kCapacity> numbers_;  // big-endian numbers, by parameter index
-    std::vector<std::unique_ptr<std::string>> owned_;        // encoded arrays (stable addresses)
+    std::vector<std::unique_ptr<std::string>> owned_;     // encoded arrays (stable addresses)
 };
 
 /// One statement of a pipeline: which definition, with which parameters.
@@ -131,9 +131,9 @@ struct Step {
 /// transaction's commit) failed: a statement whose transaction rolled back is never ok(), so a
 /// caller cannot act on an INSERT's row that a failed read or COMMIT after it undid.
 struct StepResult {
-    ResultPtr result;      ///< the statement's result (on failure: the error result); else null
-    bool failed = false;   ///< the statement (or its segment's COMMIT) failed: sqlstate(), message()
-    bool aborted = false;  ///< skipped because an earlier statement of its segment failed
+    ResultPtr result;          ///< the statement's result (on failure: the error result); else null
+    bool failed = false;       ///< the statement (or its segment's COMMIT) failed: sqlstate(), message()
+    bool aborted = false;      ///< skipped because an earlier statement of its segment failed
     bool rolled_back = false;  ///< ran, but a later statement or the COMMIT of its segment failed
 
     [[nodiscard]] bool ok() const noexcept { return !failed && !aborted && !rolled_back; }
@@ -150,8 +150,7 @@ public:
     static constexpr std::size_t kInline = 4;
 
     StepResults() noexcept = default;
-    explicit StepResults(std::size_t n)
-        : heap_(n > kInline ? std::make_unique<StepResult[]>(n) : nullptr), size_(n) {}
+    explicit StepResults(std::size_t n) : heap_(n > kInline ? std::make_unique<StepResult[]>(n) : nullptr), size_(n) {}
 
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
     /// The first statement that failed (its error is the segment's), or null when none did.
@@ -346,7 +345,7 @@ private:
     Watchdog* watchdog_ = nullptr;  // set once the connection is complete and watched
     int fd_ = -1;
     std::atomic<Clock::rep> waiting_until_{0};  // deadline of the exchange in progress; 0: none
-    std::atomic<bool> overdue_{false};           // the watchdog shut the socket down
+    std::atomic<bool> overdue_{false};          // the watchdog shut the socket down
 };
 
 /// A binary fixed-width column (1 ≤ width ≤ 8 bytes, big-endian) as an unsigned number; throws

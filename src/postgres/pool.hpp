@@ -91,7 +91,7 @@ private:
     friend class Lease;
     void give_back(std::unique_ptr<Connection> conn) noexcept;
     void record_wait(Clock::duration waited) noexcept;  // one acquire that waited, in total
-    struct alignas(64) Slot {  // one cache line each: no false sharing between threads' slots
+    struct alignas(64) Slot {                           // one cache line each: no false sharing between threads' slots
         std::atomic<Connection*> conn{nullptr};
         std::atomic<std::uint64_t> acquires{0};  // acquire() calls of the threads of this slot
     };

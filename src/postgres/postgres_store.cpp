@@ -6,21 +6,21 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
-#include <exception>
-#include <new>
-#include <stdexcept>
-#include <map>
 #include <deque>
-#include <unordered_map>
-#include <unordered_set>
+#include <exception>
+#include <map>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "../common.hpp"
 #include "connection.hpp"
-#include "machine.hpp"
 #include "group.hpp"
+#include "machine.hpp"
 #include "pool.hpp"
 #include "record.hpp"
 #include "rows.hpp"
@@ -30,9 +30,9 @@ namespace idem {
 
 using pg::Clock;
 using pg::Params;
+using pg::parse_record;
 using pg::Step;
 using pg::StepResult;
-using pg::parse_record;
 
 namespace {
 
@@ -151,8 +151,7 @@ struct PostgresStore::Impl {
     // arithmetic: a shard's fetch_sub of another shard's add still sums exactly).
     struct alignas(64) Counters {
         std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
-            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, save_groups{0},
-            grouped_saves{0};
+            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, save_groups{0}, grouped_saves{0};
     };
     std::atomic<std::uint64_t> largest_claim_group{0}, largest_save_group{0};
     // purge_expired met a Citus-distributed table (sql.cpp, kPurgeDistributed).
@@ -162,8 +161,8 @@ struct PostgresStore::Impl {
     // and distribute(); kUnknown until then.
     enum Distribution : int { kUnknown, kPlain, kByScope, kByKey };
     std::atomic<int> distribution{kUnknown};
-    std::atomic<bool> citus{false};                   // the citus extension is installed
-    std::atomic<Clock::rep> recheck_layout_at{0};     // kPlain with Citus: ask again from then on
+    std::atomic<bool> citus{false};                // the citus extension is installed
+    std::atomic<Clock::rep> recheck_layout_at{0};  // kPlain with Citus: ask again from then on
     std::array<Counters, 16> counter_shards;
     Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
@@ -351,8 +350,7 @@ struct PostgresStore::Impl {
     // The listening wait, on one pooled connection held throughout: LISTEN, flag the row as waited
     // for, then wake on the saver's NOTIFY, on a poll that is due (automatic; notify polls at the
     // deadline only), or at the deadline. nullopt: LISTEN is not usable here (a pooler): poll.
-    std::optional<pg::ClaimMachine::Next> listen_for_save(const Key& key, pg::ClaimMachine& machine,
-                                                          Fence waited_for) {
+    std::optional<pg::ClaimMachine::Next> listen_for_save(const Key& key, pg::ClaimMachine& machine, Fence waited_for) {
         using Next = pg::ClaimMachine::Next;
         return with_connection("wait", [&](pg::Connection& conn, int) -> std::optional<Next> {
             if (!own_session(conn)) return std::nullopt;
@@ -444,7 +442,6 @@ struct PostgresStore::Impl {
         return found;
     }
 
-
     using ClaimRow = pg::ClaimRow;
     using ClaimAnswers = pg::ClaimAnswers;
     using KeyRef = pg::KeyRef;
@@ -496,8 +493,8 @@ struct PostgresStore::Impl {
         std::chrono::seconds retention;
         Claim* out;  // `found`: the record read is decoded into out->existing
         enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
-        pg::StepResults plain;      // plain: a group of one ran today's round trip; these are its answers
-        std::exception_ptr error;   // error: what the member's own call throws
+        pg::StepResults plain;     // plain: a group of one ran today's round trip; these are its answers
+        std::exception_ptr error;  // error: what the member's own call throws
         // As the leader of a relayed group: the previous leader sent it (`flight`: its answers are to
         // be read), or tried to (no flight: every member's answer is written already).
         bool relayed = false;
@@ -507,8 +504,9 @@ struct PostgresStore::Impl {
     // Today's claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim. `keep`: on one
     // plain node, the connection is kept there after the round trip (group commit relays the next
     // group on it) instead of going back to the pool.
-    pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
-                                     std::chrono::seconds retention, std::optional<pg::Lease>* keep = nullptr) {
+    pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence,
+                                     std::chrono::milliseconds lease, std::chrono::seconds retention,
+                                     std::optional<pg::Lease>* keep = nullptr) {
         return with_connection("claim", [&](pg::Lease& leased, int) {
             pg::Connection& conn = *leased;
             Params ins;
@@ -797,11 +795,13 @@ struct PostgresStore::Impl {
                 f->deadline = deadline();
             } else {
                 f->rows.reserve(f->sent.size());
-                for (const SaveMember* v : f->sent) f->rows.push_back({v->key->scope(), v->key->value(), v->result, v->fence});
+                for (const SaveMember* v : f->sent)
+                    f->rows.push_back({v->key->scope(), v->key->value(), v->result, v->fence});
                 f->plan.emplace(defs, layout_of(layout(*conn)), f->rows);
                 f->steps = f->plan->steps();
                 const auto segments = f->plan->segments();
-                f->deadline = deadline() + options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
+                f->deadline =
+                    deadline() + options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
             }
             for (SaveMember* v : f->sent) v->sent = true;
             counters().round_trips.fetch_add(1, std::memory_order_relaxed);
@@ -862,20 +862,23 @@ struct PostgresStore::Impl {
     // A save's own round trips (today's, and what follows a group's failure): the one-row UPDATE,
     // sent again within save_retry_window. `group_sent`: a group's UPDATE may have saved it already.
     void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent) {
-        const bool waiters = with_connection("save", [&](pg::Connection& conn, int attempt) {
-            Params p;
-            p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
-            auto res = run_one(conn, pg::kSave, p);
-            bool notify = false;
-            switch (pg::save_answer(res, attempt > 1 || group_sent, notify)) {
-                case pg::SaveAnswer::saved: return notify;
-                case pg::SaveAnswer::check_record:
-                    if (pg::own_save(select(conn, key), fence, result)) return false;
-                    break;
-                case pg::SaveAnswer::lost: break;
-            }
-            pg::throw_save_lost(fence);
-        }, options.save_retry_window);
+        const bool waiters = with_connection(
+            "save",
+            [&](pg::Connection& conn, int attempt) {
+                Params p;
+                p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
+                auto res = run_one(conn, pg::kSave, p);
+                bool notify = false;
+                switch (pg::save_answer(res, attempt > 1 || group_sent, notify)) {
+                    case pg::SaveAnswer::saved: return notify;
+                    case pg::SaveAnswer::check_record:
+                        if (pg::own_save(select(conn, key), fence, result)) return false;
+                        break;
+                    case pg::SaveAnswer::lost: break;
+                }
+                pg::throw_save_lost(fence);
+            },
+            options.save_retry_window);
         if (waiters) wake_waiters(key);
     }
 
@@ -885,7 +888,7 @@ struct PostgresStore::Impl {
     template <class M>
     void lead(pg::Combiner& groups, M& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
         constexpr bool claims = std::is_same_v<M, ClaimMember>;
-        std::optional<pg::Lease> conn = me.flight  ? land(*me.flight)
+        std::optional<pg::Lease> conn = me.flight    ? land(*me.flight)
                                         : me.relayed ? std::nullopt  // answered by the relay's failure
                                         : claims     ? answer_claim_group(group)
                                                      : answer_save_group(group);
@@ -923,7 +926,6 @@ struct PostgresStore::Impl {
             }
         }
     }
-
 };
 
 PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : impl_(std::make_unique<Impl>()) {
@@ -941,9 +943,8 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
     }
     m.table = pg::TableName::parse(options.table);
     m.defs = pg::statements(m.table);
-    m.settings = pg::ConnectSettings{std::move(conninfo),     options.application_name,
-                                     options.connect_timeout, options.statement_timeout,
-                                     options.lock_timeout,    options.prepared_statements,
+    m.settings = pg::ConnectSettings{std::move(conninfo),       options.application_name, options.connect_timeout,
+                                     options.statement_timeout, options.lock_timeout,     options.prepared_statements,
                                      options.session_options};
     m.options = std::move(options);
     // Deadlines are kept to within one tick (they are statement_timeout + lock_timeout + 1 s away).
@@ -969,9 +970,7 @@ PostgresStore::~PostgresStore() = default;
 
 int PostgresStore::schema_version() noexcept { return pg::kSchemaVersion; }
 
-std::string PostgresStore::schema_sql(const std::string& table) {
-    return pg::schema_sql(pg::TableName::parse(table));
-}
+std::string PostgresStore::schema_sql(const std::string& table) { return pg::schema_sql(pg::TableName::parse(table)); }
 
 const PostgresOptions& PostgresStore::options() const noexcept { return impl_->options; }
 
@@ -989,7 +988,8 @@ public:
         const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
         const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(), nullptr};
         conn_.reset(PQconnectdbParams(keys, values, 1));
-        if (!conn_) throw store_unavailable(std::string("idem: ") + what + ": out of memory creating a PostgreSQL connection");
+        if (!conn_)
+            throw store_unavailable(std::string("idem: ") + what + ": out of memory creating a PostgreSQL connection");
         if (PQstatus(conn_.get()) != CONNECTION_OK) pg::throw_connect_error(PQerrorMessage(conn_.get()));
         pg::quiet_notices(conn_.get());
     }
@@ -1000,8 +1000,8 @@ public:
         std::vector<const char*> args;
         for (const auto& p : params) args.push_back(p.c_str());
         pg::ResultPtr r(params.empty() ? PQexec(conn_.get(), sql.c_str())
-                                       : PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(args.size()),
-                                                      nullptr, args.data(), nullptr, nullptr, 0));
+                                       : PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(args.size()), nullptr,
+                                                      args.data(), nullptr, nullptr, 0));
         const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
         if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
             const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
@@ -1030,9 +1030,10 @@ public:
     /// On a Citus node: the table's distribution column, or nullopt (not distributed, or a
     /// reference / single-shard table, whose partkey is NULL).
     std::optional<std::string> distribution_column(const std::string& qualified) {
-        return value("SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) FROM pg_catalog.pg_dist_partition "
-                     "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
-                     {qualified});
+        return value(
+            "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) FROM pg_catalog.pg_dist_partition "
+            "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
+            {qualified});
     }
     void refuse_worker() {
         if (citus_version() && citus_worker()) {
@@ -1085,14 +1086,16 @@ void PostgresStore::distribute(DistributeBy by) {
     AdminSession db(m.settings, "distribute");
     const auto version = db.citus_version();
     if (!version) {
-        throw config_error("idem: distribute: the citus extension is not installed in this database "
-                           "(CREATE EXTENSION citus on the coordinator)");
+        throw config_error(
+            "idem: distribute: the citus extension is not installed in this database "
+            "(CREATE EXTENSION citus on the coordinator)");
     }
     db.refuse_worker();
     const std::string column = by == DistributeBy::scope ? "scope" : "key";
     if (!db.value("SELECT pg_catalog.to_regclass($1)", {m.table.qualified})) {
-        throw config_error("idem: distribute: table " + table_literal(m.table) +
-                           " does not exist (call ensure_schema() first)", "42P01");
+        throw config_error(
+            "idem: distribute: table " + table_literal(m.table) + " does not exist (call ensure_schema() first)",
+            "42P01");
     }
     if (const auto current = db.distribution_column(m.table.qualified)) {
         if (*current == column) return;  // already done: idempotent
@@ -1131,16 +1134,18 @@ Deployment PostgresStore::inspect() {
     const auto column = db.distribution_column(m.table.qualified);
     if (column == "scope") d.distributed_by = DistributeBy::scope;
     if (column == "key") d.distributed_by = DistributeBy::key;
-    m.distribution.store(!d.distributed_by ? Impl::kPlain
+    m.distribution.store(!d.distributed_by                          ? Impl::kPlain
                          : *d.distributed_by == DistributeBy::scope ? Impl::kByScope
                                                                     : Impl::kByKey,
                          std::memory_order_relaxed);
     if (!d.coordinator) {
-        d.warnings.push_back("connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "
-                             "ClaimOptions::wait only hears saves made through the same node");
+        d.warnings.push_back(
+            "connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "
+            "ClaimOptions::wait only hears saves made through the same node");
     }
-    if (!column && db.value("SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)",
-                            {m.table.qualified})) {
+    if (!column &&
+        db.value("SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)",
+                 {m.table.qualified})) {
         d.warnings.push_back("table " + table_literal(m.table) +
                              " is a Citus reference or single-shard table: idem supports a table distributed by "
                              "scope or key (distribute()), or a local one");
@@ -1180,7 +1185,8 @@ Deployment PostgresStore::inspect() {
                     d.warnings.push_back("worker " + node + " runs idem's statements with " + w.name + " = " + got +
                                          unit + " (idem asks for " + w.value + unit + "): " + w.why +
                                          ". Fix, on the coordinator (Citus propagates it to the workers): "
-                                         "ALTER ROLE \"" + role + "\" SET " + w.name + " = '" + w.value + unit + "'");
+                                         "ALTER ROLE \"" +
+                                         role + "\" SET " + w.name + " = '" + w.value + unit + "'");
                 }
             }
         } catch (const error& e) {
@@ -1195,8 +1201,7 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
     return claim_with_fence(key, fp, options, detail::new_fence());
 }
 
-Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options,
-                                      Fence fence) {
+Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options, Fence fence) {
     Impl& m = *impl_;
     m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
@@ -1223,7 +1228,8 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                     grouped = false;
                     m.check_process();
                     Impl::ClaimMember me;
-                    me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention, me.out = &out;
+                    me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention,
+                    me.out = &out;
                     std::vector<pg::Combiner::Member*> group;
                     const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
                     if (role == pg::Combiner::Role::lead) m.lead(*m.claim_groups, me, group);
@@ -1266,9 +1272,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                 next = machine.on_taken_over(std::move(taken));
                 break;
             }
-            case pg::ClaimMachine::Next::wait:
-                next = m.wait_for_save(key, machine);
-                break;
+            case pg::ClaimMachine::Next::wait: next = m.wait_for_save(key, machine); break;
             case pg::ClaimMachine::Next::done: break;
         }
         if (next == pg::ClaimMachine::Next::round_trip && machine.retrying()) {
@@ -1295,7 +1299,8 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         Impl::SaveMember me;
         me.key = &key, me.fence = fence, me.result = result;
         std::vector<pg::Combiner::Member*> group;
-        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead) m.lead(*m.save_groups, me, group);
+        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead)
+            m.lead(*m.save_groups, me, group);
         if (me.got == Impl::SaveMember::Got::lost) {
             throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
         }
@@ -1347,8 +1352,10 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
             std::vector<Impl::ClaimRow> rows(n);
             for (std::size_t j = 0; j < n; ++j) {
                 const std::size_t i = order[j];
-                rows[j] = {keys[i].scope(), keys[i].value(), fps[i].bytes(), static_cast<std::int16_t>(fps[i].algorithm()),
-                           detail::new_fence(), lease.count(), retention.count()};
+                rows[j] = {keys[i].scope(),     keys[i].value(),
+                           fps[i].bytes(),      static_cast<std::int16_t>(fps[i].algorithm()),
+                           detail::new_fence(), lease.count(),
+                           retention.count()};
             }
             m.counters().claims.fetch_add(n, std::memory_order_relaxed);
 
@@ -1356,11 +1363,10 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                 // [claims | Sync | read | Sync], one round trip: on one node every claim of the chunk
                 // commits together (two array statements); on Citus each shard's segment on its own
                 // (Impl::claim_rows).
-                Impl::ClaimAnswers a = m.with_connection("claim_batch", [&](pg::Connection& conn, int) {
-                    return m.claim_rows(conn, rows);
-                });
-                if (a.write_failure >= 0 &&
-                    std::all_of(a.row_failed.begin(), a.row_failed.end(), [](bool f) { return f; })) {  // nothing committed
+                Impl::ClaimAnswers a = m.with_connection(
+                    "claim_batch", [&](pg::Connection& conn, int) { return m.claim_rows(conn, rows); });
+                if (a.write_failure >= 0 && std::all_of(a.row_failed.begin(), a.row_failed.end(),
+                                                        [](bool f) { return f; })) {  // nothing committed
                     const StepResult& failed = a.res[static_cast<std::size_t>(a.write_failure)];
                     if (!claim_retryable(failed.sqlstate())) throw_statement_error(failed, "claim_batch");
                     m.counters().retries.fetch_add(1, std::memory_order_relaxed);
@@ -1425,9 +1431,8 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     }
                     Claim c{status, 0, std::move(record), {}};
                     if (status == ClaimStatus::in_progress) {
-                        c.retry_after = detail::retry_after_hint(c.existing->lease_until,
-                                                                 std::chrono::system_clock::now(),
-                                                                 m.options.max_retry_after);
+                        c.retry_after = detail::retry_after_hint(
+                            c.existing->lease_until, std::chrono::system_clock::now(), m.options.max_retry_after);
                     }
                     out[i] = std::move(c);
                 }
@@ -1447,7 +1452,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
 std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> saves) {
     Impl& m = *impl_;
     std::vector<SaveStatus> statuses(saves.size(), SaveStatus::lease_lost);
-    std::vector<std::size_t> order;                 // positions in saves, by key
+    std::vector<std::size_t> order;                // positions in saves, by key
     std::unordered_map<Fence, std::size_t> index;  // fence → position in saves
     for (std::size_t i = 0; i < saves.size(); ++i) {
         if (saves[i].result.size() > m.options.max_result_bytes) {
@@ -1461,43 +1466,47 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return saves[a].key < saves[b].key; });
     std::vector<Impl::SaveRow> rows;
     rows.reserve(order.size());
-    for (std::size_t i : order) rows.push_back({saves[i].key.scope(), saves[i].key.value(), saves[i].result, saves[i].fence});
+    for (std::size_t i : order)
+        rows.push_back({saves[i].key.scope(), saves[i].key.value(), saves[i].result, saves[i].fence});
     m.counters().saves.fetch_add(rows.size(), std::memory_order_relaxed);
     std::vector<std::size_t> notify, alone;
-    m.with_connection("save_batch", [&](pg::Connection& conn, int attempt) {
-        notify.clear(), alone.clear();
-        // One UPDATE … FROM unnest for every result (Impl::save_rows). On Citus one statement per
-        // scope or key, each committed on its own: when only some failed, the others are saved and
-        // the failed rows go through save() one by one (below), which retries and re-reads.
-        Impl::SaveAnswers a = m.save_rows(conn, rows);
-        if (a.failure >= 0) {
-            if (std::all_of(a.row_failed.begin(), a.row_failed.end(), [](bool f) { return f; })) {
-                throw_statement_error(a.res[static_cast<std::size_t>(a.failure)], "save_batch");
-            }
-            for (std::size_t j = 0; j < rows.size(); ++j) {
-                if (a.row_failed[j]) alone.push_back(index.at(rows[j].fence));
-            }
-        }
-        for (auto [fence, waiters] : a.saved) {
-            auto it = index.find(fence);
-            if (it == index.end()) continue;
-            statuses[it->second] = SaveStatus::saved;
-            if (waiters) notify.push_back(it->second);
-        }
-        if (attempt > 1) {  // an earlier attempt of this batch may have committed before its connection broke
-            for (auto [fence, i] : index) {
-                if (statuses[i] != SaveStatus::lease_lost) continue;
-                auto record = m.select(conn, saves[i].key);
-                if (record && record->fence == fence && record->state == RecordState::completed &&
-                    record->result == saves[i].result) {
-                    statuses[i] = SaveStatus::saved;
+    m.with_connection(
+        "save_batch",
+        [&](pg::Connection& conn, int attempt) {
+            notify.clear(), alone.clear();
+            // One UPDATE … FROM unnest for every result (Impl::save_rows). On Citus one statement per
+            // scope or key, each committed on its own: when only some failed, the others are saved and
+            // the failed rows go through save() one by one (below), which retries and re-reads.
+            Impl::SaveAnswers a = m.save_rows(conn, rows);
+            if (a.failure >= 0) {
+                if (std::all_of(a.row_failed.begin(), a.row_failed.end(), [](bool f) { return f; })) {
+                    throw_statement_error(a.res[static_cast<std::size_t>(a.failure)], "save_batch");
+                }
+                for (std::size_t j = 0; j < rows.size(); ++j) {
+                    if (a.row_failed[j]) alone.push_back(index.at(rows[j].fence));
                 }
             }
-        }
-    }, m.options.save_retry_window);
+            for (auto [fence, waiters] : a.saved) {
+                auto it = index.find(fence);
+                if (it == index.end()) continue;
+                statuses[it->second] = SaveStatus::saved;
+                if (waiters) notify.push_back(it->second);
+            }
+            if (attempt > 1) {  // an earlier attempt of this batch may have committed before its connection broke
+                for (auto [fence, i] : index) {
+                    if (statuses[i] != SaveStatus::lease_lost) continue;
+                    auto record = m.select(conn, saves[i].key);
+                    if (record && record->fence == fence && record->state == RecordState::completed &&
+                        record->result == saves[i].result) {
+                        statuses[i] = SaveStatus::saved;
+                    }
+                }
+            }
+        },
+        m.options.save_retry_window);
     for (std::size_t i : notify) m.wake_waiters(saves[i].key);
     for (std::size_t i : alone) {
-        if (statuses[i] == SaveStatus::saved) continue;  // an earlier attempt's, recognised above
+        if (statuses[i] == SaveStatus::saved) continue;              // an earlier attempt's, recognised above
         m.counters().saves.fetch_sub(1, std::memory_order_relaxed);  // save() counts again
         try {
             save(saves[i].key, saves[i].fence, saves[i].result);
@@ -1574,9 +1583,8 @@ std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFi
         // idem's options (poolers) never turned it off.
         Params none;
         const bool toggle = m.options.session_options;
-        const Step with_toggle[] = {{&m.defs[pg::kSeqscanOn], &none},
-                                    {&m.defs[stmt], &p},
-                                    {&m.defs[pg::kSeqscanDefault], &none}};
+        const Step with_toggle[] = {
+            {&m.defs[pg::kSeqscanOn], &none}, {&m.defs[stmt], &p}, {&m.defs[pg::kSeqscanDefault], &none}};
         auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, stmt, p);
         const StepResult& listed = res[toggle ? 1 : 0];
         if (toggle && (!res[0].ok() || !res[2].ok())) conn.mark_broken();  // session state unknown
@@ -1593,8 +1601,9 @@ std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFi
                 Record record = parse_record(r, row);
                 out.push_back(StaleKey{std::move(key), std::move(record)});
             } catch (const corrupt_record& e) {
-                const std::string detail = "list_stale: corrupt_record: " + std::string(detail::without_prefix(e.what())) +
-                                           " (left out of the listing)";
+                const std::string detail =
+                    "list_stale: corrupt_record: " + std::string(detail::without_prefix(e.what())) +
+                    " (left out of the listing)";
                 emit(Event::reconcile_failed, &key, {}, 1, detail);
             }
         }
@@ -1636,7 +1645,8 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     // A lock wait the statement timeout cuts short would cancel the claim (57014) instead of
     // answering in_progress: refused before any I/O.
     if (options.transaction_lock_wait && *options.transaction_lock_wait >= m.options.statement_timeout) {
-        throw config_error("idem: ClaimOptions::transaction_lock_wait must be shorter than the store's statement_timeout");
+        throw config_error(
+            "idem: ClaimOptions::transaction_lock_wait must be shorter than the store's statement_timeout");
     }
     m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
@@ -1668,7 +1678,8 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             Params none, ins, sel, wait_ms;
             add_claim_params(ins, key, fp, fence, lease, retention);
             sel.text(key.scope()).text(key.value());
-            const std::string wait_text = lock_wait ? std::to_string(std::max<std::int64_t>(1, lock_wait->count())) + "ms" : "";
+            const std::string wait_text =
+                lock_wait ? std::to_string(std::max<std::int64_t>(1, lock_wait->count())) + "ms" : "";
             wait_ms.text(wait_text);
             // One round trip, one open transaction (READ COMMITTED: the SELECT still takes its own
             // snapshot). SET LOCAL enable_seqscan = on: fn's own statements are planned as the user
@@ -1677,12 +1688,10 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                                   {&m.defs[pg::kClaimInsert], &ins, false},
                                   {&m.defs[pg::kSelect], &sel, false},
                                   {&m.defs[pg::kSeqscanLocalOn], &none, true}};
-            const Step waiting[] = {{&m.defs[pg::kBegin], &none, false},
-                                    {&set_lock_wait, &wait_ms, false},
-                                    {&m.defs[pg::kClaimInsert], &ins, false},
-                                    {&m.defs[pg::kSelect], &sel, false},
-                                    {&reset_lock_wait, &none, false},
-                                    {&m.defs[pg::kSeqscanLocalOn], &none, true}};
+            const Step waiting[] = {
+                {&m.defs[pg::kBegin], &none, false},      {&set_lock_wait, &wait_ms, false},
+                {&m.defs[pg::kClaimInsert], &ins, false}, {&m.defs[pg::kSelect], &sel, false},
+                {&reset_lock_wait, &none, false},         {&m.defs[pg::kSeqscanLocalOn], &none, true}};
             auto res = lock_wait ? m.run(**conn, waiting) : m.run(**conn, plain);
             // Any failure aborted the transaction: the INSERT's row is not ours, whatever it said.
             const StepResult* failure = res.first_failure();
@@ -1731,9 +1740,9 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             conn.reset();  // broken: closed as its lease ends
             m.pool->suspect_idle();
             if (++broken >= m.options.claim_attempts) {
-                throw store_unavailable(std::string("idem: in-transaction claim: ") +
-                                            std::string(detail::without_prefix(e.what())),
-                                        e.sqlstate());
+                throw store_unavailable(
+                    std::string("idem: in-transaction claim: ") + std::string(detail::without_prefix(e.what())),
+                    e.sqlstate());
             }
             m.counters().retries.fetch_add(1, std::memory_order_relaxed);
         }
@@ -1758,9 +1767,9 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
         }
         if (bytes.size() > m.options.max_result_bytes) {
             rollback();
-            throw response_too_large("idem: result of " + std::to_string(bytes.size()) +
-                                         " bytes exceeds max_result_bytes (rolled back)",
-                                     std::move(bytes));
+            throw response_too_large(
+                "idem: result of " + std::to_string(bytes.size()) + " bytes exceeds max_result_bytes (rolled back)",
+                std::move(bytes));
         }
         Params none, save;
         save.text(key.scope()).text(key.value()).int8(fence).bytes(bytes);
@@ -1786,15 +1795,16 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             rollback();
             // Only fn itself can have changed idem's row in its own transaction; the COMMIT was
             // already sent with the save, so the effect committed without its result.
-            throw database_error("idem: in-transaction save matched no row (did the effect change idem's own row?): "
-                                 "the transaction committed without a stored result");
+            throw database_error(
+                "idem: in-transaction save matched no row (did the effect change idem's own row?): "
+                "the transaction committed without a stored result");
         }
         m.counters().saves.fetch_add(1, std::memory_order_relaxed);
         return TransactionOutcome{ClaimStatus::claimed, {}, {}};
     } catch (const pg::connection_broken& e) {
         // The connection broke while fn ran: its transaction, claim included, rolled back.
-        throw store_unavailable(std::string("idem: in-transaction mode: ") + std::string(detail::without_prefix(e.what())),
-                                e.sqlstate());
+        throw store_unavailable(
+            std::string("idem: in-transaction mode: ") + std::string(detail::without_prefix(e.what())), e.sqlstate());
     }
 }
 
@@ -1805,7 +1815,8 @@ Transaction::Rows Transaction::exec(std::string_view sql, const std::vector<std:
     for (const auto& v : params) p.text_format(v ? std::optional<std::string_view>(*v) : std::nullopt);
     const Step step{&def, &p, true, 0};
     auto res = conn.run(std::span(&step, 1), Clock::now() + timeout_);
-    if (!res[0].ok()) throw database_error("idem: transaction statement failed: " + res[0].message(), std::string(res[0].sqlstate()));
+    if (!res[0].ok())
+        throw database_error("idem: transaction statement failed: " + res[0].message(), std::string(res[0].sqlstate()));
     Rows out;
     const PGresult* r = res[0].result.get();
     const char* tuples = PQcmdTuples(const_cast<PGresult*>(r));
@@ -1816,7 +1827,8 @@ Transaction::Rows Transaction::exec(std::string_view sql, const std::vector<std:
             if (PQgetisnull(r, row, col)) {
                 cells.emplace_back(std::nullopt);
             } else {
-                cells.emplace_back(std::string(PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col))));
+                cells.emplace_back(
+                    std::string(PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col))));
             }
         }
         out.rows.push_back(std::move(cells));
@@ -1824,9 +1836,7 @@ Transaction::Rows Transaction::exec(std::string_view sql, const std::vector<std:
     return out;
 }
 
-pg_conn* Transaction::native_handle() const noexcept {
-    return static_cast<pg::Connection*>(connection_)->native();
-}
+pg_conn* Transaction::native_handle() const noexcept { return static_cast<pg::Connection*>(connection_)->native(); }
 
 PoolStats PostgresStore::pool_stats() const { return impl_->pool->stats(); }
 

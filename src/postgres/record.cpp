@@ -6,8 +6,8 @@
 #include <string_view>
 
 #include "connection.hpp"
-#include "sql.hpp"
 #include "idem/errors.hpp"
+#include "sql.hpp"
 
 namespace idem::pg {
 

@@ -48,9 +48,9 @@ struct ClaimAnswers {
     // committed; row_failed says whose segment it was: nothing of a failed segment committed.
     int write_failure = -1;
     std::vector<bool> row_failed;
-    int read_failure = -1;          // index in res: the read failed (claims may have committed)
-    std::unordered_set<Fence> won;  // fences the INSERTs returned: committed at their Sync
-    std::map<KeyRef, RowRef> found; // rows read, by (scope, key); views into `res`
+    int read_failure = -1;           // index in res: the read failed (claims may have committed)
+    std::unordered_set<Fence> won;   // fences the INSERTs returned: committed at their Sync
+    std::map<KeyRef, RowRef> found;  // rows read, by (scope, key); views into `res`
 };
 
 /// Claims `rows` (sorted by key, keys distinct) and reads what stands at each key afterwards, in
@@ -97,9 +97,9 @@ struct SaveRow {
 };
 struct SaveAnswers {
     StepResults res;
-    int failure = -1;                        // index in res: the first failed statement
-    std::vector<bool> row_failed;            // its segment failed: this row was not saved
-    std::unordered_map<Fence, bool> saved;   // fence → waiters, for every row saved
+    int failure = -1;                       // index in res: the first failed statement
+    std::vector<bool> row_failed;           // its segment failed: this row was not saved
+    std::unordered_map<Fence, bool> saved;  // fence → waiters, for every row saved
 };
 
 /// Saves `rows` (sorted by key; keys and fences distinct), one round trip: one UPDATE for all on one

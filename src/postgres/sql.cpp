@@ -75,8 +75,8 @@ std::vector<StatementDef> statements(const TableName& t) {
                           {text, text, bytea, int2, int8, int8, int8}};
     // Read by primary key; also sent right after the claim (same Sync) as a statement of its own,
     // so it takes a new snapshot and sees the row that made the claim conflict.
-    defs[kSelect] = {"idem_select", fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2", record, T),
-                     {text, text}};
+    defs[kSelect] = {
+        "idem_select", fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2", record, T), {text, text}};
     // Batches: one statement for many keys (arrays in, rows out), so a batch costs two statements
     // however large it is. The client sorts the arrays by key: concurrent batches lock in one order.
     defs[kClaimBatchInsert] = {
@@ -116,10 +116,10 @@ std::vector<StatementDef> statements(const TableName& t) {
     // on one shard. The claims go as one-row idem_claim statements; the reads one per scope (with
     // `scope = $1`, a table distributed by scope routes it to one shard, and one distributed by key
     // prunes it to the shards of the keys); the saves one per scope (by scope) or one per row (by key).
-    defs[kSelectScopeKeys] = {"idem_select_scope_keys",
-                              fmt::format("SELECT {}, scope, key FROM {} WHERE scope = $1 AND key = ANY($2::text[])",
-                                          record, T),
-                              {text, text_array}};
+    defs[kSelectScopeKeys] = {
+        "idem_select_scope_keys",
+        fmt::format("SELECT {}, scope, key FROM {} WHERE scope = $1 AND key = ANY($2::text[])", record, T),
+        {text, text_array}};
     defs[kSaveScoped] = {"idem_save_scoped",
                          fmt::format("UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
                                      "FROM unnest($2::text[], $3::int8[], $4::bytea[]) AS u(k, f, r) "
@@ -145,8 +145,8 @@ std::vector<StatementDef> statements(const TableName& t) {
                                "WHERE {} RETURNING waiters",
                                T, owned),
                    {text, text, int8, bytea}};
-    defs[kRelease] = {"idem_release", fmt::format("DELETE FROM {} WHERE {} RETURNING fence", T, owned),
-                      {text, text, int8}};
+    defs[kRelease] = {
+        "idem_release", fmt::format("DELETE FROM {} WHERE {} RETURNING fence", T, owned), {text, text, int8}};
     // Retention: a completed record past expires_at is claimed again by a conditional UPDATE; the
     // row lock and the re-check of the WHERE clause let exactly one of concurrent claimers win.
     defs[kReclaimExpired] = {
@@ -199,14 +199,15 @@ std::vector<StatementDef> statements(const TableName& t) {
     // `scope = $2` conjunct lets Citus route the exact form to one shard (and use the primary key).
     // starts_with() compares literally: no LIKE pattern, so nothing in a prefix acts as a wildcard.
     const auto list_stale = [&](std::string_view scope_condition) {
-        return fmt::format("SELECT {}, scope, key FROM {} WHERE state = 'in_progress' AND lease_until < now(){} "
-                           "ORDER BY lease_until LIMIT $1",
-                           record, T, scope_condition);
+        return fmt::format(
+            "SELECT {}, scope, key FROM {} WHERE state = 'in_progress' AND lease_until < now(){} "
+            "ORDER BY lease_until LIMIT $1",
+            record, T, scope_condition);
     };
     defs[kListStale] = {"idem_list_stale", list_stale(""), {int8}};
     defs[kListStaleInScope] = {"idem_list_stale_in_scope", list_stale(" AND scope = $2"), {int8, text}};
-    defs[kListStaleScopePrefix] = {"idem_list_stale_scope_prefix", list_stale(" AND starts_with(scope, $2)"),
-                                   {int8, text}};
+    defs[kListStaleScopePrefix] = {
+        "idem_list_stale_scope_prefix", list_stale(" AND starts_with(scope, $2)"), {int8, text}};
     // One bounded batch; SKIP LOCKED: never waits on a row someone else holds.
     defs[kPurge] = {"idem_purge",
                     fmt::format("WITH victims AS (SELECT scope, key FROM {0} WHERE state = 'completed' "
@@ -299,8 +300,9 @@ std::string schema_sql(const TableName& t) {
     const auto statements = schema_statements(t);
     for (std::size_t i = 0; i < statements.size(); ++i) {
         if (i == 2) {
-            sql += "-- For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the\n"
-                   "-- heartbeat and recovery points stay HOT updates (no index entry written).\n";
+            sql +=
+                "-- For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the\n"
+                "-- heartbeat and recovery points stay HOT updates (no index entry written).\n";
         }
         sql += statements[i] + ";\n";
     }

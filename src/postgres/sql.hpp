@@ -11,9 +11,9 @@ namespace idem::pg {
 
 /// A validated, quoted table name and the names derived from it.
 struct TableName {
-    std::string schema;     ///< unquoted; empty when not qualified
-    std::string table;      ///< unquoted
-    std::string qualified;  ///< quoted, e.g. "billing"."idem_keys"
+    std::string schema;         ///< unquoted; empty when not qualified
+    std::string table;          ///< unquoted
+    std::string qualified;      ///< quoted, e.g. "billing"."idem_keys"
     std::string version_table;  ///< quoted idem_schema_version in the same schema
     std::string index;          ///< quoted expiry index name (unqualified)
 

@@ -9,10 +9,10 @@ extern "C" {
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <fmt/format.h>
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fmt/format.h>
 
 #include "idem/errors.hpp"
 
@@ -56,9 +56,7 @@ std::string_view text_of(const redisReply& reply) noexcept {
 
 long long integer_of(const redisReply& reply) noexcept { return reply.integer; }
 
-std::size_t size_of(const redisReply& reply) noexcept {
-    return reply.type == REDIS_REPLY_ARRAY ? reply.elements : 0;
-}
+std::size_t size_of(const redisReply& reply) noexcept { return reply.type == REDIS_REPLY_ARRAY ? reply.elements : 0; }
 
 const redisReply& element(const redisReply& reply, std::size_t i) noexcept { return *reply.element[i]; }
 
@@ -72,8 +70,8 @@ void throw_error_reply(std::string_view message, std::string_view what, std::str
     if (message.find("password") != std::string_view::npos && starts_with_code(message, "ERR")) {
         throw config_error(text);
     }
-    for (const char* code : {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
-                             "NOREPLICAS", "MISCONF"}) {
+    for (const char* code :
+         {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}) {
         if (starts_with_code(message, code)) throw store_unavailable(text);
     }
     if (starts_with_code(message, "WRONGTYPE")) throw corrupt_record(text);
@@ -95,9 +93,8 @@ std::string location(const RedisOptions& options) {
 
 Connection::Connection(const RedisOptions& options) : where_(location(options)) {
     const timeval connect_tv = to_timeval(options.connect_timeout);
-    context_ = options.unix_socket.empty()
-                   ? redisConnectWithTimeout(options.host.c_str(), options.port, connect_tv)
-                   : redisConnectUnixWithTimeout(options.unix_socket.c_str(), connect_tv);
+    context_ = options.unix_socket.empty() ? redisConnectWithTimeout(options.host.c_str(), options.port, connect_tv)
+                                           : redisConnectUnixWithTimeout(options.unix_socket.c_str(), connect_tv);
     if (context_ == nullptr) throw store_unavailable("idem: connect: out of memory for a Redis context");
     if (context_->err != 0) {
         const std::string reason = context_->errstr;
@@ -170,22 +167,23 @@ void Connection::append(std::span<const std::string_view> args) {
     }
     if (redisAppendCommandArgv(context_, static_cast<int>(args.size()), argv, lengths) != REDIS_OK) {
         broken_ = true;
-        throw store_unavailable(fmt::format("idem: cannot queue a command for Redis at {}: {}", where_,
-                                            context_->errstr));
+        throw store_unavailable(
+            fmt::format("idem: cannot queue a command for Redis at {}: {}", where_, context_->errstr));
     }
     ++owed_;
 }
 
 Reply Connection::read(std::string_view what) {
-    if (broken_) throw store_unavailable(fmt::format("idem: {}: the connection to Redis at {} is broken", what, where_));
+    if (broken_)
+        throw store_unavailable(fmt::format("idem: {}: the connection to Redis at {} is broken", what, where_));
     flush(what);
     void* raw = nullptr;
     if (redisGetReply(context_, &raw) != REDIS_OK || raw == nullptr) {
         broken_ = true;
         const bool timed_out = context_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
         throw store_unavailable(fmt::format("idem: {}: {} Redis at {}{}{}", what,
-                                            timed_out ? "no answer within command_timeout from" : "lost",
-                                            where_, timed_out ? "" : ": ", timed_out ? "" : context_->errstr));
+                                            timed_out ? "no answer within command_timeout from" : "lost", where_,
+                                            timed_out ? "" : ": ", timed_out ? "" : context_->errstr));
     }
     if (owed_ > 0) --owed_;
     return Reply(static_cast<redisReply*>(raw));
@@ -205,10 +203,9 @@ void Connection::flush(std::string_view what) {
         if (n <= 0) {
             broken_ = true;
             const bool timed_out = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-            throw store_unavailable(fmt::format("idem: {}: {} Redis at {}{}{}", what,
-                                                timed_out ? "could not send within command_timeout to" : "lost",
-                                                where_, timed_out ? "" : ": ",
-                                                timed_out ? "" : std::strerror(n < 0 ? errno : EPIPE)));
+            throw store_unavailable(fmt::format(
+                "idem: {}: {} Redis at {}{}{}", what, timed_out ? "could not send within command_timeout to" : "lost",
+                where_, timed_out ? "" : ": ", timed_out ? "" : std::strerror(n < 0 ? errno : EPIPE)));
         }
         sent += static_cast<std::size_t>(n);
     }
@@ -260,8 +257,7 @@ Pool::Lease Pool::acquire() {
                 throw;
             }
         }
-        if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
-            open_count_ >= size_) {
+        if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() && open_count_ >= size_) {
             throw pool_timeout(fmt::format("idem: every one of the {} pooled Redis connections stayed busy for {} ms",
                                            size_, wait_.count()));
         }

@@ -10,8 +10,8 @@
 // thread-safe.
 #pragma once
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -43,7 +43,7 @@ enum class ReplyType { string, array, integer, nil, status, error, other };
 [[nodiscard]] ReplyType type_of(const redisReply& reply) noexcept;
 [[nodiscard]] std::string_view text_of(const redisReply& reply) noexcept;  ///< string, status, error
 [[nodiscard]] long long integer_of(const redisReply& reply) noexcept;
-[[nodiscard]] std::size_t size_of(const redisReply& reply) noexcept;       ///< array elements
+[[nodiscard]] std::size_t size_of(const redisReply& reply) noexcept;  ///< array elements
 [[nodiscard]] const redisReply& element(const redisReply& reply, std::size_t i) noexcept;
 
 /// Throws the idem error for an error reply to `what` (the first word of a Redis error is its code):

@@ -1,8 +1,8 @@
 #include "idem/redis_replay_cache.hpp"
 
+#include <fmt/format.h>
 #include <atomic>
 #include <cstring>
-#include <fmt/format.h>
 
 #include "common.hpp"
 #include "connection.hpp"
@@ -24,7 +24,8 @@ constexpr std::string_view kMagic = "idem-c1";
 class Writer {
 public:
     void integer(std::int64_t v) {
-        for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
+        for (int i = 0; i < 8; ++i)
+            out_.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
     }
     void text(std::string_view s) {
         integer(static_cast<std::int64_t>(s.size()));
@@ -46,7 +47,9 @@ public:
     std::int64_t integer() {
         need(8);
         std::uint64_t v = 0;
-        for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[pos_ + static_cast<std::size_t>(i)])) << (8 * i);
+        for (int i = 0; i < 8; ++i)
+            v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[pos_ + static_cast<std::size_t>(i)]))
+                 << (8 * i);
         pos_ += 8;
         return static_cast<std::int64_t>(v);
     }
@@ -136,9 +139,9 @@ struct RedisReplayCache::Impl {
     } counters;
 
     explicit Impl(RedisReplayCacheOptions o)
-        : options(std::move(o)),
-          pool(options.connection.pool_size, options.connection.pool_wait,
-               [this] { return std::make_unique<Connection>(options.connection); }) {}
+        : options(std::move(o)), pool(options.connection.pool_size, options.connection.pool_wait, [this] {
+              return std::make_unique<Connection>(options.connection);
+          }) {}
 
     static std::int64_t steady_ns() {
         return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -154,8 +157,9 @@ struct RedisReplayCache::Impl {
 
     void failed() {
         counters.errors.fetch_add(1, std::memory_order_relaxed);
-        paused_until.store(steady_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(options.pause_after_error).count(),
-                           std::memory_order_relaxed);
+        paused_until.store(
+            steady_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(options.pause_after_error).count(),
+            std::memory_order_relaxed);
     }
 
     // Runs `fn(conn)`; a failure is counted and gives `fallback`. A failure of Redis (an error, a
@@ -192,12 +196,15 @@ struct RedisReplayCache::Impl {
 RedisReplayCache::RedisReplayCache(RedisReplayCacheOptions options) {
     const RedisOptions& c = options.connection;
     if (c.pool_size == 0) throw config_error("idem: RedisReplayCacheOptions: connection.pool_size must be at least 1");
-    if (c.unix_socket.empty() && c.host.empty()) throw config_error("idem: RedisReplayCacheOptions: set a host or unix_socket");
-    if (c.key_prefix.empty()) throw config_error("idem: RedisReplayCacheOptions: connection.key_prefix must not be empty");
+    if (c.unix_socket.empty() && c.host.empty())
+        throw config_error("idem: RedisReplayCacheOptions: set a host or unix_socket");
+    if (c.key_prefix.empty())
+        throw config_error("idem: RedisReplayCacheOptions: connection.key_prefix must not be empty");
     if (c.connect_timeout.count() <= 0 || c.command_timeout.count() <= 0) {
         throw config_error("idem: RedisReplayCacheOptions: timeouts must be positive");
     }
-    if (options.pause_after_error.count() < 0) throw config_error("idem: RedisReplayCacheOptions: pause_after_error < 0");
+    if (options.pause_after_error.count() < 0)
+        throw config_error("idem: RedisReplayCacheOptions: pause_after_error < 0");
     if (options.max_entry_bytes == 0) throw config_error("idem: RedisReplayCacheOptions: max_entry_bytes must be > 0");
     impl_ = std::make_unique<Impl>(std::move(options));
 }
@@ -239,19 +246,19 @@ std::shared_ptr<const Record> RedisReplayCache::find(const Key& key) {
 bool RedisReplayCache::insert(const Key& key, const Record& record, time_point asked_at) {
     Impl& m = *impl_;
     const bool stated = record.read_at != SysClock::time_point{};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        (record.expires_at - record.read_at) - (now() - asked_at));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>((record.expires_at - record.read_at) -
+                                                                            (now() - asked_at));
     const std::size_t size = record.result.value_or(std::string()).size() +
-                             record.phase_data.value_or(std::string()).size() + key.scope().size() +
-                             key.value().size();
-    if (record.state != RecordState::completed || !record.result || !stated || record.expired ||
-        left.count() <= 0 || size > m.options.max_entry_bytes) {
+                             record.phase_data.value_or(std::string()).size() + key.scope().size() + key.value().size();
+    if (record.state != RecordState::completed || !record.result || !stated || record.expired || left.count() <= 0 ||
+        size > m.options.max_entry_bytes) {
         m.counters.rejected.fetch_add(1, std::memory_order_relaxed);
         return false;
     }
     const std::string value = encode(record);
     const bool kept = m.guarded(false, true, [&](Connection& conn) {
-        conn.append({"SET", entry_key(m.options.connection.key_prefix, key), value, "PX", std::to_string(left.count())});
+        conn.append(
+            {"SET", entry_key(m.options.connection.key_prefix, key), value, "PX", std::to_string(left.count())});
         Reply reply = conn.read("cache set");
         Impl::expect_ok(reply);
         return true;

@@ -1,10 +1,10 @@
 #include "idem/redis_store.hpp"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <charconv>
-#include <fmt/format.h>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -215,23 +215,23 @@ struct RedisStore::Impl {
         if (no_fsync_on_rewrite == "yes") {
             // Redis then skips fsync while a BGSAVE or AOF rewrite runs: seconds of acknowledged
             // writes can be lost in a crash, whatever appendfsync says.
-            throw config_error(fmt::format(
-                "idem: Redis at {} has no-appendfsync-on-rewrite=yes: while it rewrites its AOF or saves a "
-                "snapshot it does not fsync, and acknowledged claims can be lost in a crash. Set "
-                "no-appendfsync-on-rewrite no, or RedisOptions::durability = RedisDurability::unchecked",
-                where));
+            throw config_error(
+                fmt::format("idem: Redis at {} has no-appendfsync-on-rewrite=yes: while it rewrites its AOF or saves a "
+                            "snapshot it does not fsync, and acknowledged claims can be lost in a crash. Set "
+                            "no-appendfsync-on-rewrite no, or RedisOptions::durability = RedisDurability::unchecked",
+                            where));
         }
         const bool ok = aof && (appendfsync == "always" ||
                                 (options.durability == RedisDurability::fsync_everysec && appendfsync == "everysec"));
         if (ok) return;
-        throw config_error(fmt::format(
-            "idem: Redis at {} has appendonly={} appendfsync={}: an acknowledged claim could be lost in a "
-            "crash, and with it the one-effect promise. Set appendonly yes and appendfsync always on the "
-            "server, or accept the loss window knowingly with RedisOptions::durability = {}",
-            where, appendonly.empty() ? "?" : appendonly, appendfsync.empty() ? "?" : appendfsync,
-            options.durability == RedisDurability::fsync_always && aof && appendfsync == "everysec"
-                ? "RedisDurability::fsync_everysec"
-                : "RedisDurability::unchecked"));
+        throw config_error(
+            fmt::format("idem: Redis at {} has appendonly={} appendfsync={}: an acknowledged claim could be lost in a "
+                        "crash, and with it the one-effect promise. Set appendonly yes and appendfsync always on the "
+                        "server, or accept the loss window knowingly with RedisOptions::durability = {}",
+                        where, appendonly.empty() ? "?" : appendonly, appendfsync.empty() ? "?" : appendfsync,
+                        options.durability == RedisDurability::fsync_always && aof && appendfsync == "everysec"
+                            ? "RedisDurability::fsync_everysec"
+                            : "RedisDurability::unchecked"));
     }
 
     // A server that evicts keys under memory pressure would drop claims (in-progress records) or
@@ -253,7 +253,8 @@ struct RedisStore::Impl {
         if (info_field(info, "role") != "slave") return;
         throw store_unavailable(fmt::format(
             "idem: Redis at {} is a replica (INFO replication: role:slave); RedisStore reads and writes only "
-            "on a primary", where));
+            "on a primary",
+            where));
     }
 
     void note_replication(std::string_view info) {
@@ -264,7 +265,8 @@ struct RedisStore::Impl {
             "acknowledged (a lost claim can let an effect run twice); set RedisOptions::wait_replicas",
             where, replicas);
         std::lock_guard lock(warnings_mutex);
-        if (std::find(warnings.begin(), warnings.end(), warning) == warnings.end()) warnings.push_back(std::move(warning));
+        if (std::find(warnings.begin(), warnings.end(), warning) == warnings.end())
+            warnings.push_back(std::move(warning));
     }
 
     void refuse_in_child() const {
@@ -291,7 +293,8 @@ struct RedisStore::Impl {
     // After a batch of writes: WAIT for the replicas, when asked to (part of the same round trip).
     void append_wait(Connection& conn) const {
         if (options.wait_replicas == 0) return;
-        conn.append({"WAIT", std::to_string(options.wait_replicas), std::to_string(options.wait_replicas_timeout.count())});
+        conn.append(
+            {"WAIT", std::to_string(options.wait_replicas), std::to_string(options.wait_replicas_timeout.count())});
     }
     void read_wait(Connection& conn, std::string_view what) const {
         if (options.wait_replicas == 0) return;
@@ -326,7 +329,8 @@ struct RedisStore::Impl {
                 lease.discard();
                 pool.drop_idle();
                 if (attempt >= kAttempts) {
-                    throw store_unavailable(fmt::format("idem: {}: Redis at {} keeps losing idem's scripts", what, where));
+                    throw store_unavailable(
+                        fmt::format("idem: {}: Redis at {} keeps losing idem's scripts", what, where));
                 }
                 counters.retries.fetch_add(1, std::memory_order_relaxed);
             }
@@ -356,21 +360,23 @@ struct RedisStore::Impl {
             read_wait(conn, what);
             return redis::type_of(*reply) == ReplyType::integer ? redis::integer_of(*reply) : 0;
         });
-        if (answer < 0) throw corrupt_record(fmt::format("idem: {}: the Redis key holds a hash idem did not write", what));
+        if (answer < 0)
+            throw corrupt_record(fmt::format("idem: {}: the Redis key holds a hash idem did not write", what));
         return answer == 1;
     }
 
     std::optional<Record> read_record(Connection& conn, const Key& key) {
         append_script(conn, redis::kRead, {record_key(key)}, {});
         Reply reply = script_reply(conn, "read");
-        if (redis::size_of(*reply) != 12) throw database_error("idem: read: unexpected answer from Redis's read script");
+        if (redis::size_of(*reply) != 12)
+            throw database_error("idem: read: unexpected answer from Redis's read script");
         return decode_record(*reply, 1, redis::integer_of(redis::element(*reply, 0)));
     }
 
     void send_claim(Connection& conn, const Key& key, const Fingerprint& fp, Fence fence, const ClaimOptions& o) {
         const auto lease = o.lease.value_or(options.default_lease);
-        const auto retention = std::chrono::duration_cast<std::chrono::milliseconds>(
-            o.retention.value_or(options.default_retention));
+        const auto retention =
+            std::chrono::duration_cast<std::chrono::milliseconds>(o.retention.value_or(options.default_retention));
         // Times are Unix ms in the record, read back as system_clock time_points: keep them far
         // inside what those hold.
         constexpr auto kLongest = std::chrono::hours(24 * 366 * 100);
@@ -378,10 +384,10 @@ struct RedisStore::Impl {
             throw config_error("idem: claim: ClaimOptions::lease and retention must be positive and under 100 years");
         }
         const Names n = names(key);
-        append_script(conn, redis::kClaim, {n.record, index_key},
-                      {std::to_string(fence), std::to_string(static_cast<int>(fp.algorithm())), fp.bytes(),
-                       std::to_string(lease.count()), std::to_string(retention.count()), o.resume_stale ? "1" : "0",
-                       n.member});
+        append_script(
+            conn, redis::kClaim, {n.record, index_key},
+            {std::to_string(fence), std::to_string(static_cast<int>(fp.algorithm())), fp.bytes(),
+             std::to_string(lease.count()), std::to_string(retention.count()), o.resume_stale ? "1" : "0", n.member});
     }
 
     // The claim script's answer for `fence`.
@@ -393,14 +399,15 @@ struct RedisStore::Impl {
         const std::string_view tag = redis::text_of(redis::element(reply, 0));
         const std::int64_t now = redis::integer_of(redis::element(reply, 1));
         if (tag == "corrupt") {
-            throw corrupt_record(fmt::format("idem: claim: the Redis key of {} holds a hash idem did not write",
-                                             key.value()));
+            throw corrupt_record(
+                fmt::format("idem: claim: the Redis key of {} holds a hash idem did not write", key.value()));
         }
         if (tag == "claimed") {
             counters.claims_won.fetch_add(1, std::memory_order_relaxed);
             return Claim{ClaimStatus::claimed, fence, std::nullopt, {}};
         }
-        if (redis::size_of(reply) != 13) throw database_error("idem: claim: unexpected answer from Redis's claim script");
+        if (redis::size_of(reply) != 13)
+            throw database_error("idem: claim: unexpected answer from Redis's claim script");
         std::optional<Record> record = decode_record(reply, 2, now);
         if (!record) throw database_error("idem: claim: Redis's claim script found no record yet created none");
         if (tag == "own") {
@@ -431,8 +438,8 @@ struct RedisStore::Impl {
 
     void check_size(std::string_view result) const {
         if (result.size() > options.max_result_bytes) {
-            throw response_too_large(fmt::format("idem: result of {} bytes exceeds max_result_bytes {}",
-                                                 result.size(), options.max_result_bytes),
+            throw response_too_large(fmt::format("idem: result of {} bytes exceeds max_result_bytes {}", result.size(),
+                                                 options.max_result_bytes),
                                      std::string(result));
         }
     }
@@ -664,7 +671,8 @@ std::vector<StaleKey> RedisStore::list_stale(std::size_t limit, const ScopeFilte
             if (colon == std::string_view::npos || colon + 1 + scope_len > member.size()) {
                 throw corrupt_record("idem: malformed member of Redis's in-progress index");
             }
-            key.emplace(std::string(member.substr(colon + 1, scope_len)), std::string(member.substr(colon + 1 + scope_len)));
+            key.emplace(std::string(member.substr(colon + 1, scope_len)),
+                        std::string(member.substr(colon + 1 + scope_len)));
             auto record = decode_record(*reply, i + 1, now);
             if (!record) throw corrupt_record("idem: a key in Redis's in-progress index has no record");
             if (record->state != RecordState::in_progress) continue;

@@ -20,10 +20,10 @@ enum Script : std::size_t { kClaim, kSave, kRelease, kExtend, kPhase, kTakeOver,
 
 // Shared prologue: `now` in Unix ms by the server's clock; `ms` formats an integer without the
 // exponent Lua's tostring would use for large numbers.
-#define IDEM_REDIS_PROLOGUE                                                              \
-    "local t = redis.call('TIME')\n"                                                     \
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"            \
-    "local function ms(x) return string.format('%.0f', x) end\n"                         \
+#define IDEM_REDIS_PROLOGUE                                                   \
+    "local t = redis.call('TIME')\n"                                          \
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
+    "local function ms(x) return string.format('%.0f', x) end\n"              \
     "local FIELDS = {'s','fa','fp','f','a','r','ph','pd','c','l','e'}\n"
 
 inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
@@ -110,8 +110,7 @@ inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
     "return 1\n",
 
     // kRead. KEYS: record. Answers {now, 11 fields} (all nil: no record).
-    IDEM_REDIS_PROLOGUE
-    "return {now, unpack(redis.call('HMGET', KEYS[1], unpack(FIELDS)))}\n",
+    IDEM_REDIS_PROLOGUE "return {now, unpack(redis.call('HMGET', KEYS[1], unpack(FIELDS)))}\n",
 
     // kListStale. KEYS: index. ARGV: record key prefix, limit, filter (a all / e exact / p prefix),
     // scope or prefix. Walks the index in score (lease end) order by rank, 256 members at a time,

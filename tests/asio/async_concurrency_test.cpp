@@ -18,6 +18,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -25,7 +26,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace net = boost::asio;
@@ -68,10 +68,10 @@ TEST_CASE("async: 64 coroutines, one key: one effect row, the others replay or a
                             co_await net::co_spawn(
                                 pool,
                                 [&, c]() -> net::awaitable<void> {
-                                    effect_conn.exec("INSERT INTO " + tables.effects +
-                                                         " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
-                                                     {key.scope(), key.value(), std::to_string(::getpid()),
-                                                      std::to_string(c)});
+                                    effect_conn.exec(
+                                        "INSERT INTO " + tables.effects +
+                                            " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
+                                        {key.scope(), key.value(), std::to_string(::getpid()), std::to_string(c)});
                                     std::this_thread::sleep_for(50ms);  // a slow provider: the others arrive
                                     co_return;
                                 },

@@ -167,7 +167,6 @@ void make_schema(const std::string& url, const std::string& table) {
     idem::PostgresStore(url, o).ensure_schema();
 }
 
-
 /// The scenarios' Driver: AsyncPostgresStore on `loop`, calls through async_execute_once, loads of
 /// 32 coroutines.
 Driver async_driver(Loop& loop) {

@@ -29,6 +29,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -42,7 +43,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace net = boost::asio;
@@ -78,8 +78,7 @@ int main(int argc, char** argv) {
         constexpr int kEffectThreads = 4;
         net::thread_pool pool(kEffectThreads);
         std::vector<std::unique_ptr<idem_test::PgConn>> effect_conns;
-        for (int t = 0; t < kEffectThreads; ++t)
-            effect_conns.push_back(std::make_unique<idem_test::PgConn>(conninfo));
+        for (int t = 0; t < kEffectThreads; ++t) effect_conns.push_back(std::make_unique<idem_test::PgConn>(conninfo));
         std::atomic<std::size_t> next_conn{0};
         const auto conn_of_this_thread = [&]() -> idem_test::PgConn& {
             thread_local idem_test::PgConn* mine = nullptr;
@@ -114,18 +113,21 @@ int main(int argc, char** argv) {
                         co_return co_await net::co_spawn(
                             pool,
                             [&, k, c]() -> net::awaitable<std::string> {
-                                conn_of_this_thread().exec("INSERT INTO " + effects +
-                                                               " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
-                                                           {scope, "key-" + std::to_string(k), std::to_string(pid),
-                                                            std::to_string(c)});
+                                conn_of_this_thread().exec(
+                                    "INSERT INTO " + effects + " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
+                                    {scope, "key-" + std::to_string(k), std::to_string(pid), std::to_string(c)});
                                 co_return idem_test::race::effect_body(k, pid, c);
                             },
                             net::use_awaitable);
                     },
                     net::use_awaitable);
                 switch (r.outcome()) {
-                    case idem::Outcome::executed: out_lines.push_back("E " + std::to_string(k) + " " + r.response()); break;
-                    case idem::Outcome::replayed: out_lines.push_back("R " + std::to_string(k) + " " + r.response()); break;
+                    case idem::Outcome::executed:
+                        out_lines.push_back("E " + std::to_string(k) + " " + r.response());
+                        break;
+                    case idem::Outcome::replayed:
+                        out_lines.push_back("R " + std::to_string(k) + " " + r.response());
+                        break;
                     case idem::Outcome::in_progress:
                         if (r.retry_after().count() <= 0) ++contract_violations;
                         out_lines.push_back("P " + std::to_string(k));
@@ -180,8 +182,7 @@ int main(int argc, char** argv) {
         pool.join();
         const auto stats = store->stats();
         std::cerr << "worker " << pid << ": claims=" << stats.claims << " claims_won=" << stats.claims_won
-                  << " round_trips=" << stats.round_trips << " connections_opened=" << stats.connections_opened
-                  << "\n";
+                  << " round_trips=" << stats.round_trips << " connections_opened=" << stats.connections_opened << "\n";
         store.reset();
     } catch (const std::exception& e) {
         std::cerr << "worker " << pid << ": " << e.what() << "\n";

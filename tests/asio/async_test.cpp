@@ -114,23 +114,27 @@ TEST_CASE("async: an awaitable effect on a timer, from a coroutine (use_awaitabl
 TEST_CASE("async: not_performed releases the key; another exception keeps it in progress", "[asio]") {
     Fixture f;
     const auto k1 = key(idem_test::unique_name("released"));
-    REQUIRE_THROWS_AS(idem::asio::async_execute_once(*f.store, k1, fp("x"),
-                                                     []() -> idem::Response { throw idem::not_performed("declined"); },
-                                                     net::use_future)
-                          .get(),
-                      idem::not_performed);
+    REQUIRE_THROWS_AS(
+        idem::asio::async_execute_once(
+            *f.store, k1, fp("x"), []() -> idem::Response { throw idem::not_performed("declined"); }, net::use_future)
+            .get(),
+        idem::not_performed);
     REQUIRE_FALSE(f.store->read(k1));
     const auto k2 = key(idem_test::unique_name("unknown"));
-    REQUIRE_THROWS_AS(idem::asio::async_execute_once(*f.store, k2, fp("x"),
-                                                     []() -> idem::Response { throw std::runtime_error("timeout"); },
-                                                     net::use_future)
-                          .get(),
-                      std::runtime_error);
+    REQUIRE_THROWS_AS(
+        idem::asio::async_execute_once(
+            *f.store, k2, fp("x"), []() -> idem::Response { throw std::runtime_error("timeout"); }, net::use_future)
+            .get(),
+        std::runtime_error);
     auto kept = f.store->read(k2);
     REQUIRE(kept);
     REQUIRE(kept->state == idem::RecordState::in_progress);
-    auto busy = idem::asio::async_execute_once(*f.store, k2, fp("x"), [] { return idem::Response{200, "x"}; },
-                                               net::use_future)
+    auto busy = idem::asio::async_execute_once(
+                    *f.store, k2, fp("x"),
+                    [] {
+                        return idem::Response{200, "x"};
+                    },
+                    net::use_future)
                     .get();
     REQUIRE(busy.outcome() == idem::Outcome::in_progress);
 }
@@ -138,12 +142,15 @@ TEST_CASE("async: not_performed releases the key; another exception keeps it in 
 TEST_CASE("async: a callback token gets the exception and the result", "[asio]") {
     Fixture f;
     std::promise<idem::Outcome> done;
-    idem::asio::async_execute_once(*f.store, key(idem_test::unique_name("cb")), fp("x"),
-                                   [] { return idem::Response{200, "x"}; },
-                                   [&](std::exception_ptr e, idem::Result<idem::Response> r) {
-                                       if (e) done.set_exception(e);
-                                       else done.set_value(r.outcome());
-                                   });
+    idem::asio::async_execute_once(
+        *f.store, key(idem_test::unique_name("cb")), fp("x"),
+        [] {
+            return idem::Response{200, "x"};
+        },
+        [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+            if (e) done.set_exception(e);
+            else done.set_value(r.outcome());
+        });
     REQUIRE(done.get_future().get() == idem::Outcome::executed);
 }
 
@@ -184,14 +191,13 @@ TEST_CASE("async: cancelled before the effect: released, call_cancelled, fn not 
     net::cancellation_signal signal;
     std::promise<std::exception_ptr> done;
     net::dispatch(f.store->get_executor(), [&] {
-        idem::asio::async_execute_once(*f.store, k, fp("x"),
-                                       [&] {
-                                           ++runs;
-                                           return idem::Response{200, "x"};
-                                       },
-                                       net::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, auto) {
-                                           done.set_value(e);
-                                       }));
+        idem::asio::async_execute_once(
+            *f.store, k, fp("x"),
+            [&] {
+                ++runs;
+                return idem::Response{200, "x"};
+            },
+            net::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, auto) { done.set_value(e); }));
         signal.emit(net::cancellation_type::terminal);  // while the claim is in flight
     });
     auto e = done.get_future().get();
@@ -199,8 +205,12 @@ TEST_CASE("async: cancelled before the effect: released, call_cancelled, fn not 
     REQUIRE_THROWS_AS(std::rethrow_exception(e), idem::call_cancelled);
     REQUIRE(runs == 0);
     REQUIRE_FALSE(f.store->read(k));  // the claim was released: the key may run again
-    auto again = idem::asio::async_execute_once(*f.store, k, fp("x"), [] { return idem::Response{200, "y"}; },
-                                                net::use_future)
+    auto again = idem::asio::async_execute_once(
+                     *f.store, k, fp("x"),
+                     [] {
+                         return idem::Response{200, "y"};
+                     },
+                     net::use_future)
                      .get();
     REQUIRE(again.outcome() == idem::Outcome::executed);
 }
@@ -248,12 +258,13 @@ TEST_CASE("async: a server that cannot be reached is store_unavailable, fn not c
     // A port nobody listens on (the throwaway cluster's socket directory, another port).
     idem::asio::AsyncPostgresStore store(io.get_executor(), "host=127.0.0.1 port=1 dbname=postgres", o);
     std::atomic<int> runs{0};
-    auto fut = idem::asio::async_execute_once(store, key("down"), fp("x"),
-                                              [&] {
-                                                  ++runs;
-                                                  return idem::Response{200, "x"};
-                                              },
-                                              net::use_future);
+    auto fut = idem::asio::async_execute_once(
+        store, key("down"), fp("x"),
+        [&] {
+            ++runs;
+            return idem::Response{200, "x"};
+        },
+        net::use_future);
     io.run();  // returns once the call completed: nothing of the store stays pending
     REQUIRE_THROWS_AS(fut.get(), idem::store_unavailable);
     REQUIRE(runs == 0);
@@ -264,13 +275,18 @@ TEST_CASE("async: a database that does not exist is config_error, not an outage"
     idem::PostgresOptions o;
     auto url = idem_test::database_url() + " dbname=idem_no_such_database";
     idem::asio::AsyncPostgresStore store(io.get_executor(), url, o);
-    auto fut = idem::asio::async_execute_once(store, key("x"), fp("x"), [] { return idem::Response{200, "x"}; },
-                                              net::use_future);
+    auto fut = idem::asio::async_execute_once(
+        store, key("x"), fp("x"),
+        [] {
+            return idem::Response{200, "x"};
+        },
+        net::use_future);
     io.run();
     REQUIRE_THROWS_AS(fut.get(), idem::config_error);
 }
 
-TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls on 1 connection share transactions", "[asio]") {
+TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls on 1 connection share transactions",
+          "[asio]") {
     const std::string table = idem_test::unique_name("idem_async");
     net::io_context io;
     idem::PostgresOptions o;
@@ -282,14 +298,15 @@ TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls o
         const auto before = store.stats();
         std::atomic<int> executed{0}, runs{0};
         for (int i = 0; i < 200; ++i) {
-            idem::asio::async_execute_once(store, key("pipelined-" + std::to_string(i)), fp("x"),
-                                           [&] {
-                                               ++runs;
-                                               return idem::Response{200, "x"};
-                                           },
-                                           [&](std::exception_ptr e, idem::Result<idem::Response> r) {
-                                               if (!e && r.outcome() == idem::Outcome::executed) ++executed;
-                                           });
+            idem::asio::async_execute_once(
+                store, key("pipelined-" + std::to_string(i)), fp("x"),
+                [&] {
+                    ++runs;
+                    return idem::Response{200, "x"};
+                },
+                [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                    if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+                });
         }
         io.run();  // no work guard: returns when every call has completed
         REQUIRE(executed == 200);
@@ -330,12 +347,13 @@ TEST_CASE("async: ClaimOptions::wait polls, and the waiter replays the owner's r
     idem::asio::AsyncOptions o;
     o.claim.wait = 10s;
     std::atomic<int> waiter_runs{0};
-    auto waiter = idem::asio::async_execute_once(*f.store, k, fp("x"),
-                                                 [&] {
-                                                     ++waiter_runs;
-                                                     return idem::Response{200, "waiter"};
-                                                 },
-                                                 o, net::use_future);
+    auto waiter = idem::asio::async_execute_once(
+        *f.store, k, fp("x"),
+        [&] {
+            ++waiter_runs;
+            return idem::Response{200, "waiter"};
+        },
+        o, net::use_future);
     REQUIRE(owner.get().outcome() == idem::Outcome::executed);
     auto r = waiter.get();
     REQUIRE(r.outcome() == idem::Outcome::replayed);
@@ -356,13 +374,14 @@ TEST_CASE("async: resume mode takes over a stale key (attempt 2, the earlier pha
     o.claim.resume_stale = true;
     int attempt = 0;
     std::optional<std::string> phase;
-    auto r = idem::asio::async_execute_once(*f.store, k, fp("x"),
-                                            [&](idem::asio::AsyncContext& ctx) {
-                                                attempt = ctx.attempt();
-                                                phase = ctx.phase_data();
-                                                return idem::Response{200, "resumed"};
-                                            },
-                                            o, net::use_future)
+    auto r = idem::asio::async_execute_once(
+                 *f.store, k, fp("x"),
+                 [&](idem::asio::AsyncContext& ctx) {
+                     attempt = ctx.attempt();
+                     phase = ctx.phase_data();
+                     return idem::Response{200, "resumed"};
+                 },
+                 o, net::use_future)
                  .get();
     REQUIRE(r.outcome() == idem::Outcome::executed);
     REQUIRE(attempt == 2);
@@ -370,8 +389,7 @@ TEST_CASE("async: resume mode takes over a stale key (attempt 2, the earlier pha
     REQUIRE_THROWS_AS(f.store->save(k, first.fence, "stale owner"), idem::lease_lost);
 }
 
-TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrives, no connection lost",
-          "[asio]") {
+TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrives, no connection lost", "[asio]") {
     // Sends fill the socket, and libpq then reads answers into its buffer while it flushes: the
     // reader must look there too, not only wait for the socket (else an answer already read waits
     // for the deadline and the connection is failed).
@@ -391,11 +409,14 @@ TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrive
         std::atomic<int> executed{0};
         const auto before = store.stats();
         for (int i = 0; i < 40; ++i) {
-            idem::asio::async_execute_once(store, key("big-" + std::to_string(i)), fp("x"),
-                                           [&] { return idem::Response{200, big}; },
-                                           [&](std::exception_ptr e, idem::Result<idem::Response> r) {
-                                               if (!e && r.outcome() == idem::Outcome::executed) ++executed;
-                                           });
+            idem::asio::async_execute_once(
+                store, key("big-" + std::to_string(i)), fp("x"),
+                [&] {
+                    return idem::Response{200, big};
+                },
+                [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                    if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+                });
         }
         io.run();
         REQUIRE(executed == 40);
@@ -403,8 +424,12 @@ TEST_CASE("async: 1 MiB results pipelined on one connection: every answer arrive
         REQUIRE(after.retries - before.retries == 0);
         REQUIRE(after.connections_discarded - before.connections_discarded == 0);
         io.restart();
-        auto replay = idem::asio::async_execute_once(store, key("big-7"), fp("x"), [&] { return idem::Response{500, ""}; },
-                                                     net::use_future);
+        auto replay = idem::asio::async_execute_once(
+            store, key("big-7"), fp("x"),
+            [&] {
+                return idem::Response{500, ""};
+            },
+            net::use_future);
         io.run();
         REQUIRE(replay.get().response().body == big);
     }
@@ -439,15 +464,13 @@ TEST_CASE("async: cancelled during a resume-mode takeover, the earlier attempt's
     o.claim.resume_stale = true;
     o.claim.lease = 100ms;
     net::dispatch(f.store->get_executor(), [&] {
-        idem::asio::async_execute_once(*f.store, k, idem::fingerprint("x"),
-                                       [&] {
-                                           ++runs;
-                                           return idem::Response{200, "x"};
-                                       },
-                                       o,
-                                       net::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, auto) {
-                                           done.set_value(e);
-                                       }));
+        idem::asio::async_execute_once(
+            *f.store, k, idem::fingerprint("x"),
+            [&] {
+                ++runs;
+                return idem::Response{200, "x"};
+            },
+            o, net::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, auto) { done.set_value(e); }));
         signal.emit(net::cancellation_type::terminal);
     });
     auto e = done.get_future().get();
@@ -461,13 +484,14 @@ TEST_CASE("async: cancelled during a resume-mode takeover, the earlier attempt's
     std::this_thread::sleep_for(300ms);  // the cancelled takeover's lease passes too
     int attempt = 0;
     std::optional<std::string> phase;
-    auto again = idem::asio::async_execute_once(*f.store, k, idem::fingerprint("x"),
-                                                [&](idem::asio::AsyncContext& ctx) {
-                                                    attempt = ctx.attempt();
-                                                    phase = ctx.phase();
-                                                    return idem::Response{200, "charged again"};
-                                                },
-                                                o, net::use_future)
+    auto again = idem::asio::async_execute_once(
+                     *f.store, k, idem::fingerprint("x"),
+                     [&](idem::asio::AsyncContext& ctx) {
+                         attempt = ctx.attempt();
+                         phase = ctx.phase();
+                         return idem::Response{200, "charged again"};
+                     },
+                     o, net::use_future)
                      .get();
     REQUIRE(again.outcome() == idem::Outcome::executed);
     REQUIRE(phase == "charge_created");  // the next attempt resumes from the recovery point
@@ -493,8 +517,7 @@ TEST_CASE("async: a resume-mode takeover is reported to the observer (Event::tak
 }
 
 // 3. libpq moves to the next host during connect (new socket, usually the same fd number).
-TEST_CASE("async: a multi-host conninfo whose first host drops the connection connects through the second",
-          "[asio]") {
+TEST_CASE("async: a multi-host conninfo whose first host drops the connection connects through the second", "[asio]") {
     // libpq closes the first socket and opens the next, usually under the same descriptor number.
     int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(lfd >= 0);
@@ -520,8 +543,8 @@ TEST_CASE("async: a multi-host conninfo whose first host drops the connection co
     const char* pgport = std::getenv("IDEM_PG_PORT");
     REQUIRE(host);
     REQUIRE(pgport);
-    const std::string conninfo = std::string("host=127.0.0.1,") + host + " port=" + std::to_string(port == 0 ? 1 : 1) + "," +
-                                 pgport + " dbname=postgres user=postgres sslmode=disable gssencmode=disable";
+    const std::string conninfo = std::string("host=127.0.0.1,") + host + " port=" + std::to_string(port == 0 ? 1 : 1) +
+                                 "," + pgport + " dbname=postgres user=postgres sslmode=disable gssencmode=disable";
     idem::PostgresOptions o;
     o.table = idem_test::unique_name("idem_async");
     o.connect_timeout = 3s;
@@ -583,19 +606,21 @@ static std::size_t handlers_while_waiting_on_a_lock(bool with_companion) {
             holder.exec("COMMIT");
         });
         // A: claim k1, then at once a save that waits on the row lock (keeps the FIFO non-empty).
-        net::co_spawn(store.get_executor(),
-                      [&]() -> net::awaitable<void> {
-                          (void)co_await store.co_claim(key(idem_test::unique_name("a")), idem::fingerprint("x"));
-                          co_await store.co_save(locked, lc.fence, "saved");
-                      },
-                      net::detached);
+        net::co_spawn(
+            store.get_executor(),
+            [&]() -> net::awaitable<void> {
+                (void)co_await store.co_claim(key(idem_test::unique_name("a")), idem::fingerprint("x"));
+                co_await store.co_save(locked, lc.fence, "saved");
+            },
+            net::detached);
         if (with_companion) {
             // B: a claim pipelined right behind A's, answered in the same read.
-            net::co_spawn(store.get_executor(),
-                          [&]() -> net::awaitable<void> {
-                              (void)co_await store.co_claim(key(idem_test::unique_name("b")), idem::fingerprint("x"));
-                          },
-                          net::detached);
+            net::co_spawn(
+                store.get_executor(),
+                [&]() -> net::awaitable<void> {
+                    (void)co_await store.co_claim(key(idem_test::unique_name("b")), idem::fingerprint("x"));
+                },
+                net::detached);
         }
         handlers = io.run();
         release.join();
@@ -604,8 +629,7 @@ static std::size_t handlers_while_waiting_on_a_lock(bool with_companion) {
     return handlers;
 }
 
-TEST_CASE("async: a request waiting 1.5 s on a lock costs a handful of handlers, not a spinning core",
-          "[asio]") {
+TEST_CASE("async: a request waiting 1.5 s on a lock costs a handful of handlers, not a spinning core", "[asio]") {
     const auto alone = handlers_while_waiting_on_a_lock(false);
     std::size_t worst = 0;
     for (int i = 0; i < 5; ++i) worst = std::max(worst, handlers_while_waiting_on_a_lock(true));

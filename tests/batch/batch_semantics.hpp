@@ -99,7 +99,10 @@ struct Effect {
 inline void check_empty_batch(idem::IdempotencyStore& store) {
     const std::vector<idem::Message> none;
     int calls = 0;
-    auto results = idem::execute_batch(store, none, [&](std::size_t) { ++calls; return "x"s; });
+    auto results = idem::execute_batch(store, none, [&](std::size_t) {
+        ++calls;
+        return "x"s;
+    });
     CHECK(results.empty());
     CHECK(calls == 0);
 }
@@ -293,7 +296,10 @@ inline void check_mixed_batch(idem::IdempotencyStore& store, const std::string& 
     const std::vector<idem::Message> batch{message(scope, "new"), message(scope, "done"), held_msg,
                                            message(scope, "done"), message(scope, "new")};
     int calls = 0;
-    auto results = idem::execute_batch(store, batch, [&](std::size_t) { ++calls; return "fresh"s; });
+    auto results = idem::execute_batch(store, batch, [&](std::size_t) {
+        ++calls;
+        return "fresh"s;
+    });
     CHECK(outcomes(results) == std::vector<BatchOutcome>{BatchOutcome::executed, BatchOutcome::replayed,
                                                          BatchOutcome::in_progress, BatchOutcome::duplicate,
                                                          BatchOutcome::duplicate});

@@ -102,8 +102,8 @@ void consume(idem::IdempotencyStore& store, const std::string& url, const std::s
                         default:
                             ++tally.other;
                             tally.other_outcomes.push_back(pending[begin + j] + ": " +
-                                                           std::string(idem::to_string(results[j].outcome)) +
-                                                           " " + error_as<std::exception>(results[j].error));
+                                                           std::string(idem::to_string(results[j].outcome)) + " " +
+                                                           error_as<std::exception>(results[j].error));
                     }
                 }
             }
@@ -147,9 +147,9 @@ void redelivery_run(std::size_t instances) {
     std::vector<std::thread> threads;
     const std::size_t slice = deliveries.size() / kThreads;
     for (std::size_t t = 0; t < kThreads; ++t) {
-        std::vector<std::string> mine(deliveries.begin() + static_cast<std::ptrdiff_t>(t * slice),
-                                      t + 1 == kThreads ? deliveries.end()
-                                                        : deliveries.begin() + static_cast<std::ptrdiff_t>((t + 1) * slice));
+        std::vector<std::string> mine(
+            deliveries.begin() + static_cast<std::ptrdiff_t>(t * slice),
+            t + 1 == kThreads ? deliveries.end() : deliveries.begin() + static_cast<std::ptrdiff_t>((t + 1) * slice));
         threads.emplace_back(consume, std::ref(*stores[t % instances]), std::cref(url), std::cref(effects),
                              std::string("consumer"), std::move(mine), kBatch, std::ref(tallies[t]));
     }
@@ -175,9 +175,9 @@ void redelivery_run(std::size_t instances) {
     INFO("executed " << sum.executed << ", replayed " << sum.replayed << ", duplicate " << sum.duplicate
                      << ", in_progress (redelivered) " << sum.in_progress << ", batches " << sum.batches);
     INFO("first unexpected outcome: " << (sum.other_outcomes.empty() ? "-" : sum.other_outcomes.front()));
-    WARN("instances " << instances << ": executed " << sum.executed << ", replayed " << sum.replayed
-                      << ", duplicate " << sum.duplicate << ", in_progress (redelivered) " << sum.in_progress
-                      << ", batches " << sum.batches);
+    WARN("instances " << instances << ": executed " << sum.executed << ", replayed " << sum.replayed << ", duplicate "
+                      << sum.duplicate << ", in_progress (redelivered) " << sum.in_progress << ", batches "
+                      << sum.batches);
     CHECK(sum.other == 0);
     CHECK(sum.executed == kEvents);
     // Every delivery ends as exactly one of executed / replayed / duplicate (in_progress ones were
@@ -230,7 +230,8 @@ TEST_CASE("postgres: a batch of 64 fresh keys costs 2 round trips, 64 completed 
     before = store->stats().round_trips;
     auto replay = idem::execute_batch(*store, batch, fn);
     CHECK(store->stats().round_trips - before == 1);
-    CHECK(std::count_if(replay.begin(), replay.end(), [](auto& r) { return r.outcome == BatchOutcome::replayed; }) == 64);
+    CHECK(std::count_if(replay.begin(), replay.end(), [](auto& r) { return r.outcome == BatchOutcome::replayed; }) ==
+          64);
 
     // A batch with copies of its keys: still 1 (the copies are settled locally).
     std::vector<idem::Message> doubled = batch;
@@ -249,8 +250,7 @@ TEST_CASE("postgres: a cold store also pays 2 round trips for a fresh batch (set
     const auto batch = messages("cold", {"c1", "c2", "c3"});
     auto results = idem::execute_batch(*store, batch, [](std::size_t) { return "ok"s; });
     CHECK(store->stats().round_trips == 2);
-    CHECK(outcomes(results) ==
-          std::vector<BatchOutcome>(3, BatchOutcome::executed));
+    CHECK(outcomes(results) == std::vector<BatchOutcome>(3, BatchOutcome::executed));
 }
 
 TEST_CASE("postgres: a batch larger than one claim chunk (600 keys)", "[batch][postgres]") {
@@ -261,10 +261,16 @@ TEST_CASE("postgres: a batch larger than one claim chunk (600 keys)", "[batch][p
     for (int i = 0; i < 600; ++i) ids.push_back("big-" + std::to_string(i));
     const auto batch = messages("big", ids);
     std::size_t calls = 0;
-    auto first = idem::execute_batch(*store, batch, [&](std::size_t i) { ++calls; return std::to_string(i); });
+    auto first = idem::execute_batch(*store, batch, [&](std::size_t i) {
+        ++calls;
+        return std::to_string(i);
+    });
     CHECK(calls == 600);
     CHECK(std::all_of(first.begin(), first.end(), [](auto& r) { return r.outcome == BatchOutcome::executed; }));
-    auto again = idem::execute_batch(*store, batch, [&](std::size_t i) { ++calls; return std::to_string(i); });
+    auto again = idem::execute_batch(*store, batch, [&](std::size_t i) {
+        ++calls;
+        return std::to_string(i);
+    });
     CHECK(calls == 600);
     for (std::size_t i = 0; i < again.size(); ++i) {
         CHECK(again[i].outcome == BatchOutcome::replayed);

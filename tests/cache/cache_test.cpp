@@ -219,7 +219,7 @@ TEST_CASE("a record whose retention passed is never served, even if the store st
     const auto clock = std::make_shared<ManualSteady>();
     idem::ReplayCache cache(cache_options(1 << 20, 1, clock));
     const idem::Key key("s", "k");
-    CHECK_FALSE(cache.insert(key, record_of(10, 0s), clock->now()));     // nothing left
+    CHECK_FALSE(cache.insert(key, record_of(10, 0s), clock->now()));  // nothing left
     auto expired = record_of(10);
     expired.expired = true;
     CHECK_FALSE(cache.insert(key, expired, clock->now()));
@@ -341,7 +341,8 @@ TEMPLATE_TEST_CASE("16 threads hammer a small cache: every answer is right", "[c
     std::vector<idem::Key> keys;
     for (int i = 0; i < kKeys; ++i) {
         keys.emplace_back(scope, "k" + std::to_string(i));
-        complete(primary, keys.back(), "result-" + std::to_string(i) + std::string(static_cast<std::size_t>(i * 7), '.'));
+        complete(primary, keys.back(),
+                 "result-" + std::to_string(i) + std::string(static_cast<std::size_t>(i * 7), '.'));
     }
     constexpr int kThreads = 16;
     constexpr int kCalls = 1000;

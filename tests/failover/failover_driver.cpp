@@ -126,8 +126,8 @@ public:
     /// Runs `sql`; nullopt with `error` set on failure. `certain_failure` tells whether the
     /// statement certainly did not commit (connect failure or a server error result), as opposed to
     /// a connection lost with the answer (outcome unknown).
-    std::optional<PgResultPtr> exec(const std::string& sql, const std::vector<std::string>& params,
-                                    std::string& error, bool& certain_failure) {
+    std::optional<PgResultPtr> exec(const std::string& sql, const std::vector<std::string>& params, std::string& error,
+                                    bool& certain_failure) {
         certain_failure = true;
         if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
             conn_.reset(PQconnectdb(conninfo_.c_str()));
@@ -139,8 +139,8 @@ public:
         }
         std::vector<const char*> values;
         for (const auto& p : params) values.push_back(p.c_str());
-        PgResultPtr r(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()), nullptr,
-                                   values.data(), nullptr, nullptr, 0));
+        PgResultPtr r(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                   nullptr, nullptr, 0));
         const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
         if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return r;
         const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
@@ -194,8 +194,8 @@ struct Entry {
 
 struct Fault {
     std::int64_t killed_ns = 0;
-    std::int64_t first_error_ns = 0;     // first failed call that started after the kill
-    std::int64_t recovered_ns = 0;       // first successful call that started after the kill
+    std::int64_t first_error_ns = 0;  // first failed call that started after the kill
+    std::int64_t recovered_ns = 0;    // first successful call that started after the kill
     std::uint64_t errors_until_recovered = 0;
 };
 
@@ -257,13 +257,14 @@ void worker(int id, const Options& opt, idem::PostgresStore& store, Shared& shar
         e.mode = (id % 2 == 0) ? Mode::plain : Mode::tx;
         const idem::Key key(scope, e.value);
         const idem::Fingerprint fp = idem::fingerprint(std::string("failover"), e.value, std::int64_t{1999});
-        const idem::Response response{201, "charge " + e.value + " " + random_bytes(rng, 16),
-                                      {{"x-key", e.value}, {"x-thread", thread}}};
+        const idem::Response response{
+            201, "charge " + e.value + " " + random_bytes(rng, 16), {{"x-key", e.value}, {"x-thread", thread}}};
         const auto plain_effect = [&]() -> idem::Response {
             std::string error;
             bool certain = false;
-            if (!effects_conn.exec("INSERT INTO failover_effects (scope, key, thread, mode) VALUES ($1, $2, $3, 'plain')",
-                                   {scope, e.value, thread}, error, certain)) {
+            if (!effects_conn.exec(
+                    "INSERT INTO failover_effects (scope, key, thread, mode) VALUES ($1, $2, $3, 'plain')",
+                    {scope, e.value, thread}, error, certain)) {
                 if (certain) throw effect_not_done("effect refused: " + error);
                 throw std::runtime_error("effect outcome unknown: " + error);
             }
@@ -328,7 +329,10 @@ void worker(int id, const Options& opt, idem::PostgresStore& store, Shared& shar
             } catch (const idem::database_error& x) {
                 shared.error("database_error " + x.sqlstate(), started);
                 std::this_thread::sleep_for(milliseconds(100));
-                if (++unavailable > 200) { e.final = Final::other; break; }
+                if (++unavailable > 200) {
+                    e.final = Final::other;
+                    break;
+                }
             } catch (const std::exception& x) {
                 // The plain effect's unknown outcome (runtime_error) lands here: key stays in progress.
                 const std::string what = x.what();
@@ -379,8 +383,9 @@ int main(int argc, char** argv) {
         try {
             store.ensure_schema();
             Sql sql(opt.conninfo);
-            sql.must("CREATE TABLE IF NOT EXISTS failover_effects (id bigserial PRIMARY KEY, scope text NOT NULL, "
-                     "key text NOT NULL, thread int NOT NULL, mode text NOT NULL, at timestamptz DEFAULT now())");
+            sql.must(
+                "CREATE TABLE IF NOT EXISTS failover_effects (id bigserial PRIMARY KEY, scope text NOT NULL, "
+                "key text NOT NULL, thread int NOT NULL, mode text NOT NULL, at timestamptz DEFAULT now())");
             sql.must("CREATE INDEX IF NOT EXISTS failover_effects_key ON failover_effects (scope, key)");
             break;
         } catch (const std::exception& e) {
@@ -404,8 +409,8 @@ int main(int argc, char** argv) {
                              std::ref(histories[static_cast<std::size_t>(i)]));
     }
     write_file(opt.control / "ready", run);
-    std::cout << "failover_driver[" << opt.label << "]: load running (" << opt.threads << " threads, run " << run
-              << ")" << std::endl;
+    std::cout << "failover_driver[" << opt.label << "]: load running (" << opt.threads << " threads, run " << run << ")"
+              << std::endl;
 
     // ---- watch the control directory ----
     std::size_t faults_seen = 0;
@@ -442,7 +447,8 @@ int main(int argc, char** argv) {
             auto r = sql.must("SELECT key, count(*) FROM failover_effects WHERE key LIKE $1 GROUP BY key",
                               {std::string(run) + "-%"});
             effects.clear();
-            for (int i = 0; i < PQntuples(r.get()); ++i) effects[PQgetvalue(r.get(), i, 0)] = std::atoll(PQgetvalue(r.get(), i, 1));
+            for (int i = 0; i < PQntuples(r.get()); ++i)
+                effects[PQgetvalue(r.get(), i, 0)] = std::atoll(PQgetvalue(r.get(), i, 1));
             return 0;
         });
     } catch (const std::exception& e) {
@@ -569,7 +575,8 @@ int main(int argc, char** argv) {
         } else {
             out << "NOT RECOVERED";
         }
-        if (f.first_error_ns) out << ", first error after " << static_cast<double>(f.first_error_ns - f.killed_ns) / 1e9 << " s";
+        if (f.first_error_ns)
+            out << ", first error after " << static_cast<double>(f.first_error_ns - f.killed_ns) / 1e9 << " s";
         out << ", " << f.errors_until_recovered << " failed calls until recovered\n";
     }
     out << "  outcomes per key:";
@@ -578,11 +585,12 @@ int main(int argc, char** argv) {
     for (const auto& [k, v] : shared.errors) out << " [" << k << ": " << v << "]";
     out << "\n  not acknowledged: " << unknown_completed << " completed anyway (answer lost), " << unknown_in_progress
         << " left in progress (outcome unknown, awaits reconciliation)\n";
-    out << "  checks (" << verify_s << " s): replays " << replays_checked << " byte-identical " << replays_checked - replay_failed
-        << "; lost acknowledged saves " << lost_acks << "; wrong bytes " << wrong_bytes << "; duplicate effects "
-        << duplicate_effects << "; acknowledged without effect " << lost_effects << "; in-transaction split "
-        << tx_split << "\n";
-    const std::size_t total_anomalies = lost_acks + wrong_bytes + duplicate_effects + lost_effects + tx_split + replay_failed;
+    out << "  checks (" << verify_s << " s): replays " << replays_checked << " byte-identical "
+        << replays_checked - replay_failed << "; lost acknowledged saves " << lost_acks << "; wrong bytes "
+        << wrong_bytes << "; duplicate effects " << duplicate_effects << "; acknowledged without effect "
+        << lost_effects << "; in-transaction split " << tx_split << "\n";
+    const std::size_t total_anomalies =
+        lost_acks + wrong_bytes + duplicate_effects + lost_effects + tx_split + replay_failed;
     out << "  anomalies: " << total_anomalies << "\n";
     for (const auto& a : anomalies) out << "    - " << a << "\n";
     bool unrecovered = false;
@@ -597,10 +605,10 @@ int main(int argc, char** argv) {
                       f.recovered_ns ? static_cast<double>(f.recovered_ns - f.killed_ns) / 1e9 : -1.0);
         recover += buf;
     }
-    std::ofstream(opt.control / "summary") << "calls=" << shared.calls.load() << " keys=" << all.size()
-                                             << " time_to_recover=" << (recover.empty() ? "-" : recover)
-                                             << " acked=" << shared.acked.load() << " faults=" << shared.faults.size()
-                                             << " anomalies=" << total_anomalies << " lost_acks=" << lost_acks
-                                             << " duplicate_effects=" << duplicate_effects << "\n";
+    std::ofstream(opt.control / "summary")
+        << "calls=" << shared.calls.load() << " keys=" << all.size()
+        << " time_to_recover=" << (recover.empty() ? "-" : recover) << " acked=" << shared.acked.load()
+        << " faults=" << shared.faults.size() << " anomalies=" << total_anomalies << " lost_acks=" << lost_acks
+        << " duplicate_effects=" << duplicate_effects << "\n";
     return total_anomalies == 0 && !unrecovered ? 0 : 1;
 }

@@ -16,7 +16,6 @@ TEST_CASE("scenario 2: PostgreSQL killed (kill -9) mid-load and restarted", "[fa
 // After a restart every idle pooled connection is dead. A statement that meets a broken connection
 // marks the idle ones suspect, so its retry pings them (discarding the dead) and lands on a live or
 // fresh connection: the first call after the restart succeeds.
-TEST_CASE("after a restart, the first call succeeds (no retry into dead pooled connections)",
-          "[fault][crash]") {
+TEST_CASE("after a restart, the first call succeeds (no retry into dead pooled connections)", "[fault][crash]") {
     first_call_after_restart_scenario(blocking_driver());
 }

@@ -21,7 +21,7 @@ idem::PostgresOptions slow_options(const IdemTable& table, const std::string& ap
     o.statement_timeout = 500ms;
     o.lock_timeout = 200ms;
     o.connect_timeout = 2s;
-    o.save_retry_window = 2s; // a save on a broken connection keeps trying this long
+    o.save_retry_window = 2s;  // a save on a broken connection keeps trying this long
     o.application_name = app;
     return o;
 }
@@ -66,8 +66,7 @@ public:
     void stop() {
         stop_ = true;
         for (auto& t : threads_) {
-            if (t.joinable())
-                t.join();
+            if (t.joinable()) t.join();
         }
     }
     std::vector<Timed> timed() {
@@ -88,9 +87,7 @@ private:
     std::vector<std::thread> threads_;
 };
 
-bool typed(Told t) {
-    return t != Told::other_error && t != Told::corrupt_record;
-}
+bool typed(Told t) { return t != Told::other_error && t != Told::corrupt_record; }
 
 /// Waits (bounded) until `n` of the app's connections sit idle right after marking a key waited
 /// for or polling it (the backstop poll, kWaitPoll), i.e. are held by callers LISTENing for a save
@@ -98,21 +95,18 @@ bool typed(Told t) {
 void wait_for_waiters(const std::string& url, const std::string& app, int n) {
     PgConn admin(url);
     const auto until = Clock::now() + 20s;
-    while (
-        admin.scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "
-            "AND (query LIKE '%SET waiters = true%' OR query LIKE '%state = ''in_progress'' AND "
-            "fence = $3')",
-            {app}) < n &&
-        Clock::now() < until) {
+    while (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "
+                        "AND (query LIKE '%SET waiters = true%' OR query LIKE '%state = ''in_progress'' AND "
+                        "fence = $3')",
+                        {app}) < n &&
+           Clock::now() < until) {
         std::this_thread::sleep_for(10ms);
     }
 }
 
-} // namespace
+}  // namespace
 
-TEST_CASE("scenario 4A: table locked for 2 s (pg_sleep) under 8 clients on a pool of 2",
-          "[fault][exhaustion]") {
+TEST_CASE("scenario 4A: table locked for 2 s (pg_sleep) under 8 clients on a pool of 2", "[fault][exhaustion]") {
     const std::string url = require_db();
     IdemTable table(url);
     Effects effects(url);
@@ -146,34 +140,27 @@ TEST_CASE("scenario 4A: table locked for 2 s (pg_sleep) under 8 clients on a poo
         for (const auto& t : timed) {
             CHECK(typed(t.told));
             max_ms = std::max(max_ms, t.ms);
-            const auto ended =
-                t.started + std::chrono::microseconds(static_cast<long long>(t.ms * 1000));
+            const auto ended = t.started + std::chrono::microseconds(static_cast<long long>(t.ms * 1000));
             if (ended > locked_at + 100ms && t.started < released_at) {
                 ++during;
-                if (!is_answer(t.told))
-                    ++failed_during, ++kinds[name(t.told)];
+                if (!is_answer(t.told)) ++failed_during, ++kinds[name(t.told)];
             }
-            if (t.started > released_at + 500ms && t.told == Told::executed)
-                ++ok_after;
+            if (t.started > released_at + 500ms && t.told == Told::executed) ++ok_after;
         }
-        const auto bound =
-            options.pool_wait + 2 * wait_bound(options) + 2000ms; // claim + save, + slack
+        const auto bound = options.pool_wait + 2 * wait_bound(options) + 2000ms;  // claim + save, + slack
         std::ostringstream kinds_text;
-        for (const auto& [k, v] : kinds)
-            kinds_text << " " << k << "=" << v;
-        f.notes.push_back("calls during the lock: " + std::to_string(during) +
-                          ", failed typed:" + kinds_text.str() +
-                          "; executed after release: " + std::to_string(ok_after) +
-                          "; max latency " + std::to_string(static_cast<long>(max_ms)) +
-                          " ms (bound " + std::to_string(bound.count()) + " ms)");
+        for (const auto& [k, v] : kinds) kinds_text << " " << k << "=" << v;
+        f.notes.push_back("calls during the lock: " + std::to_string(during) + ", failed typed:" + kinds_text.str() +
+                          "; executed after release: " + std::to_string(ok_after) + "; max latency " +
+                          std::to_string(static_cast<long>(max_ms)) + " ms (bound " + std::to_string(bound.count()) +
+                          " ms)");
         std::set<std::string> errors;
         for (const auto& c : history.calls()) {
             if (c.told == Told::database_error || c.told == Told::store_unavailable) {
                 errors.insert(std::string(name(c.told)) + ": " + c.detail.substr(0, 90));
             }
         }
-        for (const auto& e : errors)
-            f.notes.push_back(e);
+        for (const auto& e : errors) f.notes.push_back(e);
         CHECK(failed_during > 0);
         CHECK(max_ms <= static_cast<double>(bound.count()));
         CHECK(ok_after > 0);
@@ -194,9 +181,10 @@ TEST_CASE("scenario 4A: table locked for 2 s (pg_sleep) under 8 clients on a poo
 
 TEST_CASE("scenario 4B: idem's backends hang (SIGSTOP) for 2.5 s", "[fault][exhaustion]") {
     const std::string url = require_db();
-    if (!server_controllable()) { // the backends' pids are only ours to signal on our own cluster
-        WARN("IDEM_PG_DATA is not set (not scripts/with-postgres.sh's cluster): skipping the "
-             "hung-backend scenario");
+    if (!server_controllable()) {  // the backends' pids are only ours to signal on our own cluster
+        WARN(
+            "IDEM_PG_DATA is not set (not scripts/with-postgres.sh's cluster): skipping the "
+            "hung-backend scenario");
         return;
     }
     IdemTable table(url);
@@ -212,27 +200,24 @@ TEST_CASE("scenario 4B: idem's backends hang (SIGSTOP) for 2.5 s", "[fault][exha
     PgConn admin(url);
 
     std::vector<pid_t> frozen;
-    struct Thaw { // SIGCONT whatever happens
+    struct Thaw {  // SIGCONT whatever happens
         std::vector<pid_t>& pids;
         ~Thaw() {
-            for (pid_t p : pids)
-                ::kill(p, SIGCONT);
+            for (pid_t p : pids) ::kill(p, SIGCONT);
         }
     } thaw{frozen};
     {
         Hammer hammer(store, effects, history, scope, 1s);
         for (int round = 0; round < 2; ++round) {
             std::this_thread::sleep_for(500ms);
-            auto r = admin.exec("SELECT pid FROM pg_stat_activity WHERE application_name = $1",
-                                {options.application_name});
+            auto r =
+                admin.exec("SELECT pid FROM pg_stat_activity WHERE application_name = $1", {options.application_name});
             for (int i = 0; i < r.rows(); ++i) {
                 const auto pid = static_cast<pid_t>(r.integer(i, 0));
-                if (::kill(pid, SIGSTOP) == 0)
-                    frozen.push_back(pid), ++f.faults;
+                if (::kill(pid, SIGSTOP) == 0) frozen.push_back(pid), ++f.faults;
             }
             std::this_thread::sleep_for(2500ms);
-            for (pid_t p : frozen)
-                ::kill(p, SIGCONT);
+            for (pid_t p : frozen) ::kill(p, SIGCONT);
             frozen.clear();
             ++f.rounds;
         }
@@ -243,19 +228,16 @@ TEST_CASE("scenario 4B: idem's backends hang (SIGSTOP) for 2.5 s", "[fault][exha
         for (const auto& t : hammer.timed()) {
             CHECK(typed(t.told));
             max_ms = std::max(max_ms, t.ms);
-            if (!is_answer(t.told))
-                ++kinds[name(t.told)];
+            if (!is_answer(t.told)) ++kinds[name(t.told)];
         }
         // claim: claim_attempts bounded waits; save: retried within save_retry_window, then one
         // more bounded wait; plus the pool wait and 2 s of slack.
         const auto bound = options.pool_wait + options.claim_attempts * wait_bound(options) +
                            options.save_retry_window + wait_bound(options) + 2000ms;
         std::ostringstream kinds_text;
-        for (const auto& [k, v] : kinds)
-            kinds_text << " " << k << "=" << v;
+        for (const auto& [k, v] : kinds) kinds_text << " " << k << "=" << v;
         f.notes.push_back("unanswered calls:" + kinds_text.str() + "; max latency " +
-                          std::to_string(static_cast<long>(max_ms)) + " ms (bound " +
-                          std::to_string(bound.count()) +
+                          std::to_string(static_cast<long>(max_ms)) + " ms (bound " + std::to_string(bound.count()) +
                           " ms); store retries=" + std::to_string(store.stats().retries));
         CHECK(max_ms <= static_cast<double>(bound.count()));
     }
@@ -275,8 +257,7 @@ TEST_CASE("scenario 4B: idem's backends hang (SIGSTOP) for 2.5 s", "[fault][exha
 // Waiters (ClaimOptions::wait) hold a pooled connection while they LISTEN, so the store lets at
 // most pool_size - 1 of them listen (the others poll): the last connection stays free for saves
 // and new calls.
-TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
-          "[fault][exhaustion]") {
+TEST_CASE("scenario 4C: waiting callers never take the last pooled connection", "[fault][exhaustion]") {
     const std::string url = require_db();
     IdemTable table(url);
     Effects effects(url);
@@ -301,15 +282,13 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
                 store, busy, fp_for(busy),
                 [&] {
                     c.fn_started = true;
-                    while (!let_go)
-                        std::this_thread::sleep_for(5ms);
+                    while (!let_go) std::this_thread::sleep_for(5ms);
                     c.effect_id = writer.run(busy);
                     return response_for(busy, c.effect_id);
                 },
                 idem::ClaimOptions{1s, {}, false, {}});
             c.told = r.outcome() == idem::Outcome::executed ? Told::executed : Told::other_error;
-            if (r.has_response())
-                c.bytes = idem::codec<Response>::encode(r.response());
+            if (r.has_response()) c.bytes = idem::codec<Response>::encode(r.response());
         } catch (const idem::response_not_saved& e) {
             c.told = Told::response_not_saved, c.bytes = e.encoded_result(), c.detail = e.what();
         } catch (const std::exception& e) {
@@ -317,8 +296,7 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
         }
         history.add(std::move(c));
     });
-    while (!store.read(busy))
-        std::this_thread::sleep_for(5ms);
+    while (!store.read(busy)) std::this_thread::sleep_for(5ms);
     std::vector<std::thread> waiters;
     for (int i = 0; i < 2; ++i) {
         waiters.emplace_back([&] {
@@ -328,7 +306,7 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
             history.add(run_call(store, writer, busy, true, wait));
         });
     }
-    wait_for_waiters(url, options.application_name, 1); // one LISTENing on a pooled connection
+    wait_for_waiters(url, options.application_name, 1);  // one LISTENing on a pooled connection
 
     Effects::Writer writer(effects);
     PgConn db(url);
@@ -347,16 +325,12 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
     ++f.rounds;
     let_go = true;
     owner.join();
-    for (auto& w : waiters)
-        w.join();
+    for (auto& w : waiters) w.join();
     const auto calls = history.calls();
-    const auto owner_call =
-        std::find_if(calls.begin(), calls.end(), [&](const Call& c) { return c.fn_started; });
+    const auto owner_call = std::find_if(calls.begin(), calls.end(), [&](const Call& c) { return c.fn_started; });
     REQUIRE(owner_call != calls.end());
-    f.notes.push_back(
-        std::string("owner's save while 2 callers wait on a pool of 2: ") + name(owner_call->told) +
-        (owner_call->told == Told::executed ? ""
-                                            : " (waiters starve the saver; see Known issues)"));
+    f.notes.push_back(std::string("owner's save while 2 callers wait on a pool of 2: ") + name(owner_call->told) +
+                      (owner_call->told == Told::executed ? "" : " (waiters starve the saver; see Known issues)"));
     check(store, effects, history, CheckOptions{scope, table.name()}, f);
     f.print();
     CHECK(f.anomalies.empty());
@@ -364,27 +338,25 @@ TEST_CASE("scenario 4C: waiting callers never take the last pooled connection",
 
 // When the claim's INSERT times out on a lock (55P03), its SELECT usually does too: retried, then
 // answered in_progress or store_unavailable — never surfaced as a generic database_error.
-TEST_CASE("a locked table answers in_progress or store_unavailable, never database_error",
-          "[fault][exhaustion]") {
+TEST_CASE("a locked table answers in_progress or store_unavailable, never database_error", "[fault][exhaustion]") {
     const std::string url = require_db();
     IdemTable table(url);
     const auto options = slow_options(table, "idem_fault_lock55p03");
-    idem::PostgresStore warm(url, options); // its connection is open and prepared before the lock
+    idem::PostgresStore warm(url, options);  // its connection is open and prepared before the lock
     warm.ensure_schema();
     (void)warm.read(Key("lock", "warm-up"));
     idem::PostgresStore cold(url,
-                             options); // opens (and prepares) its first connection under the lock
+                             options);  // opens (and prepares) its first connection under the lock
     PgConn locker(url);
     locker.exec("BEGIN");
     locker.exec("LOCK TABLE " + table.name() + " IN ACCESS EXCLUSIVE MODE");
     int runs = 0;
     const auto attempt = [&](idem::PostgresStore& store) -> std::string {
         try {
-            return std::string(idem::to_string(
-                idem::execute_once(store, Key("lock", "k"), idem::fingerprint(1), [&] {
-                    ++runs;
-                    return Response{201};
-                }).outcome()));
+            return std::string(idem::to_string(idem::execute_once(store, Key("lock", "k"), idem::fingerprint(1), [&] {
+                                                   ++runs;
+                                                   return Response{201};
+                                               }).outcome()));
         } catch (const idem::store_unavailable&) {
             return "store_unavailable";
         } catch (const idem::error& e) {
@@ -415,8 +387,7 @@ TEST_CASE("waiting callers do not starve the owner's save", "[fault][exhaustion]
     std::thread owner([&] {
         try {
             auto r = idem::execute_once(store, key, idem::fingerprint(1), [&] {
-                while (!let_go)
-                    std::this_thread::sleep_for(5ms);
+                while (!let_go) std::this_thread::sleep_for(5ms);
                 return Response{201, "done"};
             });
             owner_result = std::string(idem::to_string(r.outcome()));
@@ -424,8 +395,7 @@ TEST_CASE("waiting callers do not starve the owner's save", "[fault][exhaustion]
             owner_result = e.what();
         }
     });
-    while (!store.read(key))
-        std::this_thread::sleep_for(5ms);
+    while (!store.read(key)) std::this_thread::sleep_for(5ms);
     std::vector<std::string> waited(2);
     std::vector<std::thread> waiters;
     for (std::size_t i = 0; i < 2; ++i) {
@@ -433,10 +403,10 @@ TEST_CASE("waiting callers do not starve the owner's save", "[fault][exhaustion]
             idem::ClaimOptions wait;
             wait.wait = 20s;  // woken by the save, which comes as soon as both wait
             try {
-                waited[i] = std::string(idem::to_string(
-                    idem::execute_once(
-                        store, key, idem::fingerprint(1), [] { return Response{500}; }, wait)
-                        .outcome()));
+                waited[i] = std::string(
+                    idem::to_string(idem::execute_once(
+                                        store, key, idem::fingerprint(1), [] { return Response{500}; }, wait)
+                                        .outcome()));
             } catch (const std::exception& e) {
                 waited[i] = e.what();
             }
@@ -445,8 +415,7 @@ TEST_CASE("waiting callers do not starve the owner's save", "[fault][exhaustion]
     wait_for_waiters(url, options.application_name, 2);
     let_go = true;
     owner.join();
-    for (auto& w : waiters)
-        w.join();
+    for (auto& w : waiters) w.join();
     CAPTURE(owner_result, waited[0], waited[1]);
     CHECK(owner_result == "executed");
     CHECK(waited[0] == "replayed");

@@ -15,6 +15,10 @@
 #include "idem/idem.hpp"
 #include "pg.hpp"
 
+#include <dirent.h>
+#include <libpq-fe.h>
+#include <signal.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -22,25 +26,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <libpq-fe.h>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <set>
-#include <signal.h>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -50,7 +50,7 @@ inline void quiet(PGconn* conn) {
     PQsetNoticeProcessor(
         conn, [](void*, const char*) {}, nullptr);
 }
-} // namespace idem_test
+}  // namespace idem_test
 
 namespace fault {
 
@@ -67,8 +67,7 @@ inline std::string env(const char* name) {
 
 inline std::string require_db() {
     const auto url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
     return url;
 }
 
@@ -90,9 +89,9 @@ inline std::string shell_quote(const std::string& s) {
 
 /// A libpq connection opened with extra keywords over the test conninfo (application_name,
 /// options...). Returns null (with `error` set) if it cannot connect.
-inline std::unique_ptr<PGconn, decltype(&PQfinish)>
-connect_with(const std::string& url, const std::vector<std::pair<std::string, std::string>>& extra,
-             std::string* error = nullptr) {
+inline std::unique_ptr<PGconn, decltype(&PQfinish)> connect_with(
+    const std::string& url, const std::vector<std::pair<std::string, std::string>>& extra,
+    std::string* error = nullptr) {
     std::vector<const char*> keys{"dbname"};
     std::vector<const char*> values{url.c_str()};
     for (const auto& [k, v] : extra) {
@@ -101,11 +100,9 @@ connect_with(const std::string& url, const std::vector<std::pair<std::string, st
     }
     keys.push_back(nullptr);
     values.push_back(nullptr);
-    std::unique_ptr<PGconn, decltype(&PQfinish)> conn(
-        PQconnectdbParams(keys.data(), values.data(), 1), &PQfinish);
+    std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdbParams(keys.data(), values.data(), 1), &PQfinish);
     if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
-        if (error)
-            *error = conn ? PQerrorMessage(conn.get()) : "out of memory";
+        if (error) *error = conn ? PQerrorMessage(conn.get()) : "out of memory";
         conn.reset();
     }
     return conn;
@@ -121,18 +118,14 @@ inline Response response_for(const Key& key, long long id) {
     std::string body = "charged:" + key.scope() + "/" + key.value() + ":" + std::to_string(id);
     body += std::string("\0\xff\xfe\x01", 4);
     return Response{
-        201,
-        std::move(body),
-        {{"X-Effect-Id", std::to_string(id)}, {"Content-Type", "application/octet-stream"}}};
+        201, std::move(body), {{"X-Effect-Id", std::to_string(id)}, {"Content-Type", "application/octet-stream"}}};
 }
 
 inline std::string encoded_for(const Key& key, long long id) {
     return idem::codec<Response>::encode(response_for(key, id));
 }
 
-inline idem::Fingerprint fp_for(const Key& key) {
-    return idem::fingerprint(std::string("POST /charges"), key.value());
-}
+inline idem::Fingerprint fp_for(const Key& key) { return idem::fingerprint(std::string("POST /charges"), key.value()); }
 inline idem::Fingerprint other_fp_for(const Key& key) {
     return idem::fingerprint(std::string("POST /charges"), key.value() + "#other");
 }
@@ -154,17 +147,14 @@ public:
     enum Where { table_in_database, outside };
 
     explicit Effects(std::string url, Where where = table_in_database)
-        : direct_(std::move(url)), outside_(where == outside),
-          table_(idem_test::unique_name("idem_fault_effects")) {
-        if (outside_)
-            return;
+        : direct_(std::move(url)), outside_(where == outside), table_(idem_test::unique_name("idem_fault_effects")) {
+        if (outside_) return;
         PgConn(direct_).exec("CREATE TABLE " + table_ +
                              " (id bigserial PRIMARY KEY, scope text NOT NULL, key text NOT NULL, "
                              "at timestamptz NOT NULL DEFAULT clock_timestamp())");
     }
     ~Effects() {
-        if (outside_)
-            return;
+        if (outside_) return;
         try {
             PgConn(direct_).exec("DROP TABLE IF EXISTS " + table_);
         } catch (...) {
@@ -197,15 +187,12 @@ public:
                                       {"options", "-c synchronous_commit=on"},
                                       {"connect_timeout", "3"}},
                                      &err);
-                if (!conn_)
-                    throw EffectNotPerformed("effect database unreachable: " + err);
+                if (!conn_) throw EffectNotPerformed("effect database unreachable: " + err);
                 idem_test::quiet(conn_.get());
             }
-            const std::string sql =
-                "INSERT INTO " + effects_.table_ + " (scope, key) VALUES ($1, $2) RETURNING id";
+            const std::string sql = "INSERT INTO " + effects_.table_ + " (scope, key) VALUES ($1, $2) RETURNING id";
             const char* values[] = {key.scope().c_str(), key.value().c_str()};
-            idem_test::PgResult r(
-                PQexecParams(conn_.get(), sql.c_str(), 2, nullptr, values, nullptr, nullptr, 0));
+            idem_test::PgResult r(PQexecParams(conn_.get(), sql.c_str(), 2, nullptr, values, nullptr, nullptr, 0));
             if (PQresultStatus(r.get()) != PGRES_TUPLES_OK || r.rows() != 1) {
                 const std::string err = PQerrorMessage(conn_.get());
                 conn_.reset();
@@ -220,8 +207,7 @@ public:
     };
 
     /// Effect row ids per (scope, key).
-    [[nodiscard]] std::map<std::pair<std::string, std::string>, std::vector<long long>>
-    all() const {
+    [[nodiscard]] std::map<std::pair<std::string, std::string>, std::vector<long long>> all() const {
         if (outside_) {
             std::lock_guard lock(mutex_);
             return memory_;
@@ -229,8 +215,7 @@ public:
         PgConn conn(direct_);
         auto r = conn.exec("SELECT scope, key, id FROM " + table_ + " ORDER BY id");
         std::map<std::pair<std::string, std::string>, std::vector<long long>> out;
-        for (int i = 0; i < r.rows(); ++i)
-            out[{r.text(i, 0), r.text(i, 1)}].push_back(r.integer(i, 2));
+        for (int i = 0; i < r.rows(); ++i) out[{r.text(i, 0), r.text(i, 1)}].push_back(r.integer(i, 2));
         return out;
     }
 
@@ -240,12 +225,10 @@ public:
             const auto it = memory_.find({key.scope(), key.value()});
             return it == memory_.end() ? std::vector<long long>{} : it->second;
         }
-        auto r =
-            conn.exec("SELECT id FROM " + table_ + " WHERE scope = $1 AND key = $2 ORDER BY id",
-                      {key.scope(), key.value()});
+        auto r = conn.exec("SELECT id FROM " + table_ + " WHERE scope = $1 AND key = $2 ORDER BY id",
+                           {key.scope(), key.value()});
         std::vector<long long> ids;
-        for (int i = 0; i < r.rows(); ++i)
-            ids.push_back(r.integer(i, 0));
+        for (int i = 0; i < r.rows(); ++i) ids.push_back(r.integer(i, 0));
         return ids;
     }
 
@@ -255,7 +238,7 @@ private:
     std::string direct_;
     bool outside_;
     std::string table_;
-    mutable std::mutex mutex_; // outside: the provider's own record of what it did
+    mutable std::mutex mutex_;  // outside: the provider's own record of what it did
     mutable std::map<std::pair<std::string, std::string>, std::vector<long long>> memory_;
     mutable long long next_id_ = 0;
 };
@@ -292,24 +275,19 @@ struct Row {
 };
 
 inline std::optional<Row> read_row(PgConn& conn, const std::string& table, const Key& key) {
-    const std::string sql =
-        "SELECT state::bytea, result, fence FROM " + table + " WHERE scope = $1 AND key = $2";
+    const std::string sql = "SELECT state::bytea, result, fence FROM " + table + " WHERE scope = $1 AND key = $2";
     const char* values[] = {key.scope().c_str(), key.value().c_str()};
-    idem_test::PgResult r(
-        PQexecParams(conn.get(), sql.c_str(), 2, nullptr, values, nullptr, nullptr, 1));
+    idem_test::PgResult r(PQexecParams(conn.get(), sql.c_str(), 2, nullptr, values, nullptr, nullptr, 1));
     if (PQresultStatus(r.get()) != PGRES_TUPLES_OK) {
         throw std::runtime_error("read_row failed: " + std::string(PQerrorMessage(conn.get())));
     }
-    if (r.rows() == 0)
-        return std::nullopt;
+    if (r.rows() == 0) return std::nullopt;
     Row row;
     row.state = r.text(0, 0);
-    if (!r.is_null(0, 1))
-        row.result = r.text(0, 1);
+    if (!r.is_null(0, 1)) row.result = r.text(0, 1);
     const auto* p = reinterpret_cast<const unsigned char*>(PQgetvalue(r.get(), 0, 2));
     unsigned long long v = 0;
-    for (int i = 0; i < 8; ++i)
-        v = (v << 8) | p[i];
+    for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
     row.fence = static_cast<long long>(v);
     return row;
 }
@@ -322,10 +300,10 @@ enum class Told {
     replayed,
     in_progress,
     mismatch,
-    not_performed,      // fn said so; the claim was released
-    response_too_large, // outcome_unknown: effect ran, result over max_result_bytes
-    response_not_saved, // outcome_unknown: effect ran, save failed (bytes = encoded_result)
-    effect_unknown,     // fn threw: outcome unknown
+    not_performed,       // fn said so; the claim was released
+    response_too_large,  // outcome_unknown: effect ran, result over max_result_bytes
+    response_not_saved,  // outcome_unknown: effect ran, save failed (bytes = encoded_result)
+    effect_unknown,      // fn threw: outcome unknown
     lease_lost,
     pool_timeout,
     store_unavailable,
@@ -335,27 +313,24 @@ enum class Told {
 };
 
 inline const char* name(Told t) {
-    constexpr const char* names[] = {
-        "executed",           "replayed",           "in_progress",    "mismatch",   "not_performed",
-        "response_too_large", "response_not_saved", "effect_unknown", "lease_lost", "pool_timeout",
-        "store_unavailable",  "database_error",     "corrupt_record", "other_error"};
+    constexpr const char* names[] = {"executed",       "replayed",           "in_progress",        "mismatch",
+                                     "not_performed",  "response_too_large", "response_not_saved", "effect_unknown",
+                                     "lease_lost",     "pool_timeout",       "store_unavailable",  "database_error",
+                                     "corrupt_record", "other_error"};
     return names[static_cast<int>(t)];
 }
 
-inline bool is_answer(Told t) {
-    return t == Told::executed || t == Told::replayed;
-}
+inline bool is_answer(Told t) { return t == Told::executed || t == Told::replayed; }
 
 struct Call {
     Call(Key k, bool right) : key(std::move(k)), right_fp(right) {}
     Key key;
-    bool right_fp = true; // false: the same key with another request (must be mismatch)
+    bool right_fp = true;  // false: the same key with another request (must be mismatch)
     Told told = Told::other_error;
-    std::string
-        bytes; // executed/replayed: the encoded response; response_not_saved: encoded_result
+    std::string bytes;  // executed/replayed: the encoded response; response_not_saved: encoded_result
     bool fn_started = false;
-    long long effect_id = -1; // the effect this call made and saw acknowledged
-    std::string detail;       // error text / sqlstate
+    long long effect_id = -1;  // the effect this call made and saw acknowledged
+    std::string detail;        // error text / sqlstate
     double ms = 0;
 };
 
@@ -376,8 +351,7 @@ public:
     [[nodiscard]] std::map<std::string, std::size_t> tally() const {
         std::lock_guard lock(mutex_);
         std::map<std::string, std::size_t> t;
-        for (const auto& c : calls_)
-            ++t[name(c.told)];
+        for (const auto& c : calls_) ++t[name(c.told)];
         return t;
     }
 
@@ -389,14 +363,10 @@ private:
 /// What the caller was told by an outcome.
 inline Told told_of(idem::Outcome outcome) {
     switch (outcome) {
-    case idem::Outcome::executed:
-        return Told::executed;
-    case idem::Outcome::replayed:
-        return Told::replayed;
-    case idem::Outcome::in_progress:
-        return Told::in_progress;
-    case idem::Outcome::mismatch:
-        return Told::mismatch;
+        case idem::Outcome::executed: return Told::executed;
+        case idem::Outcome::replayed: return Told::replayed;
+        case idem::Outcome::in_progress: return Told::in_progress;
+        case idem::Outcome::mismatch: return Told::mismatch;
     }
     return Told::other_error;
 }
@@ -429,8 +399,8 @@ inline void classify(Call& c, const std::exception_ptr& failure) {
 }
 
 /// One execute_once call, classified for the history. The effect inserts an effect row.
-inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, const Key& key,
-                     bool right_fp = true, const idem::ClaimOptions& options = {}) {
+inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, const Key& key, bool right_fp = true,
+                     const idem::ClaimOptions& options = {}) {
     Call c(key, right_fp);
     const auto started = Clock::now();
     try {
@@ -443,8 +413,7 @@ inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, con
             },
             options);
         c.told = told_of(r.outcome());
-        if (r.has_response())
-            c.bytes = idem::codec<Response>::encode(r.response());
+        if (r.has_response()) c.bytes = idem::codec<Response>::encode(r.response());
     } catch (...) {
         classify(c, std::current_exception());
     }
@@ -458,10 +427,10 @@ inline Call run_call(idem::IdempotencyStore& store, Effects::Writer& writer, con
 struct LoadOptions {
     int threads = 8;
     std::string scope;
-    std::size_t max_keys = 1'000'000; // stop after this many keys (or when stopped)
-    int attempts_per_key = 6;         // a client retries a key this often before giving up
-    double replay_p = 0.15;           // after an answer: one more call (a replay)
-    double mismatch_p = 0.03;         // after an answer: the same key with another request
+    std::size_t max_keys = 1'000'000;  // stop after this many keys (or when stopped)
+    int attempts_per_key = 6;          // a client retries a key this often before giving up
+    double replay_p = 0.15;            // after an answer: one more call (a replay)
+    double mismatch_p = 0.03;          // after an answer: the same key with another request
     idem::ClaimOptions claim;
     std::chrono::milliseconds backoff{10};
 };
@@ -483,23 +452,20 @@ public:
 
 class Load final : public LoadDriver {
 public:
-    Load(idem::IdempotencyStore& store, const Effects& effects, History& history,
-         LoadOptions options)
+    Load(idem::IdempotencyStore& store, const Effects& effects, History& history, LoadOptions options)
         : store_(store), effects_(effects), history_(history), options_(std::move(options)) {}
     ~Load() override { Load::stop(); }
     Load(const Load&) = delete;
     Load& operator=(const Load&) = delete;
 
     void start() override {
-        for (int t = 0; t < options_.threads; ++t)
-            threads_.emplace_back([this, t] { client(t); });
+        for (int t = 0; t < options_.threads; ++t) threads_.emplace_back([this, t] { client(t); });
     }
     void request_stop() override { stop_ = true; }
     void stop() override {
         stop_ = true;
         for (auto& th : threads_) {
-            if (th.joinable())
-                th.join();
+            if (th.joinable()) th.join();
         }
     }
     [[nodiscard]] std::size_t keys_started() const {
@@ -515,9 +481,8 @@ private:
         std::uniform_real_distribution<double> u(0, 1);
         while (!stop_) {
             const std::size_t n = next_.fetch_add(1);
-            const std::size_t index = n / 2; // two clients on every key, at about the same time
-            if (index >= options_.max_keys)
-                break;
+            const std::size_t index = n / 2;  // two clients on every key, at about the same time
+            if (index >= options_.max_keys) break;
             const Key key(options_.scope, "k" + std::to_string(index));
             for (int attempt = 0; attempt < options_.attempts_per_key && !stop_; ++attempt) {
                 Call c = run_call(store_, writer, key, true, options_.claim);
@@ -525,14 +490,12 @@ private:
                 history_.add(std::move(c));
                 if (is_answer(told)) {
                     ++answered_;
-                    if (u(rng) < options_.replay_p)
-                        history_.add(run_call(store_, writer, key, true, options_.claim));
+                    if (u(rng) < options_.replay_p) history_.add(run_call(store_, writer, key, true, options_.claim));
                     if (u(rng) < options_.mismatch_p)
                         history_.add(run_call(store_, writer, key, false, options_.claim));
                     break;
                 }
-                if (told == Told::mismatch)
-                    break;
+                if (told == Told::mismatch) break;
                 std::this_thread::sleep_for(options_.backoff);
             }
         }
@@ -559,11 +522,11 @@ struct Figures {
     long faults = 0;
     std::size_t calls = 0;
     std::size_t keys = 0;
-    std::size_t in_doubt = 0;         // in progress when the load stopped
-    std::size_t reconciled_saved = 0; // resolved by the reconciler: the effect had happened
+    std::size_t in_doubt = 0;          // in progress when the load stopped
+    std::size_t reconciled_saved = 0;  // resolved by the reconciler: the effect had happened
     std::size_t reconciled_released = 0;
-    std::size_t final_executed = 0; // released keys run (once) by the final retry
-    long detected = -1;             // negative controls: violations the checks found (expected > 0)
+    std::size_t final_executed = 0;  // released keys run (once) by the final retry
+    long detected = -1;              // negative controls: violations the checks found (expected > 0)
     std::map<std::string, std::size_t> told;
     std::vector<std::string> anomalies;
     std::vector<std::string> notes;
@@ -580,26 +543,21 @@ struct Figures {
         std::ostringstream out;
         out << "FAULT-FIGURES scenario=" << scenario << " rounds=" << rounds << " faults=" << faults
             << " calls=" << calls << " keys=" << keys << " in_doubt=" << in_doubt
-            << " reconciled_saved=" << reconciled_saved
-            << " reconciled_released=" << reconciled_released
+            << " reconciled_saved=" << reconciled_saved << " reconciled_released=" << reconciled_released
             << " final_executed=" << final_executed << " anomalies=" << anomalies.size();
-        if (detected >= 0)
-            out << " detected_by_negative_control=" << detected;
+        if (detected >= 0) out << " detected_by_negative_control=" << detected;
         out << "\n  told:";
-        for (const auto& [k, v] : told)
-            out << " " << k << "=" << v;
+        for (const auto& [k, v] : told) out << " " << k << "=" << v;
         out << "\n";
-        for (const auto& n : notes)
-            out << "  note: " << n << "\n";
-        for (const auto& a : anomalies)
-            out << "  ANOMALY: " << a << "\n";
+        for (const auto& n : notes) out << "  note: " << n << "\n";
+        for (const auto& a : anomalies) out << "  ANOMALY: " << a << "\n";
         std::cout << out.str() << std::flush;
     }
 };
 
 struct CheckOptions {
-    std::string scope;      // the keys of this scenario
-    std::string idem_table; // behind idem's back
+    std::string scope;       // the keys of this scenario
+    std::string idem_table;  // behind idem's back
     std::chrono::milliseconds reconciler_lease{300};
     bool final_retry = true;
 };
@@ -620,13 +578,12 @@ inline std::string printable(const std::string& s) {
 
 /// Resolves what is left in progress (one reconciler sweep, once every lease has passed), then
 /// checks the history against the stored records and the effects. Adds anomalies to `f`.
-inline void check(idem::IdempotencyStore& store, const Effects& effects, const History& history,
-                  const CheckOptions& o, Figures& f) {
+inline void check(idem::IdempotencyStore& store, const Effects& effects, const History& history, const CheckOptions& o,
+                  Figures& f) {
     PgConn db(effects.direct_url());
     const auto calls = history.calls();
     f.calls += calls.size();
-    for (const auto& [k, v] : history.tally())
-        f.told[k] += v;
+    for (const auto& [k, v] : history.tally()) f.told[k] += v;
 
     // Wait until every lease has passed (the load has stopped: nobody is running an effect).
     const auto wait_until = Clock::now() + 60s;
@@ -639,9 +596,8 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
         }
         std::this_thread::sleep_for(50ms);
     }
-    f.in_doubt += static_cast<std::size_t>(db.scalar(
-        "SELECT count(*) FROM " + o.idem_table + " WHERE scope = $1 AND state = 'in_progress'",
-        {o.scope}));
+    f.in_doubt += static_cast<std::size_t>(
+        db.scalar("SELECT count(*) FROM " + o.idem_table + " WHERE scope = $1 AND state = 'in_progress'", {o.scope}));
 
     // (iv) ONE sweep resolves every key in doubt: effect row → save the response it produced;
     // no effect row → the effect certainly did not happen → release.
@@ -663,28 +619,21 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
     const auto sweep = reconciler.run_once();
     f.reconciled_saved += sweep.saved;
     f.reconciled_released += sweep.released;
-    if (sweep.failed > 0)
-        f.anomaly("reconciler sweep: " + std::to_string(sweep.failed) + " keys failed");
-    const auto left = db.scalar("SELECT count(*) FROM " + o.idem_table +
-                                    " WHERE scope = $1 AND state = 'in_progress'",
-                                {o.scope});
-    if (left != 0)
-        f.anomaly(std::to_string(left) +
-                  " keys still in progress after lease + one reconciler sweep");
+    if (sweep.failed > 0) f.anomaly("reconciler sweep: " + std::to_string(sweep.failed) + " keys failed");
+    const auto left =
+        db.scalar("SELECT count(*) FROM " + o.idem_table + " WHERE scope = $1 AND state = 'in_progress'", {o.scope});
+    if (left != 0) f.anomaly(std::to_string(left) + " keys still in progress after lease + one reconciler sweep");
 
     // Every key the history names, and every key stored in the scope.
     std::map<Key, std::vector<const Call*>> by_key;
-    for (const auto& c : calls)
-        by_key[c.key].push_back(&c);
+    for (const auto& c : calls) by_key[c.key].push_back(&c);
     {
         auto r = db.exec("SELECT key FROM " + o.idem_table + " WHERE scope = $1", {o.scope});
-        for (int i = 0; i < r.rows(); ++i)
-            by_key[Key(o.scope, r.text(i, 0))];
+        for (int i = 0; i < r.rows(); ++i) by_key[Key(o.scope, r.text(i, 0))];
     }
     auto truth = effects.all();
     for (const auto& [sk, ids] : truth) {
-        if (sk.first == o.scope)
-            by_key[Key(sk.first, sk.second)];
+        if (sk.first == o.scope) by_key[Key(sk.first, sk.second)];
     }
     f.keys += by_key.size();
 
@@ -693,8 +642,7 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
         const std::string k = printable(key.value());
         const auto ids = truth[{key.scope(), key.value()}];
         // (i) at most one effect per key
-        if (ids.size() > 1)
-            f.anomaly(k + ": " + std::to_string(ids.size()) + " effects (duplicate)");
+        if (ids.size() > 1) f.anomaly(k + ": " + std::to_string(ids.size()) + " effects (duplicate)");
         const auto row = read_row(db, o.idem_table, key);
         std::optional<std::string> stored;
         if (row) {
@@ -709,19 +657,16 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
                 }
             }
         } else if (!ids.empty()) {
-            f.anomaly(
-                k + ": released/absent although its effect happened (a retry would run it again)");
+            f.anomaly(k + ": released/absent although its effect happened (a retry would run it again)");
         }
         for (const Call* c : key_calls) {
             // (ii) every answer given is the stored response, byte for byte
             if (is_answer(c->told) || (c->told == Told::response_not_saved && !c->bytes.empty())) {
-                if (!c->right_fp)
-                    f.anomaly(k + ": a request with another fingerprint was answered");
+                if (!c->right_fp) f.anomaly(k + ": a request with another fingerprint was answered");
                 if (!stored) {
                     f.anomaly(k + ": told " + name(c->told) + " but nothing is stored");
                 } else if (*stored != c->bytes) {
-                    f.anomaly(k + ": told " + name(c->told) +
-                              " with bytes that differ from the stored response");
+                    f.anomaly(k + ": told " + name(c->told) + " with bytes that differ from the stored response");
                 }
             }
             // (iii) an acknowledged execution has exactly one effect: its own
@@ -730,8 +675,7 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
             }
             // store_unavailable means fn was not called (claim) or did nothing (not_performed +
             // release)
-            if ((c->told == Told::store_unavailable || c->told == Told::pool_timeout) &&
-                c->effect_id >= 0) {
+            if ((c->told == Told::store_unavailable || c->told == Told::pool_timeout) && c->effect_id >= 0) {
                 f.anomaly(k + ": told " + name(c->told) + " after its effect ran");
             }
             if (!c->right_fp && c->told != Told::mismatch && is_answer(c->told)) {
@@ -744,14 +688,12 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
             Call c = run_call(store, writer, key);
             if (stored) {
                 if (c.told != Told::replayed || c.bytes != *stored || c.fn_started) {
-                    f.anomaly(k + ": final retry was " + std::string(name(c.told)) +
-                              ", not a byte-identical replay");
+                    f.anomaly(k + ": final retry was " + std::string(name(c.told)) + ", not a byte-identical replay");
                 }
             } else if (c.told == Told::executed) {
                 ++f.final_executed;
             } else {
-                f.anomaly(k + ": final retry of a free key was " + std::string(name(c.told)) + " " +
-                          c.detail);
+                f.anomaly(k + ": final retry of a free key was " + std::string(name(c.told)) + " " + c.detail);
             }
         }
     }
@@ -759,8 +701,7 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
         // After convergence: every key has exactly one effect.
         for (const auto& [sk, ids] : effects.all()) {
             if (sk.first == o.scope && ids.size() != 1) {
-                f.anomaly(printable(sk.second) + ": " + std::to_string(ids.size()) +
-                          " effects after convergence");
+                f.anomaly(printable(sk.second) + ": " + std::to_string(ids.size()) + " effects after convergence");
             }
         }
     }
@@ -770,13 +711,9 @@ inline void check(idem::IdempotencyStore& store, const Effects& effects, const H
 // ------------------------------------------------
 
 /// Whether this process may stop/kill/restart the server: started by scripts/with-postgres.sh.
-inline bool server_controllable() {
-    return !env("IDEM_PG_DATA").empty();
-}
+inline bool server_controllable() { return !env("IDEM_PG_DATA").empty(); }
 
-inline std::string pg_bin() {
-    return env("IDEM_PG_BIN").empty() ? "/usr/lib/postgresql/15/bin" : env("IDEM_PG_BIN");
-}
+inline std::string pg_bin() { return env("IDEM_PG_BIN").empty() ? "/usr/lib/postgresql/15/bin" : env("IDEM_PG_BIN"); }
 
 /// Runs `cmd` as the cluster's owner (runuser when we are root).
 inline int as_pg_user(const std::string& cmd) {
@@ -788,23 +725,20 @@ inline int as_pg_user(const std::string& cmd) {
 }
 
 inline int pg_ctl(const std::string& args) {
-    return as_pg_user(shell_quote(pg_bin() + "/pg_ctl") + " -D " +
-                      shell_quote(env("IDEM_PG_DATA")) + " " + args + " >/dev/null 2>&1");
+    return as_pg_user(shell_quote(pg_bin() + "/pg_ctl") + " -D " + shell_quote(env("IDEM_PG_DATA")) + " " + args +
+                      " >/dev/null 2>&1");
 }
 
 inline void start_server() {
     std::string args = "-w -t 120 start";
-    if (!env("IDEM_PG_LOG").empty())
-        args = "-l " + shell_quote(env("IDEM_PG_LOG")) + " " + args;
-    if (pg_ctl(args) != 0)
-        throw std::runtime_error("pg_ctl start failed (see " + env("IDEM_PG_LOG") + ")");
+    if (!env("IDEM_PG_LOG").empty()) args = "-l " + shell_quote(env("IDEM_PG_LOG")) + " " + args;
+    if (pg_ctl(args) != 0) throw std::runtime_error("pg_ctl start failed (see " + env("IDEM_PG_LOG") + ")");
 }
 
 inline std::optional<pid_t> postmaster_pid() {
     std::ifstream in(env("IDEM_PG_DATA") + "/postmaster.pid");
     long pid = 0;
-    if (!(in >> pid) || pid <= 0)
-        return std::nullopt;
+    if (!(in >> pid) || pid <= 0) return std::nullopt;
     return static_cast<pid_t>(pid);
 }
 
@@ -812,8 +746,7 @@ inline std::optional<pid_t> postmaster_pid() {
 inline char process_state(pid_t pid) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
     std::string line;
-    if (!std::getline(in, line))
-        return 0;
+    if (!std::getline(in, line)) return 0;
     const auto close = line.rfind(')');
     return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
 }
@@ -829,21 +762,17 @@ inline std::vector<pid_t> children_of(pid_t parent) {
     if (DIR* dir = ::opendir("/proc")) {
         while (dirent* e = ::readdir(dir)) {
             const long pid = std::strtol(e->d_name, nullptr, 10);
-            if (pid <= 0)
-                continue;
+            if (pid <= 0) continue;
             std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
             std::string line;
-            if (!std::getline(in, line))
-                continue;
+            if (!std::getline(in, line)) continue;
             const auto close = line.rfind(')');
-            if (close == std::string::npos)
-                continue;
+            if (close == std::string::npos) continue;
             std::istringstream rest(line.substr(close + 2));
             char state = 0;
             long ppid = 0;
             rest >> state >> ppid;
-            if (ppid == parent)
-                out.push_back(static_cast<pid_t>(pid));
+            if (ppid == parent) out.push_back(static_cast<pid_t>(pid));
         }
         ::closedir(dir);
     }
@@ -855,31 +784,24 @@ inline std::vector<pid_t> children_of(pid_t parent) {
 /// `after_kill` runs right after the signals are sent.
 inline void crash_server(const std::function<void()>& after_kill = {}) {
     const auto pm = postmaster_pid();
-    if (!pm)
-        throw std::runtime_error("no postmaster.pid: server not running?");
+    if (!pm) throw std::runtime_error("no postmaster.pid: server not running?");
     // Freeze the postmaster first so it forks no new backend between the listing and the kill
     // (each child calls setsid(): there is no process group to kill at once).
     ::kill(*pm, SIGSTOP);
-    for (int i = 0; i < 200 && process_state(*pm) != 'T'; ++i)
-        std::this_thread::sleep_for(1ms);
+    for (int i = 0; i < 200 && process_state(*pm) != 'T'; ++i) std::this_thread::sleep_for(1ms);
     std::vector<pid_t> victims = children_of(*pm);
-    for (pid_t p : victims)
-        ::kill(p, SIGKILL);
+    for (pid_t p : victims) ::kill(p, SIGKILL);
     ::kill(*pm, SIGKILL);
-    if (after_kill)
-        after_kill();
+    if (after_kill) after_kill();
     victims.push_back(*pm);
     const auto deadline = Clock::now() + 30s;
     for (pid_t p : victims) {
-        while (!process_gone(p) && Clock::now() < deadline)
-            std::this_thread::sleep_for(20ms);
+        while (!process_gone(p) && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
     }
     // Wait for the zombie postmaster to be reaped (its pid in postmaster.pid would stop the
     // restart); if it is not reaped in time, it is dead all the same: remove the stale lock file.
-    while (::kill(*pm, 0) == 0 && Clock::now() < deadline)
-        std::this_thread::sleep_for(50ms);
-    if (::kill(*pm, 0) == 0)
-        std::filesystem::remove(env("IDEM_PG_DATA") + "/postmaster.pid");
+    while (::kill(*pm, 0) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
+    if (::kill(*pm, 0) == 0) std::filesystem::remove(env("IDEM_PG_DATA") + "/postmaster.pid");
 }
 
 /// Calls store.read() until one succeeds (at most 30 tries); returns how many failed first. After a
@@ -911,4 +833,4 @@ struct ServerGuard {
     }
 };
 
-} // namespace fault
+}  // namespace fault

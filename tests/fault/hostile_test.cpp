@@ -27,14 +27,13 @@ struct Fixture {
     }
     long long rows() { return db.scalar("SELECT count(*) FROM " + table.name()); }
     std::string snapshot(const Key& key) {
-        auto r = db.exec("SELECT row_to_json(t)::text FROM " + table.name() +
-                             " t WHERE scope = $1 AND key = $2",
+        auto r = db.exec("SELECT row_to_json(t)::text FROM " + table.name() + " t WHERE scope = $1 AND key = $2",
                          {key.scope(), key.value()});
         return r.rows() == 0 ? std::string("<none>") : r.text(0, 0);
     }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("oversized responses: response_too_large before anything is saved", "[fault][hostile]") {
     Fixture fx;
@@ -76,7 +75,7 @@ TEST_CASE("oversized responses: response_too_large before anything is saved", "[
     }
     const auto after = store.stats();
     CHECK(carried == std::string(1025, '\xcd'));
-    CHECK(after.round_trips - before.round_trips == 1); // the claim; no I/O for the save
+    CHECK(after.round_trips - before.round_trips == 1);  // the claim; no I/O for the save
     CHECK(after.saves == before.saves);
     const auto row = read_row(fx.db, fx.table.name(), big);
     REQUIRE(row);
@@ -92,11 +91,10 @@ TEST_CASE("oversized responses: response_too_large before anything is saved", "[
     // Response (headers + body) is measured encoded, too.
     const Key big_response(scope, "too-big-response");
     CHECK_THROWS_AS(
-        idem::execute_once(
-            store, big_response, fp_for(big_response),
-            [] {
-                return Response{200, std::string(1000, 'x'), {{"X-Pad", std::string(100, 'y')}}};
-            }),
+        idem::execute_once(store, big_response, fp_for(big_response),
+                           [] {
+                               return Response{200, std::string(1000, 'x'), {{"X-Pad", std::string(100, 'y')}}};
+                           }),
         idem::response_too_large);
     // save_batch: too_large for the big one, the small one saved.
     {
@@ -120,15 +118,13 @@ TEST_CASE("oversized responses: response_too_large before anything is saved", "[
         store, [&](idem::Reconciliation& r) { r.save_encoded("summary:1025 bytes"); }, summarise);
     const auto sweep = reconciler.run_once();
     CHECK(sweep.saved >= 1);
-    CHECK(idem::execute_once(store, big, fp_for(big), [&] {
-              return std::string("never");
-          }).response() == "summary:1025 bytes");
+    CHECK(idem::execute_once(store, big, fp_for(big), [&] { return std::string("never"); }).response() ==
+          "summary:1025 bytes");
     f.rounds = 1, f.faults = 3, f.keys = 5;
     f.print();
 }
 
-TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored verbatim",
-          "[fault][hostile]") {
+TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored verbatim", "[fault][hostile]") {
     Fixture fx;
     idem::PostgresStore store(fx.url, fx.options());
     store.ensure_schema();
@@ -157,8 +153,7 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
         {"multibyte over 255 bytes",
          [] {
              std::string s;
-             for (int i = 0; i < 128; ++i)
-                 s += "\xc3\xa9"; // 256 bytes of é
+             for (int i = 0; i < 128; ++i) s += "\xc3\xa9";  // 256 bytes of é
              return s;
          }()},
     };
@@ -168,8 +163,7 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
     for (const auto& [what, bad] : invalid) {
         CAPTURE(what);
         for (bool as_scope : {false, true}) {
-            CHECK_THROWS_AS(idem::execute_once(store, as_scope ? Key(bad, "v") : Key(scope, bad),
-                                               idem::fingerprint(1),
+            CHECK_THROWS_AS(idem::execute_once(store, as_scope ? Key(bad, "v") : Key(scope, bad), idem::fingerprint(1),
                                                [&] {
                                                    ++runs;
                                                    return Response{200};
@@ -179,13 +173,12 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
         }
     }
     CHECK(runs == 0);
-    CHECK(store.stats().round_trips == stats_before.round_trips); // refused before any I/O
+    CHECK(store.stats().round_trips == stats_before.round_trips);  // refused before any I/O
     CHECK(fx.rows() == rows_before);
 
     std::string max_multibyte;
-    for (int i = 0; i < 127; ++i)
-        max_multibyte += "\xc3\xa9";
-    max_multibyte += "a"; // 255 bytes
+    for (int i = 0; i < 127; ++i) max_multibyte += "\xc3\xa9";
+    max_multibyte += "a";  // 255 bytes
     const std::vector<std::string> verbatim = {
         std::string(255, 'k'),
         max_multibyte,
@@ -204,14 +197,14 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
         ";",
         "/* comment */",
         "-- comment",
-        "\xf0\x9f\x92\xb3 card", // emoji
+        "\xf0\x9f\x92\xb3 card",  // emoji
         "\xe2\x80\xae"
-        "txet", // U+202E right-to-left override (not a control character)
+        "txet",  // U+202E right-to-left override (not a control character)
         "\xef\xbb\xbf"
-        "bom", // U+FEFF
+        "bom",  // U+FEFF
         " leading and trailing ",
         "K",
-        "k", // case is significant
+        "k",  // case is significant
     };
     std::set<std::string> expected;
     for (const auto& value : verbatim) {
@@ -236,11 +229,9 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
     // Stored exactly as given, nothing more, nothing less; the table is still there.
     auto stored = fx.db.exec("SELECT key FROM " + fx.table.name() + " WHERE scope = $1", {scope});
     std::set<std::string> got;
-    for (int i = 0; i < stored.rows(); ++i)
-        got.insert(stored.text(i, 0));
+    for (int i = 0; i < stored.rows(); ++i) got.insert(stored.text(i, 0));
     CHECK(got == expected);
-    CHECK(fx.db.scalar("SELECT count(*) FROM " + fx.table.name()) ==
-          static_cast<long long>(expected.size()));
+    CHECK(fx.db.scalar("SELECT count(*) FROM " + fx.table.name()) == static_cast<long long>(expected.size()));
 
     // LIKE metacharacters in a reconciler's scope prefix are not wildcards.
     {
@@ -250,8 +241,8 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
             (void)store.claim(k, fp_for(k), idem::ClaimOptions{10ms, {}, false, {}});
         }
         std::this_thread::sleep_for(100ms);
-        for (const auto& [prefix, want] : std::vector<std::pair<std::string, std::string>>{
-                 {base + "%", pct.scope()}, {base + "_", under.scope()}}) {
+        for (const auto& [prefix, want] :
+             std::vector<std::pair<std::string, std::string>>{{base + "%", pct.scope()}, {base + "_", under.scope()}}) {
             const auto stale = store.list_stale(100, idem::ScopeFilter::prefix(prefix));
             REQUIRE(stale.size() == 1);
             CHECK(stale.front().key.scope() == want);
@@ -266,8 +257,7 @@ TEST_CASE("hostile keys: invalid ones refused before any I/O, the rest stored ve
     CHECK(f.anomalies.empty());
 }
 
-TEST_CASE("tenant isolation: scope A can never touch a key of scope B",
-          "[fault][hostile][isolation]") {
+TEST_CASE("tenant isolation: scope A can never touch a key of scope B", "[fault][hostile][isolation]") {
     Fixture fx;
     idem::PostgresStore store(fx.url, fx.options());
     store.ensure_schema();
@@ -281,7 +271,7 @@ TEST_CASE("tenant isolation: scope A can never touch a key of scope B",
     Call ea = run_call(store, writer, a);
     Call eb = run_call(store, writer, b);
     CHECK(ea.told == Told::executed);
-    CHECK(eb.told == Told::executed); // not a replay of A's
+    CHECK(eb.told == Told::executed);  // not a replay of A's
     CHECK(ea.bytes != eb.bytes);
     CHECK(run_call(store, writer, a).bytes == ea.bytes);
     CHECK(run_call(store, writer, b).bytes == eb.bytes);
@@ -309,8 +299,7 @@ TEST_CASE("tenant isolation: scope A can never touch a key of scope B",
     const auto fb = store.claim(pb, fp_for(pb), idem::ClaimOptions{50ms, {}, false, {}}).fence;
     REQUIRE(fa != 0);
     REQUIRE(fb != 0);
-    std::this_thread::sleep_for(
-        120ms); // both leases passed: take_over would be allowed with the right fence
+    std::this_thread::sleep_for(120ms);  // both leases passed: take_over would be allowed with the right fence
     const std::string b_before = fx.snapshot(pb);
     CHECK_THROWS_AS(store.save(pb, fa, "stolen"), idem::lease_lost);
     CHECK_THROWS_AS(store.release(pb, fa), idem::lease_lost);

@@ -11,13 +11,13 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <future>
-#include <latch>
 #include <netinet/in.h>
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <future>
+#include <latch>
 
 using namespace fault;
 
@@ -53,52 +53,42 @@ class PgBouncer {
 public:
     PgBouncer(int server_pool_size) {
         char dir_template[] = "/tmp/idem-pgbouncer.XXXXXX";
-        if (!::mkdtemp(dir_template))
-            throw std::runtime_error("mkdtemp failed");
+        if (!::mkdtemp(dir_template)) throw std::runtime_error("mkdtemp failed");
         dir_ = dir_template;
         // pgbouncer refuses to run as root: as root, run it as the cluster's owner.
         const std::string user =
-            ::geteuid() == 0
-                ? (env("IDEM_PG_CTL_USER").empty() ? "postgres" : env("IDEM_PG_CTL_USER"))
-                : std::string();
+            ::geteuid() == 0 ? (env("IDEM_PG_CTL_USER").empty() ? "postgres" : env("IDEM_PG_CTL_USER")) : std::string();
         uid_t uid = ::geteuid();
         gid_t gid = ::getegid();
         if (!user.empty()) {
             const passwd* pw = ::getpwnam(user.c_str());
-            if (!pw)
-                throw std::runtime_error("no OS user " + user + " to run pgbouncer as");
+            if (!pw) throw std::runtime_error("no OS user " + user + " to run pgbouncer as");
             uid = pw->pw_uid, gid = pw->pw_gid;
         }
         for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) {
             port_ = free_port();
             write_files(server_pool_size);
             for (const auto* f : {"", "/pgbouncer.ini", "/userlist.txt"}) {
-                if (::chown((dir_ + f).c_str(), uid, gid) != 0)
-                    throw std::runtime_error("chown failed");
+                if (::chown((dir_ + f).c_str(), uid, gid) != 0) throw std::runtime_error("chown failed");
             }
             const std::string ini = dir_ + "/pgbouncer.ini";
             const std::string out = dir_ + "/stdout.log";
             const int log_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
             const pid_t pid = ::fork();
             if (pid == 0) {
-                if (log_fd >= 0)
-                    ::dup2(log_fd, 1), ::dup2(log_fd, 2);
-                if (!user.empty() &&
-                    (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0))
+                if (log_fd >= 0) ::dup2(log_fd, 1), ::dup2(log_fd, 2);
+                if (!user.empty() && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0))
                     _exit(126);
                 ::execl(kPgBouncer, kPgBouncer, ini.c_str(), static_cast<char*>(nullptr));
                 _exit(127);
             }
-            if (log_fd >= 0)
-                ::close(log_fd);
-            if (pid < 0)
-                throw std::runtime_error("fork failed");
+            if (log_fd >= 0) ::close(log_fd);
+            if (pid < 0) throw std::runtime_error("fork failed");
             const auto until = Clock::now() + 15s;
             bool up = false;
             while (Clock::now() < until) {
                 int status = 0;
-                if (::waitpid(pid, &status, WNOHANG) == pid)
-                    break; // exited: port taken? retry
+                if (::waitpid(pid, &status, WNOHANG) == pid) break;  // exited: port taken? retry
                 if (accepts(port_)) {
                     up = true;
                     break;
@@ -112,16 +102,14 @@ public:
                 ::waitpid(pid, nullptr, 0);
             }
         }
-        if (pid_ <= 0)
-            throw std::runtime_error("pgbouncer did not start; see " + dir_ + "/pgbouncer.log");
+        if (pid_ <= 0) throw std::runtime_error("pgbouncer did not start; see " + dir_ + "/pgbouncer.log");
     }
     ~PgBouncer() {
         if (pid_ > 0) {
             ::kill(pid_, SIGTERM);
             int status = 0;
             const auto until = Clock::now() + 10s;
-            while (::waitpid(pid_, &status, WNOHANG) == 0 && Clock::now() < until)
-                std::this_thread::sleep_for(20ms);
+            while (::waitpid(pid_, &status, WNOHANG) == 0 && Clock::now() < until) std::this_thread::sleep_for(20ms);
             if (::waitpid(pid_, &status, WNOHANG) == 0) {
                 ::kill(pid_, SIGKILL);
                 ::waitpid(pid_, &status, 0);
@@ -179,9 +167,8 @@ idem::PostgresOptions bouncer_options(const IdemTable& table) {
     idem::PostgresOptions o;
     o.table = table.name();
     o.pool_size = 8;
-    o.prepared_statements =
-        false; // PgBouncer < 1.21, transaction mode: no protocol-level prepared statements
-    o.session_options = false; // PgBouncer refuses the `options` startup parameter
+    o.prepared_statements = false;  // PgBouncer < 1.21, transaction mode: no protocol-level prepared statements
+    o.session_options = false;      // PgBouncer refuses the `options` startup parameter
     o.statement_timeout = 5s;
     o.lock_timeout = 1s;
     o.application_name = "idem_fault_pgbouncer";
@@ -194,12 +181,12 @@ idem::PostgresOptions bouncer_options(const IdemTable& table) {
 struct WaitRound {
     Call a{Key("-", "-"), true};
     Call b{Key("-", "-"), true};
-    double b_after_save_ms = 0; ///< B's return after A's execute_once returned (its save committed)
-    bool b_waited = false;      ///< B had not returned when A was let go (or had waited, !complete)
+    double b_after_save_ms = 0;  ///< B's return after A's execute_once returned (its save committed)
+    bool b_waited = false;       ///< B had not returned when A was let go (or had waited, !complete)
 };
 
-WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b, Effects& effects,
-                     const Key& key, std::chrono::milliseconds wait, bool complete) {
+WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b, Effects& effects, const Key& key,
+                     std::chrono::milliseconds wait, bool complete) {
     WaitRound w;
     w.a = Call(key, true);
     std::latch inside(1);
@@ -218,8 +205,7 @@ WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b,
                 return response_for(key, w.a.effect_id);
             });
             w.a.told = told_of(r.outcome());
-            if (r.has_response())
-                w.a.bytes = idem::codec<Response>::encode(r.response());
+            if (r.has_response()) w.a.bytes = idem::codec<Response>::encode(r.response());
         } catch (...) {
             classify(w.a, std::current_exception());
             inside.count_down();
@@ -252,8 +238,7 @@ WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b,
         let_go.set_value();
         a.join();
     }
-    w.b_after_save_ms =
-        std::chrono::duration<double, std::milli>(b_returned_at - a_returned).count();
+    w.b_after_save_ms = std::chrono::duration<double, std::milli>(b_returned_at - a_returned).count();
     return w;
 }
 
@@ -266,33 +251,31 @@ std::size_t effects_of(const Effects& effects, const Key& key) {
 
 bool skip_without_pgbouncer() {
     if (::access(kPgBouncer, X_OK) != 0) {
-        WARN(kPgBouncer
-             << " not found (Debian package pgbouncer; scripts/install-deps.sh): skipping");
+        WARN(kPgBouncer << " not found (Debian package pgbouncer; scripts/install-deps.sh): skipping");
         return true;
     }
     if (env("IDEM_PG_HOST").empty() || env("IDEM_PG_PORT").empty()) {
-        WARN("IDEM_PG_HOST/IDEM_PG_PORT not set (not started by scripts/with-postgres.sh): "
-             "skipping");
+        WARN(
+            "IDEM_PG_HOST/IDEM_PG_PORT not set (not started by scripts/with-postgres.sh): "
+            "skipping");
         return true;
     }
     return false;
 }
 
-} // namespace
+}  // namespace
 
-TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds",
-          "[fault][pgbouncer]") {
+TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds", "[fault][pgbouncer]") {
     const std::string url = require_db();
-    if (skip_without_pgbouncer())
-        return;
-    PgBouncer bouncer(3); // 3 server connections for up to 8 of idem's
+    if (skip_without_pgbouncer()) return;
+    PgBouncer bouncer(3);  // 3 server connections for up to 8 of idem's
     IdemTable table(url);
     Effects effects(url);
     idem::PostgresStore store(bouncer.url(), bouncer_options(table));
-    store.ensure_schema(); // one transaction through the pooler
+    store.ensure_schema();  // one transaction through the pooler
     {
         PgConn through(bouncer.url());
-        CHECK(through.exec("SHOW lock_timeout").text(0, 0) == "1s"); // connect_query applied
+        CHECK(through.exec("SHOW lock_timeout").text(0, 0) == "1s");  // connect_query applied
     }
     const std::string scope = idem_test::unique_name("bouncer");
     History history;
@@ -322,8 +305,7 @@ TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds
             auto r = idem::execute_once(store, slow, fp_for(slow), [&] {
                 c.fn_started = true;
                 inside.count_down();
-                while (!let_go)
-                    std::this_thread::sleep_for(2ms);
+                while (!let_go) std::this_thread::sleep_for(2ms);
                 c.effect_id = w.run(slow);
                 return response_for(slow, c.effect_id);
             });
@@ -340,10 +322,9 @@ TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds
 
         // not_performed: the claim is released, the next call runs.
         const Key refused(scope, "refused");
-        CHECK_THROWS_AS(
-            idem::execute_once(store, refused, fp_for(refused),
-                               []() -> Response { throw idem::not_performed("rate limited"); }),
-            idem::not_performed);
+        CHECK_THROWS_AS(idem::execute_once(store, refused, fp_for(refused),
+                                           []() -> Response { throw idem::not_performed("rate limited"); }),
+                        idem::not_performed);
         Call later = run_call(store, writer, refused);
         CHECK(later.told == Told::executed);
         history.add(std::move(later));
@@ -358,33 +339,28 @@ TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds
             threads.emplace_back([&, t] {
                 Effects::Writer w(effects);
                 std::vector<int> order(kKeys);
-                for (int i = 0; i < kKeys; ++i)
-                    order[static_cast<std::size_t>(i)] = i;
-                std::shuffle(order.begin(), order.end(),
-                             std::minstd_rand(static_cast<unsigned>(t + 1)));
+                for (int i = 0; i < kKeys; ++i) order[static_cast<std::size_t>(i)] = i;
+                std::shuffle(order.begin(), order.end(), std::minstd_rand(static_cast<unsigned>(t + 1)));
                 for (int i : order) {
                     const Key key(scope, "k" + std::to_string(i));
                     for (int attempt = 0; attempt < 200; ++attempt) {
                         Call c = run_call(store, w, key);
                         const Told told = c.told;
-                        if (told == Told::executed)
-                            ++executed;
+                        if (told == Told::executed) ++executed;
                         history.add(std::move(c));
-                        if (is_answer(told))
-                            break;
+                        if (is_answer(told)) break;
                         std::this_thread::sleep_for(5ms);
                     }
                 }
             });
         }
-        for (auto& th : threads)
-            th.join();
+        for (auto& th : threads) th.join();
         CHECK(executed.load() == kKeys);
         ++f.rounds;
     }
 
     check(store, effects, history, CheckOptions{scope, table.name()},
-          f); // reconciler through PgBouncer too
+          f);  // reconciler through PgBouncer too
     f.notes.push_back("store: round_trips=" + std::to_string(store.stats().round_trips) +
                       " connections_opened=" + std::to_string(store.stats().connections_opened));
     f.print();
@@ -393,8 +369,7 @@ TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds
 
 TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[fault][pgbouncer]") {
     const std::string url = require_db();
-    if (skip_without_pgbouncer())
-        return;
+    if (skip_without_pgbouncer()) return;
     PgBouncer bouncer(2);
     IdemTable table(url);
     Effects effects(url);
@@ -404,8 +379,9 @@ TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[
     Figures f;
     f.scenario = "pgbouncer_misconfigured";
 
-    SECTION("session_options=true: PgBouncer refuses the startup packet → store_unavailable, fn "
-            "not run") {
+    SECTION(
+        "session_options=true: PgBouncer refuses the startup packet → store_unavailable, fn "
+        "not run") {
         auto options = bouncer_options(table);
         options.session_options = true;
         idem::PostgresStore store(bouncer.url(), options);
@@ -414,13 +390,13 @@ TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[
         CAPTURE(c.detail);
         CHECK(c.told == Told::store_unavailable);
         CHECK_FALSE(c.fn_started);
-        f.notes.push_back("session_options=true: " + std::string(name(c.told)) + ": " +
-                          c.detail.substr(0, 120));
+        f.notes.push_back("session_options=true: " + std::string(name(c.told)) + ": " + c.detail.substr(0, 120));
         f.print();
     }
 
-    SECTION("prepared_statements=true: prepared statements clash across server connections → typed "
-            "errors") {
+    SECTION(
+        "prepared_statements=true: prepared statements clash across server connections → typed "
+        "errors") {
         auto options = bouncer_options(table);
         options.prepared_statements = true;
         idem::PostgresStore store(bouncer.url(), options);
@@ -434,8 +410,7 @@ TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[
             Load load(store, effects, history, lo);
             load.start();
             const auto until = Clock::now() + 60s;
-            while (!load.finished() && Clock::now() < until)
-                std::this_thread::sleep_for(50ms);
+            while (!load.finished() && Clock::now() < until) std::this_thread::sleep_for(50ms);
         }
         std::set<std::string> errors;
         std::size_t failed = 0;
@@ -447,8 +422,7 @@ TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[
             }
         }
         for (const auto& e : errors) {
-            if (f.notes.size() < 6)
-                f.notes.push_back("prepared_statements=true: " + e);
+            if (f.notes.size() < 6) f.notes.push_back("prepared_statements=true: " + e);
         }
         f.notes.push_back("prepared_statements=true: " + std::to_string(failed) + " of " +
                           std::to_string(history.size()) + " calls failed typed");
@@ -476,8 +450,7 @@ TEST_CASE("scenario 6: PgBouncer in transaction mode — ClaimOptions::wait repl
           "[fault][pgbouncer][wait]") {
     using Strategy = idem::PostgresOptions::WaitStrategy;
     const std::string url = require_db();
-    if (skip_without_pgbouncer())
-        return;
+    if (skip_without_pgbouncer()) return;
     const Strategy strategy = GENERATE(Strategy::automatic, Strategy::poll, Strategy::notify);
     const bool through_bouncer = GENERATE(true, false);
     const char* const strategy_name = strategy == Strategy::automatic ? "automatic"
@@ -487,8 +460,7 @@ TEST_CASE("scenario 6: PgBouncer in transaction mode — ClaimOptions::wait repl
     PgBouncer bouncer(3);
     IdemTable table(url);
     Effects effects(url);
-    auto options =
-        bouncer_options(table); // (fine directly too: unnamed statements, no startup options)
+    auto options = bouncer_options(table);  // (fine directly too: unnamed statements, no startup options)
     options.wait_strategy = strategy;
     const std::string target = through_bouncer ? bouncer.url() : url;
     // Two stores, as two instances of a service would be, on the same path to the database.
@@ -498,40 +470,36 @@ TEST_CASE("scenario 6: PgBouncer in transaction mode — ClaimOptions::wait repl
     const std::string scope = idem_test::unique_name("bouncer_wait");
     // notify through a transaction-mode pooler hears nothing: it replays at the wait's end.
     const bool late = through_bouncer && strategy == Strategy::notify;
-    const bool listens =
-        strategy == Strategy::notify || (strategy == Strategy::automatic && !through_bouncer);
+    const bool listens = strategy == Strategy::notify || (strategy == Strategy::automatic && !through_bouncer);
     PgConn direct(url);
 
     SECTION("the waiter replays A's exact bytes soon after A's save, the effect ran once") {
         const auto wait = late ? 3s : 30s;
         Figures f;
-        f.scenario = std::string("pgbouncer_wait_") + strategy_name +
-                     (through_bouncer ? "_bouncer" : "_direct");
+        f.scenario = std::string("pgbouncer_wait_") + strategy_name + (through_bouncer ? "_bouncer" : "_direct");
         std::string delays;
         for (int i = 0; i < 3; ++i) {
             const Key key(scope, "k" + std::to_string(i));
             const WaitRound w = wait_round(store_a, store_b, effects, key, wait, true);
-            INFO("round " << i << ": A " << name(w.a.told) << " " << w.a.detail << ", B "
-                          << name(w.b.told) << " " << w.b.detail << " after " << w.b.ms << " ms, "
-                          << w.b_after_save_ms << " ms after A's save");
+            INFO("round " << i << ": A " << name(w.a.told) << " " << w.a.detail << ", B " << name(w.b.told) << " "
+                          << w.b.detail << " after " << w.b.ms << " ms, " << w.b_after_save_ms << " ms after A's save");
             CHECK(w.b_waited);
             CHECK(w.a.told == Told::executed);
             CHECK(w.b.told == Told::replayed);
             CHECK(w.b.bytes == w.a.bytes);
             CHECK_FALSE(w.b.fn_started);
             if (late) {
-                CHECK(w.b.ms >= 3000.0); // slept the whole wait, then read the key: replayed
+                CHECK(w.b.ms >= 3000.0);  // slept the whole wait, then read the key: replayed
             } else {
-                CHECK(w.b_after_save_ms < 5000.0); // well before the 30 s wait ends
+                CHECK(w.b_after_save_ms < 5000.0);  // well before the 30 s wait ends
             }
             CHECK(effects_of(effects, key) == 1);
             // Whether B LISTENed: it flags the row as waited for then (and only then), in the
             // transaction after its LISTEN. automatic must not through the pooler.
-            CHECK(
-                direct
-                    .exec("SELECT waiters FROM " + table.name() + " WHERE scope = $1 AND key = $2",
-                          {key.scope(), key.value()})
-                    .text(0, 0) == (listens ? "t" : "f"));
+            CHECK(direct
+                      .exec("SELECT waiters FROM " + table.name() + " WHERE scope = $1 AND key = $2",
+                            {key.scope(), key.value()})
+                      .text(0, 0) == (listens ? "t" : "f"));
             delays += " " + std::to_string(static_cast<long>(w.b_after_save_ms));
             ++f.rounds;
         }

@@ -21,16 +21,14 @@ struct Driver {
     /// How many clients a load runs (threads or coroutines).
     int load_clients = 8;
     /// A store over `url`; with make_schema, its table is made first (or by it).
-    std::function<std::unique_ptr<idem::IdempotencyStore>(
-        const std::string& url, const idem::PostgresOptions& options, bool make_schema)>
+    std::function<std::unique_ptr<idem::IdempotencyStore>(const std::string& url, const idem::PostgresOptions& options,
+                                                          bool make_schema)>
         open;
     /// One call, classified for the history (fault::run_call, or through async_execute_once).
-    std::function<Call(idem::IdempotencyStore&, Effects::Writer&, const Key&, bool right_fp,
-                       const idem::ClaimOptions&)>
+    std::function<Call(idem::IdempotencyStore&, Effects::Writer&, const Key&, bool right_fp, const idem::ClaimOptions&)>
         call;
     /// A load of load_clients clients racing on shared keys.
-    std::function<std::unique_ptr<LoadDriver>(idem::IdempotencyStore&, const Effects&, History&,
-                                              const LoadOptions&)>
+    std::function<std::unique_ptr<LoadDriver>(idem::IdempotencyStore&, const Effects&, History&, const LoadOptions&)>
         load;
     /// Opens the store's connections (many calls at once), then leaves them idle.
     std::function<void(idem::IdempotencyStore&)> warm;
@@ -39,17 +37,14 @@ struct Driver {
 /// execute_once on client threads over a PostgresStore.
 inline Driver blocking_driver() {
     Driver d;
-    d.open = [](const std::string& url, const idem::PostgresOptions& options, bool make_schema)
-        -> std::unique_ptr<idem::IdempotencyStore> {
+    d.open = [](const std::string& url, const idem::PostgresOptions& options,
+                bool make_schema) -> std::unique_ptr<idem::IdempotencyStore> {
         auto store = std::make_unique<idem::PostgresStore>(url, options);
-        if (make_schema)
-            store->ensure_schema();
+        if (make_schema) store->ensure_schema();
         return store;
     };
-    d.call = [](idem::IdempotencyStore& store, Effects::Writer& writer, const Key& key,
-                bool right_fp, const idem::ClaimOptions& claim) {
-        return run_call(store, writer, key, right_fp, claim);
-    };
+    d.call = [](idem::IdempotencyStore& store, Effects::Writer& writer, const Key& key, bool right_fp,
+                const idem::ClaimOptions& claim) { return run_call(store, writer, key, right_fp, claim); };
     d.load = [](idem::IdempotencyStore& store, const Effects& effects, History& history,
                 const LoadOptions& lo) -> std::unique_ptr<LoadDriver> {
         return std::make_unique<Load>(store, effects, history, lo);
@@ -61,14 +56,11 @@ inline Driver blocking_driver() {
         for (int i = 0; i < 8; ++i) {
             threads.emplace_back([&] {
                 ++inside;
-                while (inside.load() < 8)
-                    std::this_thread::yield();
-                for (int j = 0; j < 20; ++j)
-                    (void)store.read(Key("warm", "k"));
+                while (inside.load() < 8) std::this_thread::yield();
+                for (int j = 0; j < 20; ++j) (void)store.read(Key("warm", "k"));
             });
         }
-        for (auto& t : threads)
-            t.join();
+        for (auto& t : threads) t.join();
     };
     return d;
 }
@@ -109,11 +101,12 @@ inline void backend_kill_scenario(const Driver& d) {
         for (int round = 0; round < 20; ++round) {
             std::this_thread::sleep_for(std::chrono::milliseconds(80 + rng() % 150));
             const auto victims = static_cast<int>(1 + rng() % 3);
-            auto r = admin.exec("SELECT pg_terminate_backend(pid) FROM (SELECT pid FROM "
-                                "pg_stat_activity WHERE application_name = $1 "
-                                "ORDER BY random() LIMIT " +
-                                    std::to_string(victims) + ") v",
-                                {options.application_name});
+            auto r = admin.exec(
+                "SELECT pg_terminate_backend(pid) FROM (SELECT pid FROM "
+                "pg_stat_activity WHERE application_name = $1 "
+                "ORDER BY random() LIMIT " +
+                    std::to_string(victims) + ") v",
+                {options.application_name});
             f.faults += r.rows();
             ++f.rounds;
         }
@@ -122,9 +115,8 @@ inline void backend_kill_scenario(const Driver& d) {
     }
     const auto stats = store.stats();
     f.notes.push_back("store: retries=" + std::to_string(stats.retries) +
-                      " connections_opened=" + std::to_string(stats.connections_opened) +
-                      " connections_discarded=" + std::to_string(stats.connections_discarded) +
-                      " claims=" + std::to_string(stats.claims));
+                      " connections_opened=" + std::to_string(stats.connections_opened) + " connections_discarded=" +
+                      std::to_string(stats.connections_discarded) + " claims=" + std::to_string(stats.claims));
 
     // The connections heal: broken ones were discarded, at most pool_size are open, new calls
     // work.
@@ -152,8 +144,8 @@ inline void backend_kill_scenario(const Driver& d) {
 
 struct Loss {
     std::size_t acked_saves = 0,
-                lost_saves = 0; // told executed/replayed: must be stored, same bytes
-    std::size_t acked_claims = 0, lost_claims = 0; // fn ran under the claim: the key must exist
+                lost_saves = 0;                     // told executed/replayed: must be stored, same bytes
+    std::size_t acked_claims = 0, lost_claims = 0;  // fn ran under the claim: the key must exist
 
     Loss& operator+=(const Loss& o) {
         acked_saves += o.acked_saves, lost_saves += o.lost_saves;
@@ -161,16 +153,13 @@ struct Loss {
         return *this;
     }
     [[nodiscard]] std::string note() const {
-        return "acknowledged saves checked=" + std::to_string(acked_saves) +
-               " lost=" + std::to_string(lost_saves) +
-               "; acknowledged claims checked=" + std::to_string(acked_claims) +
-               " lost=" + std::to_string(lost_claims);
+        return "acknowledged saves checked=" + std::to_string(acked_saves) + " lost=" + std::to_string(lost_saves) +
+               "; acknowledged claims checked=" + std::to_string(acked_claims) + " lost=" + std::to_string(lost_claims);
     }
 };
 
 /// Right after the restart, before anything resolves keys: is everything acknowledged still there?
-inline Loss durability(const std::string& url, const std::string& table, const History& history,
-                       Figures* f) {
+inline Loss durability(const std::string& url, const std::string& table, const History& history, Figures* f) {
     PgConn db(url);
     Loss loss;
     for (const Call& c : history.calls()) {
@@ -179,9 +168,7 @@ inline Loss durability(const std::string& url, const std::string& table, const H
             ++loss.acked_saves;
             if (!row || row->state != "completed" || row->result != c.bytes) {
                 ++loss.lost_saves;
-                if (f)
-                    f->anomaly(c.key.value() + ": acknowledged response (" + name(c.told) +
-                               ") lost in the crash");
+                if (f) f->anomaly(c.key.value() + ": acknowledged response (" + name(c.told) + ") lost in the crash");
             }
         }
         // The claim was acknowledged when fn started; only an acknowledged (or possibly landed)
@@ -191,8 +178,7 @@ inline Loss durability(const std::string& url, const std::string& table, const H
             ++loss.acked_claims;
             if (!row) {
                 ++loss.lost_claims;
-                if (f)
-                    f->anomaly(c.key.value() + ": acknowledged claim lost in the crash");
+                if (f) f->anomaly(c.key.value() + ": acknowledged claim lost in the crash");
             }
         }
     }
@@ -228,13 +214,12 @@ struct SyncCommitGuard {
 struct Round {
     History history;
     std::string scope;
-    int failed_after_restart =
-        0; // store_unavailable from a healthy server: dead connections of the store
+    int failed_after_restart = 0;  // store_unavailable from a healthy server: dead connections of the store
 };
 
 /// Load until a random moment, crash, restart.
-inline void crash_round(const Driver& d, idem::IdempotencyStore& store, const Effects& effects,
-                        Round& round, ServerGuard& guard, std::minstd_rand& rng) {
+inline void crash_round(const Driver& d, idem::IdempotencyStore& store, const Effects& effects, Round& round,
+                        ServerGuard& guard, std::minstd_rand& rng) {
     LoadOptions lo;
     lo.threads = d.load_clients;
     lo.scope = round.scope;
@@ -245,7 +230,7 @@ inline void crash_round(const Driver& d, idem::IdempotencyStore& store, const Ef
     // Let the load reach full speed (connections open, commits flowing), then crash mid-flight.
     std::this_thread::sleep_for(std::chrono::milliseconds(700 + rng() % 800));
     guard.down = true;
-    crash_server([&] { load->request_stop(); }); // calls in flight at the kill see it; no new ones
+    crash_server([&] { load->request_stop(); });  // calls in flight at the kill see it; no new ones
     start_server();
     guard.down = false;
     // Saves in flight keep retrying through the restart (save_retry_window): join after it.
@@ -261,8 +246,9 @@ inline void crash_round(const Driver& d, idem::IdempotencyStore& store, const Ef
 inline void crash_scenario(const Driver& d) {
     const std::string url = require_db();
     if (!server_controllable()) {
-        WARN("IDEM_PG_DATA is not set (the database was not started by scripts/with-postgres.sh): "
-             "cannot kill and restart it; skipping the crash scenario");
+        WARN(
+            "IDEM_PG_DATA is not set (the database was not started by scripts/with-postgres.sh): "
+            "cannot kill and restart it; skipping the crash scenario");
         return;
     }
     IdemTable table(url);
@@ -274,7 +260,7 @@ inline void crash_scenario(const Driver& d) {
     options.connect_timeout = 2s;
     options.statement_timeout = 3s;
     options.lock_timeout = 1s;
-    options.pool_wait = 2s; // the blocking pool's (idem::asio pipelines: no pool wait)
+    options.pool_wait = 2s;  // the blocking pool's (idem::asio pipelines: no pool wait)
     const auto store_ptr = d.open(url, idem_test::env_options(options), true);
     idem::IdempotencyStore& store = *store_ptr;
     std::minstd_rand rng(static_cast<unsigned>(::getpid()));
@@ -310,8 +296,7 @@ inline void crash_scenario(const Driver& d) {
         CHECK(f.anomalies.empty());
     }
 
-    SECTION(
-        "negative control, synchronous_commit=off: the same check detects loss (reported only)") {
+    SECTION("negative control, synchronous_commit=off: the same check detects loss (reported only)") {
         // The effects happen outside PostgreSQL here (a provider): an effect row committed with
         // synchronous_commit=on would flush the WAL — and with it every claim before it — hiding
         // exactly the loss this control must show.
@@ -335,29 +320,24 @@ inline void crash_scenario(const Driver& d) {
             check(store, provider, round.history, CheckOptions{round.scope, table.name()}, g);
             would_be_anomalies += g.anomalies.size();
             f.calls += g.calls, f.keys += g.keys, f.in_doubt += g.in_doubt;
-            f.reconciled_saved += g.reconciled_saved,
-                f.reconciled_released += g.reconciled_released;
+            f.reconciled_saved += g.reconciled_saved, f.reconciled_released += g.reconciled_released;
             f.final_executed += g.final_executed;
-            for (const auto& [k, v] : g.told)
-                f.told[k] += v;
+            for (const auto& [k, v] : g.told) f.told[k] += v;
             for (const auto& a : g.anomalies) {
-                if (f.notes.size() < 8)
-                    f.notes.push_back("detected: " + a);
+                if (f.notes.size() < 8) f.notes.push_back("detected: " + a);
             }
         }
         sync.reset();
         const bool detected = total.lost_saves + total.lost_claims > 0;
         f.detected = static_cast<long>(total.lost_saves + total.lost_claims + would_be_anomalies);
-        f.notes.push_back(total.note() + "; guarantee violations the checker found=" +
-                          std::to_string(would_be_anomalies));
+        f.notes.push_back(total.note() +
+                          "; guarantee violations the checker found=" + std::to_string(would_be_anomalies));
         f.notes.push_back(detected ? "NEGATIVE CONTROL: loss DETECTED (the check can fail)"
-                                   : "NEGATIVE CONTROL: loss not detected in " +
-                                         std::to_string(rounds) + " rounds");
+                                   : "NEGATIVE CONTROL: loss not detected in " + std::to_string(rounds) + " rounds");
         f.print();
         if (!detected)
-            WARN("negative control: no loss detected in "
-                 << rounds << " crashes with synchronous_commit=off");
-        CHECK(total.acked_saves > 0); // the control ran real load
+            WARN("negative control: no loss detected in " << rounds << " crashes with synchronous_commit=off");
+        CHECK(total.acked_saves > 0);  // the control ran real load
     }
 }
 
@@ -393,8 +373,7 @@ inline void first_call_after_restart_scenario(const Driver& d) {
         error = e.what();
     }
     CAPTURE(error);
-    std::cout << "FAULT-FIGURES scenario=" << d.prefix
-              << "first_call_after_restart pooled_connections=" << opened
+    std::cout << "FAULT-FIGURES scenario=" << d.prefix << "first_call_after_restart pooled_connections=" << opened
               << " first_call=" << (error.empty() ? "ok" : "store_unavailable") << "\n";
     CHECK(error.empty());
     // And the first claim: claimed, its effect run once.
@@ -434,15 +413,16 @@ inline std::string proxied_url(const Proxy& proxy) {
 inline void lost_ack_scenario(const Driver& d, bool prepared) {
     const std::string url = require_db();
     if (env("IDEM_PG_HOST").empty() || env("IDEM_PG_PORT").empty()) {
-        WARN("IDEM_PG_HOST/IDEM_PG_PORT not set (not started by scripts/with-postgres.sh): "
-             "skipping the proxy scenario");
+        WARN(
+            "IDEM_PG_HOST/IDEM_PG_PORT not set (not started by scripts/with-postgres.sh): "
+            "skipping the proxy scenario");
         return;
     }
     const Proxy::Target& kSave = save_target();
     const Proxy::Target& kClaim = claim_target();
     Proxy proxy(env("IDEM_PG_HOST") + "/.s.PGSQL." + env("IDEM_PG_PORT"));
     IdemTable table(url);
-    Effects effects(url); // effects go straight to the server, never through the proxy
+    Effects effects(url);  // effects go straight to the server, never through the proxy
     CAPTURE(prepared);
     idem::PostgresOptions options;
     options.table = table.name();
@@ -454,20 +434,19 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
     const auto store_ptr = d.open(proxied_url(proxy), idem_test::env_options(options), true);
     idem::IdempotencyStore& store = *store_ptr;
 
-    const std::string scope =
-        idem_test::unique_name(d.scope_prefix + (prepared ? "ack_p" : "ack_u"));
+    const std::string scope = idem_test::unique_name(d.scope_prefix + (prepared ? "ack_p" : "ack_u"));
     History history;
     Figures f;
     f.scenario = d.prefix + "lost_ack(" + (prepared ? "prepared" : "unnamed") + ")";
     Effects::Writer writer(effects);
     PgConn db(url);
     idem::ClaimOptions short_lease;
-    short_lease.lease = 1s; // keys left in doubt become stale (reconcilable) quickly
+    short_lease.lease = 1s;  // keys left in doubt become stale (reconcilable) quickly
 
     // One key: the caller's outcome, then a retry, recorded; the effect must have run once.
     // cuts < 0: cut every matching statement until the call returns (at least -cuts of them).
-    const auto once = [&](idem::IdempotencyStore& on, const std::string& key_name,
-                          const Proxy::Target& target, int cuts, Proxy::Mode mode, Told expected) {
+    const auto once = [&](idem::IdempotencyStore& on, const std::string& key_name, const Proxy::Target& target,
+                          int cuts, Proxy::Mode mode, Told expected) {
         const Key key(scope, key_name);
         const int before = proxy.cuts();
         const auto stats_before = on.stats();
@@ -488,7 +467,7 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
         CHECK(first.told == expected);
         if (expected == Told::executed) {
             CHECK(first.fn_started);
-            CHECK(claims_won == 1); // the retried claim recognised its own fence: claimed, once
+            CHECK(claims_won == 1);  // the retried claim recognised its own fence: claimed, once
             CHECK(retries >= 1);
         }
         f.faults += proxy.cuts() - before;
@@ -525,13 +504,12 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
     const Cut cuts[] = {{"-ack-", 1, Proxy::Mode::after_reply},
                         {"-req-", 1, Proxy::Mode::before_send},
                         {"-ack2-", 2, Proxy::Mode::after_reply}};
-    const std::pair<const char*, const Proxy::Target*> statements[] = {{"save", &kSave},
-                                                                        {"claim", &kClaim}};
+    const std::pair<const char*, const Proxy::Target*> statements[] = {{"save", &kSave}, {"claim", &kClaim}};
     for (int i = 0; i < 6; ++i) {
         for (const Cut& cut : cuts) {
             for (const auto& [statement, target] : statements)
-                once(store, statement + std::string(cut.name) + std::to_string(i), *target, cut.cuts,
-                     cut.mode, Told::executed);
+                once(store, statement + std::string(cut.name) + std::to_string(i), *target, cut.cuts, cut.mode,
+                     Told::executed);
         }
     }
 
@@ -546,8 +524,8 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
         auto narrow = options;
         narrow.save_retry_window = 300ms;
         const auto short_window = d.open(proxied_url(proxy), idem_test::env_options(narrow), false);
-        once(*short_window, "save-all-lost", kSave, -narrow.claim_attempts,
-             Proxy::Mode::after_reply, Told::response_not_saved);
+        once(*short_window, "save-all-lost", kSave, -narrow.claim_attempts, Proxy::Mode::after_reply,
+             Told::response_not_saved);
     }
 
     // Every claim attempt loses its answer: store_unavailable, fn not called. The first attempt's
@@ -562,12 +540,11 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
         CHECK_FALSE(c.fn_started);
         f.faults += options.claim_attempts;
         const auto row = read_row(db, table.name(), key);
-        f.notes.push_back(
-            std::string("claim-all-lost: store_unavailable thrown, key ") +
-            (row ? "left in progress (claim committed; resolved by the reconciler)" : "absent"));
+        f.notes.push_back(std::string("claim-all-lost: store_unavailable thrown, key ") +
+                          (row ? "left in progress (claim committed; resolved by the reconciler)" : "absent"));
         history.add(std::move(c));
         Call retry = d.call(store, writer, key, true,
-                            short_lease); // the orphan claim answers in_progress; nothing runs
+                            short_lease);  // the orphan claim answers in_progress; nothing runs
         CHECK((retry.told == Told::in_progress || retry.told == Told::executed));
         CHECK(effects.of(db, key).size() <= 1);
         history.add(std::move(retry));
@@ -583,34 +560,30 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
         lo.max_keys = 200;
         lo.claim.lease = 1s;
         const int before = proxy.cuts();
-        proxy.random(
-            Proxy::Target{{"idem_claim", "idem_save"},
-                          {"ON CONFLICT (scope, key) DO NOTHING", "SET state = 'completed'"}},
-            0.1, static_cast<unsigned>(::getpid()));
+        proxy.random(Proxy::Target{{"idem_claim", "idem_save"},
+                                   {"ON CONFLICT (scope, key) DO NOTHING", "SET state = 'completed'"}},
+                     0.1, static_cast<unsigned>(::getpid()));
         const auto load = d.load(store, effects, history, lo);
         load->start();
         const auto deadline = Clock::now() + 60s;
-        while (!load->finished() && Clock::now() < deadline)
-            std::this_thread::sleep_for(50ms);
+        while (!load->finished() && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
         load->stop();
         proxy.disarm();
         CHECK(proxy.cuts() - before > 0);
         f.faults += proxy.cuts() - before;
         ++f.rounds;
     }
-    f.notes.push_back("proxy: connections=" + std::to_string(proxy.connections()) +
-                      " cuts=" + std::to_string(proxy.cuts()) +
-                      " (after the reply: " + std::to_string(proxy.cuts_after_reply()) +
+    f.notes.push_back("proxy: connections=" + std::to_string(proxy.connections()) + " cuts=" +
+                      std::to_string(proxy.cuts()) + " (after the reply: " + std::to_string(proxy.cuts_after_reply()) +
                       ") store retries=" + std::to_string(store.stats().retries));
 
     const auto t2 = Clock::now();
     check(store, effects, history, CheckOptions{scope, table.name()}, f);
-    f.notes.push_back("seconds: single keys " +
-                      std::to_string(std::chrono::duration<double>(t1 - t0).count()) + ", load " +
-                      std::to_string(std::chrono::duration<double>(t2 - t1).count()) + ", check " +
+    f.notes.push_back("seconds: single keys " + std::to_string(std::chrono::duration<double>(t1 - t0).count()) +
+                      ", load " + std::to_string(std::chrono::duration<double>(t2 - t1).count()) + ", check " +
                       std::to_string(ms_since(t2) / 1000));
     f.print();
     CHECK(f.anomalies.empty());
 }
 
-} // namespace fault
+}  // namespace fault

@@ -85,7 +85,9 @@ public:
         return http_test::exchange(port_, raw);
     }
     /// The provider's own ledger: {"charges":N,"in_flight":M}.
-    [[nodiscard]] std::string charges() const { return http_test::exchange(port_, Raw{"GET", "/charges", {}, ""}).body; }
+    [[nodiscard]] std::string charges() const {
+        return http_test::exchange(port_, Raw{"GET", "/charges", {}, ""}).body;
+    }
 
 private:
     pid_t pid_ = -1;
@@ -150,7 +152,8 @@ TEST_CASE("beast-http: the Beast example end to end over real HTTP", "[http][exa
         };
         for (int round = 0; round < 3; ++round) {
             INFO("round " << round);
-            const auto replay = send(beast_http::verb::post, "/payments", k + "1", R"({"amount":1200,"currency":"EUR"})");
+            const auto replay =
+                send(beast_http::verb::post, "/payments", k + "1", R"({"amount":1200,"currency":"EUR"})");
             CHECK(replay.result_int() == 201);
             CHECK(replay.body() == first.body);
             CHECK(replay["Idempotent-Replayed"] == "true");
@@ -207,7 +210,8 @@ TEST_CASE("beast-http: the Beast example end to end over real HTTP", "[http][exa
     // No deadline of its own: the test's TIMEOUT bounds this wait for the first to reach the provider.
     while (example.charges() != ledger(4, 1)) std::this_thread::sleep_for(5ms);
     std::vector<Wire> dups(8);
-    idem_test::run_threads(8, [&](int t) { dups[static_cast<std::size_t>(t)] = example.pay(k + "3", R"({"amount":7})"); });
+    idem_test::run_threads(8,
+                           [&](int t) { dups[static_cast<std::size_t>(t)] = example.pay(k + "3", R"({"amount":7})"); });
     first_request.join();
     REQUIRE(original.status == 201);
     CHECK(original.body == R"({"payment":5,"status":"captured"})");

@@ -123,12 +123,15 @@ public:
     boost::asio::awaitable<idem::Response> dispatch_async(idem::asio::AsyncPostgresStore& store,
                                                           idem::asio::AsyncPostgresStore& down,
                                                           idem::asio::AsyncPostgresStore& misconfigured,
-                                                          boost::asio::thread_pool& pool, const http::Request& request) {
+                                                          boost::asio::thread_pool& pool,
+                                                          const http::Request& request) {
         const std::string path(request.target.substr(0, request.target.find('?')));
         static const http::Route plain;
         const auto found = routes_.find(path);
         const http::Route& route = found == routes_.end() ? plain : found->second;
-        idem::asio::AsyncPostgresStore& chosen = path == "/down" ? down : path == "/misconfigured" ? misconfigured : store;
+        idem::asio::AsyncPostgresStore& chosen = path == "/down"            ? down
+                                                 : path == "/misconfigured" ? misconfigured
+                                                                            : store;
         // Named, not temporaries of the co_await expression: GCC 12 may destroy a non-trivial
         // temporary there after its storage is gone.
         const std::string scope = "conformance:" + path;
@@ -136,11 +139,13 @@ public:
             const std::string who = path.starts_with("/optional") ? std::string(request.body) : context.key().value();
             const int n = count(who);
             if (path == "/optional-phase") co_await context.record_phase("charged");
-            auto blocking_part = [&, key = context.key(), fence = context.fence()]() -> boost::asio::awaitable<idem::Response> {
+            auto blocking_part = [&, key = context.key(),
+                                  fence = context.fence()]() -> boost::asio::awaitable<idem::Response> {
                 idem::Context blocking(store_, key, fence, nullptr);
                 co_return handle(path, n, blocking);
             };
-            idem::Response produced = co_await boost::asio::co_spawn(pool, std::move(blocking_part), boost::asio::use_awaitable);
+            idem::Response produced =
+                co_await boost::asio::co_spawn(pool, std::move(blocking_part), boost::asio::use_awaitable);
             co_return produced;
         };
         idem::Response answer =
@@ -201,7 +206,8 @@ private:
             // A reconciler takes the key over and saves its own answer while this attempt runs.
             std::this_thread::sleep_for(200ms);
             const auto fence = store_.take_over(context.key(), context.fence(), 30s, false);
-            store_.save(context.key(), fence.value(), idem::codec<idem::Response>::encode({201, "from the reconciler"}));
+            store_.save(context.key(), fence.value(),
+                        idem::codec<idem::Response>::encode({201, "from the reconciler"}));
             return {201, "from the handler", {}};
         }
         if (path == "/slow") wait_at_gate();
@@ -345,7 +351,8 @@ const std::vector<Row>& table() {
         {"R06", "malformed sf-strings are 400: no closing quote, bad escape, trailing garbage, a list", false,
          [](Env& e) {
              const auto k = e.key("R06");
-             for (const std::string& bad : std::vector<std::string>{"\"" + k, "\"" + k + "\\n\"", quoted(k) + " x", quoted(k) + ", \"b\"",
+             for (const std::string& bad :
+                  std::vector<std::string>{"\"" + k, "\"" + k + "\\n\"", quoted(k) + " x", quoted(k) + ", \"b\"",
                                            "\"\"", quoted(k) + ";", quoted(k) + ";A=1"}) {
                  INFO("Idempotency-Key: " << bad);
                  const Wire w = e.post("/orders", bad);
@@ -393,8 +400,7 @@ const std::vector<Row>& table() {
              CHECK(is_problem(nul, 400, "invalid_idempotency_key"));
              CHECK_FALSE(nul.replayed());
              refused(e, e.post("/token", k + "\x01y"), 400, "invalid_idempotency_key", "/token", k + "\x01y");
-             refused(e, e.post("/orders", "\"" + k + "\x1b\""), 400, "invalid_idempotency_key", "/orders",
-                     k + "\x1b");
+             refused(e, e.post("/orders", "\"" + k + "\x1b\""), 400, "invalid_idempotency_key", "/orders", k + "\x1b");
              CHECK(e.service->runs(k) == 1);
              CHECK(e.rows_with_prefix(k) == 1);
          }},
@@ -441,7 +447,8 @@ const std::vector<Row>& table() {
         {"R17", "canonical JSON fingerprint: a body that is not strict JSON is 400, key not consumed", false,
          [](Env& e) {
              const auto k = e.key("R17");
-             for (const std::string& bad : std::vector<std::string>{"{\"a\":1,\"a\":2}", "{'a':1}", "[1,]", "{\"a\":01}", "\"\xff\"",
+             for (const std::string& bad :
+                  std::vector<std::string>{"{\"a\":1,\"a\":2}", "{'a':1}", "[1,]", "{\"a\":01}", "\"\xff\"",
                                            "[\"\\ud800\"]", std::string(100, '['), "{} x"}) {
                  refused(e, e.post("/json", quoted(k), bad), 400, "invalid_json_body", "/json", k);
              }
@@ -452,8 +459,7 @@ const std::vector<Row>& table() {
              const auto k = e.key("R18");
              CHECK(e.post("/headers", quoted(k), "{}", {{"X-Tenant", "a"}}).status == 201);
              CHECK(e.post("/headers", quoted(k), "{}", {{"X-Tenant", "a"}}).replayed());
-             CHECK(is_problem(e.post("/headers", quoted(k), "{}", {{"X-Tenant", "b"}}), 422,
-                              "idempotency_key_reused"));
+             CHECK(is_problem(e.post("/headers", quoted(k), "{}", {{"X-Tenant", "b"}}), 422, "idempotency_key_reused"));
              CHECK(is_problem(e.post("/headers", quoted(k), "{}"), 422, "idempotency_key_reused"));
              CHECK(e.service->runs(k) == 1);
          }},
@@ -580,8 +586,9 @@ const std::vector<Row>& table() {
              CHECK(e.post("/lease-lost", quoted(k)).body == "from the reconciler");
              CHECK(e.service->runs(k) == 1);
          }},
-        {"R32", "response larger than the store's limit (response_not_saved): sent as produced, not stored, "
-                "key kept in progress",
+        {"R32",
+         "response larger than the store's limit (response_not_saved): sent as produced, not stored, "
+         "key kept in progress",
          false,
          [](Env& e) {
              const auto k = e.key("R32");
@@ -606,7 +613,8 @@ const std::vector<Row>& table() {
              CHECK(e.post("/retention", quoted(k)).header("Idempotency-Retention") == "3600");
              CHECK(e.post("/retention", quoted(k)).header("Idempotency-Retention") == "3600");
              const auto left = e.db->scalar(
-                 "SELECT extract(epoch FROM expires_at - created_at)::bigint FROM idem_keys WHERE scope = $1 AND key = $2",
+                 "SELECT extract(epoch FROM expires_at - created_at)::bigint FROM idem_keys WHERE scope = $1 AND key = "
+                 "$2",
                  {"conformance:/retention", k});
              CHECK(left == 3600);
          }},
@@ -632,8 +640,9 @@ const std::vector<Row>& table() {
              CHECK(e.post("/orders", quoted(k), body).replayed());
              CHECK(e.service->runs(k) == 1);
          }},
-        {"R39", "handler throws an idem error (database_error, store_unavailable from its Context calls): "
-                "503 outcome_unknown, key kept, Retry-After at least 1",
+        {"R39",
+         "handler throws an idem error (database_error, store_unavailable from its Context calls): "
+         "503 outcome_unknown, key kept, Retry-After at least 1",
          false,
          [](Env& e) {
              for (const std::string path : {"/throw-db", "/throw-down"}) {
@@ -647,7 +656,8 @@ const std::vector<Row>& table() {
                  CHECK(e.service->runs(k) == 1);
                  bool told = false;
                  for (const auto& line : e.service->logged()) {
-                     told = told || (line.find(k) != std::string::npos && line.find("outcome unknown") != std::string::npos);
+                     told = told ||
+                            (line.find(k) != std::string::npos && line.find("outcome unknown") != std::string::npos);
                  }
                  CHECK(told);
              }
@@ -699,8 +709,9 @@ const std::vector<Row>& table() {
              CHECK(e.effects(k) == 1);
              CHECK(e.service->runs(k) == 1);
          }},
-        {"T02", "in-transaction with transaction_lock_wait: a duplicate while the transaction is open gets 409 "
-                "+ Retry-After at once",
+        {"T02",
+         "in-transaction with transaction_lock_wait: a duplicate while the transaction is open gets 409 "
+         "+ Retry-After at once",
          false,
          [](Env& e) {
              const auto k = e.key("T02");
@@ -736,7 +747,9 @@ const std::vector<Row>& table() {
              CHECK(e.effects(k) == 0);
          }},
         {"T04", "in-transaction: the key is always required (400)", false,
-         [](Env& e) { CHECK(is_problem(e.post("/tx", std::nullopt, "T04" + e.name), 400, "missing_idempotency_key")); }},
+         [](Env& e) {
+             CHECK(is_problem(e.post("/tx", std::nullopt, "T04" + e.name), 400, "missing_idempotency_key"));
+         }},
         // --- over the wire only -------------------------------------------------------------------
         {"H01", "a 10 MB Idempotency-Key header: cpp-httplib answers 400 itself, nothing runs", true,
          [](Env& e) {
@@ -844,7 +857,7 @@ TEST_CASE("Idempotency-Key conformance: every row, through the neutral API and o
 
     Env neutral_env{"neutral", false, [&](const Raw& raw) { return neutral(service, raw); }, &service, &db, run_id};
     Env http_env{"httplib", true, [&](const Raw& raw) { return http_test::exchange(server.port(), raw); },
-                 &service, &db, run_id};
+                 &service,  &db,  run_id};
     std::vector<Env*> envs{&neutral_env, &http_env};
 
 #ifdef IDEM_TEST_BEAST
@@ -858,8 +871,8 @@ TEST_CASE("Idempotency-Key conformance: every row, through the neutral API and o
     http_test::BeastServer beast(io, [&](const http::Request& request) {
         return service.dispatch_async(async_store, async_down, async_misconfigured, pool, request);
     });
-    Env beast_env{"beast", true, [&](const Raw& raw) { return http_test::exchange(beast.port(), raw); }, &service, &db,
-                  run_id};
+    Env beast_env{"beast",  true, [&](const Raw& raw) { return http_test::exchange(beast.port(), raw); },
+                  &service, &db,  run_id};
     envs.push_back(&beast_env);
 #endif
 

@@ -13,8 +13,8 @@ using namespace std::string_literals;
 using idem::Outcome;
 using idem::Response;
 
-TEMPLATE_TEST_CASE("take_over fences the old owner out; the new owner's save is what replays",
-                   "[lifecycle][lease]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("take_over fences the old owner out; the new owner's save is what replays", "[lifecycle][lease]",
+                   MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& owner = backend.make();
     auto& other = backend.make();  // another party (another instance for PostgreSQL)
@@ -63,7 +63,10 @@ TEMPLATE_TEST_CASE("take_over fences the old owner out; the new owner's save is 
     CHECK_THROWS_AS(other.record_phase(key, *new_fence, "after", "x"), idem::lease_lost);
     CHECK_THROWS_AS(other.extend_lease(key, *new_fence, 60s), idem::lease_lost);
     std::atomic<int> runs{0};
-    const auto replay = idem::execute_once(owner, key, fp, [&] { ++runs; return Response{500, "must not run"}; });
+    const auto replay = idem::execute_once(owner, key, fp, [&] {
+        ++runs;
+        return Response{500, "must not run"};
+    });
     CHECK(replay.outcome() == Outcome::replayed);
     CHECK(runs == 0);
     CHECK(replay.response() == winner);
@@ -71,8 +74,8 @@ TEMPLATE_TEST_CASE("take_over fences the old owner out; the new owner's save is 
     CHECK(*owner.read(key)->result == new_bytes);
 }
 
-TEMPLATE_TEST_CASE("a heartbeat (Context::extend_lease) keeps the key; without it take_over wins",
-                   "[lifecycle][lease]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("a heartbeat (Context::extend_lease) keeps the key; without it take_over wins", "[lifecycle][lease]",
+                   MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make();
     auto& taker = backend.make();

@@ -133,10 +133,22 @@ private:
 
 /// ClaimOptions built step by step (GCC warns on designated initializers that omit members).
 struct Opts : idem::ClaimOptions {
-    Opts& lease_for(std::chrono::milliseconds d) { lease = d; return *this; }
-    Opts& retain(std::chrono::seconds d) { retention = d; return *this; }
-    Opts& resume() { resume_stale = true; return *this; }
-    Opts& wait_up_to(std::chrono::milliseconds d) { wait = d; return *this; }
+    Opts& lease_for(std::chrono::milliseconds d) {
+        lease = d;
+        return *this;
+    }
+    Opts& retain(std::chrono::seconds d) {
+        retention = d;
+        return *this;
+    }
+    Opts& resume() {
+        resume_stale = true;
+        return *this;
+    }
+    Opts& wait_up_to(std::chrono::milliseconds d) {
+        wait = d;
+        return *this;
+    }
 };
 
 inline StoreKnobs knobs(std::size_t pool_size, std::string application_name = "idem_lifecycle_test",

@@ -25,8 +25,8 @@
 
 namespace {
 
-int crash(const std::string& conninfo, const std::string& table, const std::string& effects,
-          const std::string& scope, const std::string& value) {
+int crash(const std::string& conninfo, const std::string& table, const std::string& effects, const std::string& scope,
+          const std::string& value) {
     idem::PostgresOptions options;
     options.table = table;
     options.pool_size = 2;
@@ -40,8 +40,9 @@ int crash(const std::string& conninfo, const std::string& table, const std::stri
     (void)idem::execute_once(
         store, key, fp,
         [&](idem::Context& ctx) -> idem::Response {
-            auto row = effect_conn.exec("INSERT INTO " + effects + " (scope, key, note) VALUES ($1, $2, 'worker') "
-                                        "RETURNING id",
+            auto row = effect_conn.exec("INSERT INTO " + effects +
+                                            " (scope, key, note) VALUES ($1, $2, 'worker') "
+                                            "RETURNING id",
                                         {scope, value});
             const std::string id = row.text(0, 0);
             ctx.record_phase("charged", "charge-" + id);

@@ -24,8 +24,8 @@ struct Declined : idem::not_performed {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("CountingObserver counts every outcome of a scripted sequence exactly",
-                   "[lifecycle][observer]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("CountingObserver counts every outcome of a scripted sequence exactly", "[lifecycle][observer]",
+                   MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make();
     auto counts = std::make_shared<idem::CountingObserver>();

@@ -139,8 +139,8 @@ TEST_CASE("reconciler: a worker SIGKILLed between effect and save is resolved ex
     const idem::Key key(scope, "order-1");
     const auto fp = idem::fingerprint("charge"s, key.value());  // what the worker sends
 
-    Child worker = Child::spawn({IDEM_LIFECYCLE_WORKER, "crash", backend.conninfo(), backend.table(), effects.name(),
-                                 scope, key.value()});
+    Child worker = Child::spawn(
+        {IDEM_LIFECYCLE_WORKER, "crash", backend.conninfo(), backend.table(), effects.name(), scope, key.value()});
     const auto line = worker.read_line("effect-done ", 20s);
     REQUIRE(line);
     const std::string row_id = line->substr(std::strlen("effect-done "));
@@ -190,7 +190,10 @@ TEST_CASE("reconciler: a worker SIGKILLed between effect and save is resolved ex
     CHECK(reconciler.run_once().listed == 0);
     CHECK(invocations == 1);
     std::atomic<int> runs{0};
-    const auto retry = idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran again"}; });
+    const auto retry = idem::execute_once(store, key, fp, [&] {
+        ++runs;
+        return Response{500, "ran again"};
+    });
     CHECK(retry.outcome() == Outcome::replayed);
     CHECK(runs == 0);
     CHECK(retry.response().status == 201);
@@ -289,9 +292,10 @@ TEST_CASE("reconciler: two reconciler threads and a process over 200 stale keys:
     }
 }
 
-TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reconciler's lease); "
-                   "a throwing resolver is counted failed and the sweep goes on",
-                   "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE(
+    "reconciler: leave keeps the key (listed again after the reconciler's lease); "
+    "a throwing resolver is counted failed and the sweep goes on",
+    "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make();
     const auto fp = idem::fingerprint("leave"s);
@@ -301,8 +305,9 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         const auto keys = make_stale(backend, store, scope, 1, fp);
         const auto original = store.read(keys[0])->fence;
         int calls = 0;
-        idem::Reconciler leaver(store, [&](idem::Reconciliation&) { ++calls; },
-                                reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
+        idem::Reconciler leaver(
+            store, [&](idem::Reconciliation&) { ++calls; },
+            reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s1 = leaver.run_once();
         CHECK(s1.listed == 1);
         CHECK(s1.taken == 1);
@@ -321,8 +326,12 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         const auto again = store.list_stale(10, idem::ScopeFilter::exact(scope));
         REQUIRE(again.size() == 1);
         CHECK(again[0].key == keys[0]);
-        idem::Reconciler saver(store, [&](idem::Reconciliation& r) { r.save(Response{202, "resolved later"}); },
-                               reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
+        idem::Reconciler saver(
+            store,
+            [&](idem::Reconciliation& r) {
+                r.save(Response{202, "resolved later"});
+            },
+            reconciler_options(10, 30s, idem::ScopeFilter::exact(scope)));
         const auto s2 = saver.run_once();
         CHECK(s2.saved == 1);
         CHECK(idem::codec<Response>::decode(*store.read(keys[0])->result).body == "resolved later");
@@ -370,8 +379,10 @@ TEMPLATE_TEST_CASE("reconciler: leave keeps the key (listed again after the reco
         CHECK_FALSE(store.read(gone));
         // The released key runs again.
         std::atomic<int> runs{0};
-        CHECK(idem::execute_once(store, gone, fp, [&] { ++runs; return Response{200, "ran"}; }).outcome() ==
-              Outcome::executed);
+        CHECK(idem::execute_once(store, gone, fp, [&] {
+                  ++runs;
+                  return Response{200, "ran"};
+              }).outcome() == Outcome::executed);
         CHECK(runs == 1);
     }
 }
@@ -385,8 +396,8 @@ class ThrowingStore final : public idem::IdempotencyStore {
 public:
     explicit ThrowingStore(idem::IdempotencyStore& real) : real_(real) {}
 
-    std::atomic<int> list_throws{0};      ///< the next n list_stale calls throw std::system_error
-    std::atomic<int> take_over_throws{0}; ///< the next n take_over calls throw std::bad_alloc
+    std::atomic<int> list_throws{0};       ///< the next n list_stale calls throw std::system_error
+    std::atomic<int> take_over_throws{0};  ///< the next n take_over calls throw std::bad_alloc
     std::atomic<int> lists{0};
 
     idem::Claim claim(const idem::Key& k, const idem::Fingerprint& fp, const idem::ClaimOptions& o) override {
@@ -439,9 +450,10 @@ struct FailureLog final : idem::Observer {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("reconciler: run() survives exceptions that are not idem::error, reports them, and "
-                   "keeps sweeping",
-                   "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE(
+    "reconciler: run() survives exceptions that are not idem::error, reports them, and "
+    "keeps sweeping",
+    "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& real = backend.make();
     ThrowingStore store(real);
@@ -484,8 +496,8 @@ TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain pref
     auto& store = backend.make();
     const auto fp = idem::fingerprint("prefix"s);
     const std::string base = idem_test::unique_name("p");
-    const std::vector<std::string> scopes = {base + "acct:1", base + "acct:2", base + "acctX", base + "other:acct:",
-                                             base + "a_c%1", base + "abc%1"};
+    const std::vector<std::string> scopes = {base + "acct:1",      base + "acct:2", base + "acctX",
+                                             base + "other:acct:", base + "a_c%1",  base + "abc%1"};
     for (const auto& s : scopes) {
         REQUIRE(store.claim(idem::Key(s, "k"), fp, Opts().lease_for(30s)).status == idem::ClaimStatus::claimed);
     }
@@ -518,8 +530,7 @@ TEMPLATE_TEST_CASE("reconciler: ScopeFilter::prefix selects scopes by plain pref
 // sweep) the key a resolver left is stale again at once; run() sweeps again at once after a full
 // batch, so it hands the same key to the resolver (and the provider) in a hot loop, never waiting
 // its interval. Either the constructor refuses such a lease (config_error) or run() does not spin.
-TEST_CASE("reconciler: run() with a zero lease does not spin on the key it leaves",
-          "[lifecycle][reconciler]") {
+TEST_CASE("reconciler: run() with a zero lease does not spin on the key it leaves", "[lifecycle][reconciler]") {
     PostgresBackend backend;
     auto& store = backend.make();
     const auto scope = fresh_scope("zero_lease");

@@ -13,8 +13,8 @@ using namespace std::string_literals;
 using idem::Outcome;
 using idem::Response;
 
-TEMPLATE_TEST_CASE("resume_stale: attempt 2 takes over a stale key and sees attempt 1's phase",
-                   "[lifecycle][resume]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("resume_stale: attempt 2 takes over a stale key and sees attempt 1's phase", "[lifecycle][resume]",
+                   MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& first = backend.make();   // attempt 1's instance
     auto& second = backend.make();  // the retry's instance
@@ -28,7 +28,10 @@ TEMPLATE_TEST_CASE("resume_stale: attempt 2 takes over a stale key and sees atte
     first.record_phase(key, claim1.fence, "charge_created", "ch_\0\x01"s);
 
     std::atomic<int> runs{0};
-    const auto fn = [&](idem::Context&) { ++runs; return Response{200, "must not run"}; };
+    const auto fn = [&](idem::Context&) {
+        ++runs;
+        return Response{200, "must not run"};
+    };
     // Before the lease passes (10 s of it left), resume mode does not take over.
     backend.advance(20s);
     CHECK(idem::execute_once(second, key, fp, fn, Opts().resume()).outcome() == Outcome::in_progress);

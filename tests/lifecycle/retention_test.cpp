@@ -20,8 +20,8 @@ using idem::Outcome;
 using idem::Response;
 using idem_test::PgConn;
 
-TEMPLATE_TEST_CASE("retention: expiry, re-claim by one of 32, in-progress never expires, purge", "[lifecycle][retention]",
-                   MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("retention: expiry, re-claim by one of 32, in-progress never expires, purge",
+                   "[lifecycle][retention]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store = backend.make(knobs(40));
     const auto scope = fresh_scope("retention");
@@ -33,29 +33,53 @@ TEMPLATE_TEST_CASE("retention: expiry, re-claim by one of 32, in-progress never 
 
     // a: completed with retention 1 min; replayed before expiry.
     std::atomic<int> runs_a{0};
-    const auto r1 = idem::execute_once(store, a, fp, [&] { ++runs_a; return Response{201, "a-first"}; }, one_minute);
+    const auto r1 = idem::execute_once(
+        store, a, fp,
+        [&] {
+            ++runs_a;
+            return Response{201, "a-first"};
+        },
+        one_minute);
     REQUIRE(r1.outcome() == Outcome::executed);
-    const auto r2 = idem::execute_once(store, a, fp, [&] { ++runs_a; return Response{201, "a-second"}; }, one_minute);
+    const auto r2 = idem::execute_once(
+        store, a, fp,
+        [&] {
+            ++runs_a;
+            return Response{201, "a-second"};
+        },
+        one_minute);
     CHECK(r2.outcome() == Outcome::replayed);
     CHECK(r2.response().body == "a-first");
     CHECK(runs_a == 1);
     CHECK_FALSE(store.read(a)->expired);
 
     // b: completed with retention 1 min, re-claimed by 32 threads after expiry.
-    REQUIRE(idem::execute_once(store, b, fp, [] { return Response{200, "b-old"}; }, one_minute).outcome() ==
-            Outcome::executed);
+    REQUIRE(idem::execute_once(
+                store, b, fp,
+                [] {
+                    return Response{200, "b-old"};
+                },
+                one_minute)
+                .outcome() == Outcome::executed);
     // c: in progress (lease 1 h) with retention 1 min: must never expire.
     const auto claim_c = store.claim(c, fp, Opts().lease_for(1h).retain(60s));
     REQUIRE(claim_c.status == idem::ClaimStatus::claimed);
     // d: completed, retention 1 min, left alone: purged. e: completed, default retention: kept.
-    REQUIRE(idem::execute_once(store, d, fp, [] { return Response{200, "d"}; }, one_minute).outcome() ==
-            Outcome::executed);
+    REQUIRE(idem::execute_once(
+                store, d, fp,
+                [] {
+                    return Response{200, "d"};
+                },
+                one_minute)
+                .outcome() == Outcome::executed);
     REQUIRE(idem::execute_once(store, e, fp, [] { return Response{200, "e"}; }).outcome() == Outcome::executed);
     // 50 s later: nothing has expired yet.
     backend.advance(50s);
     CHECK_FALSE(store.read(a)->expired);
-    CHECK(idem::execute_once(store, a, fp, [&] { ++runs_a; return Response{201, "a-early"}; }).outcome() ==
-          Outcome::replayed);
+    CHECK(idem::execute_once(store, a, fp, [&] {
+              ++runs_a;
+              return Response{201, "a-early"};
+          }).outcome() == Outcome::replayed);
     CHECK(store.purge_expired(1000) == 0);
     CHECK(runs_a == 1);
 
@@ -66,10 +90,16 @@ TEMPLATE_TEST_CASE("retention: expiry, re-claim by one of 32, in-progress never 
     REQUIRE(expired_a);
     CHECK(expired_a->state == idem::RecordState::completed);
     CHECK(expired_a->expired);
-    const auto r3 = idem::execute_once(store, a, fp, [&] { ++runs_a; return Response{201, "a-third"}; });
+    const auto r3 = idem::execute_once(store, a, fp, [&] {
+        ++runs_a;
+        return Response{201, "a-third"};
+    });
     CHECK(r3.outcome() == Outcome::executed);
     CHECK(runs_a == 2);
-    const auto r4 = idem::execute_once(store, a, fp, [&] { ++runs_a; return Response{201, "a-fourth"}; });
+    const auto r4 = idem::execute_once(store, a, fp, [&] {
+        ++runs_a;
+        return Response{201, "a-fourth"};
+    });
     CHECK(r4.outcome() == Outcome::replayed);
     CHECK(r4.response().body == "a-third");
     CHECK(runs_a == 2);
@@ -121,7 +151,10 @@ TEMPLATE_TEST_CASE("retention: expiry, re-claim by one of 32, in-progress never 
 
     // c: retention passed while in progress: still in progress, owned by its claim.
     std::atomic<int> runs_c{0};
-    const auto rc = idem::execute_once(store, c, fp, [&] { ++runs_c; return Response{200, "c"}; });
+    const auto rc = idem::execute_once(store, c, fp, [&] {
+        ++runs_c;
+        return Response{200, "c"};
+    });
     CHECK(rc.outcome() == Outcome::in_progress);
     CHECK(runs_c == 0);
     auto rec_c = store.read(c);
@@ -155,9 +188,9 @@ namespace {
 /// nothing about the purge.
 struct LockSampler {
     long long samples = 0;
-    long long row_lock_waits = 0;     // claim sessions waiting on a row lock
-    long long waits_on_purger = 0;    // claim sessions whose lock wait is blocked by a purger session
-    long long sessions_seen = 0;      // samples in which the claim sessions were visible at all
+    long long row_lock_waits = 0;   // claim sessions waiting on a row lock
+    long long waits_on_purger = 0;  // claim sessions whose lock wait is blocked by a purger session
+    long long sessions_seen = 0;    // samples in which the claim sessions were visible at all
     std::vector<std::string> seen_waits;
 
     void sample(PgConn& watch, const std::string& app, const std::string& purger_app) {
@@ -219,8 +252,9 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
     // Warm the claimers' connections so connection set-up is not measured.
     const auto fp = idem::fingerprint("purge-test"s);
     for (int i = 0; i < 4; ++i) {
-        (void)idem::execute_once(claimer, idem::Key(scope, "warm-" + std::to_string(i)), fp,
-                                 [] { return Response{200, "w"}; });
+        (void)idem::execute_once(claimer, idem::Key(scope, "warm-" + std::to_string(i)), fp, [] {
+            return Response{200, "w"};
+        });
     }
 
     // Calibration: the sampler does see a claim-store session that waits on a row lock held by a
@@ -233,7 +267,7 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
         std::thread blocked([&] {
             try {
                 claimer.extend_lease(idem::Key(scope, "keep-ip-1"), 1, 1h);  // waits on the row lock
-            } catch (const idem::error&) {  // lock_timeout: fine either way
+            } catch (const idem::error&) {                                   // lock_timeout: fine either way
             }
         });
         LockSampler calibration;
@@ -312,9 +346,9 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
 
     for (const auto& err : errors) UNSCOPED_INFO(err);
     REQUIRE(errors.empty());
-    INFO("purge took " << ms(purge_took) << " ms; claims during purge: " << claim_ms.size()
-                       << "; p50 " << percentile(claim_ms, 0.5) << " ms, p99 " << percentile(claim_ms, 0.99)
-                       << " ms, max " << percentile(claim_ms, 1.0) << " ms; lock samples " << sampler.samples
+    INFO("purge took " << ms(purge_took) << " ms; claims during purge: " << claim_ms.size() << "; p50 "
+                       << percentile(claim_ms, 0.5) << " ms, p99 " << percentile(claim_ms, 0.99) << " ms, max "
+                       << percentile(claim_ms, 1.0) << " ms; lock samples " << sampler.samples
                        << " (claim sessions visible in " << sampler.sessions_seen << ")");
     CHECK(purged == static_cast<std::size_t>(kExpired));
     CHECK(admin.scalar("SELECT count(*) FROM " + T + " WHERE key LIKE 'expired-%'") == 0);

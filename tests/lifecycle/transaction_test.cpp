@@ -48,7 +48,8 @@ TEST_CASE("in-transaction mode: commit together, roll back together, duplicates,
         REQUIRE(r.outcome() == Outcome::executed);
         CHECK(runs == 1);
         CHECK(effects.count(admin, key) == 1);
-        CHECK(admin.scalar("SELECT count(*) FROM " + effects.name() + " WHERE note = $1", {"it's \"quoted\"; --"}) == 1);
+        CHECK(admin.scalar("SELECT count(*) FROM " + effects.name() + " WHERE note = $1", {"it's \"quoted\"; --"}) ==
+              1);
         auto rec = store.read(key);
         REQUIRE(rec);
         CHECK(rec->state == idem::RecordState::completed);
@@ -63,8 +64,10 @@ TEST_CASE("in-transaction mode: commit together, roll back together, duplicates,
         CHECK(encode(replay.response()) == *rec->result);
         CHECK(replay.response().body == "order " + row_id + "\0"s);
         // Plain execute_once on the same key replays it too.
-        CHECK(idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "no"}; }).outcome() ==
-              Outcome::replayed);
+        CHECK(idem::execute_once(store, key, fp, [&] {
+                  ++runs;
+                  return Response{500, "no"};
+              }).outcome() == Outcome::replayed);
         CHECK(runs == 1);
         // Mismatch.
         const auto other = idem::fingerprint("POST /orders"s, 2501);
@@ -127,8 +130,7 @@ TEST_CASE("in-transaction mode: commit together, roll back together, duplicates,
                     ++runs;
                     tx.exec(insert, {key.scope(), key.value(), "A"});
                     in_effect.count_down();
-                    open_until_answered =
-                        dup_answered_signal.wait_for(30s) == std::future_status::ready;
+                    open_until_answered = dup_answered_signal.wait_for(30s) == std::future_status::ready;
                     return Response{201, "A's order"};
                 }));
             } catch (const std::exception& ex) {
@@ -167,9 +169,10 @@ TEST_CASE("in-transaction mode: commit together, roll back together, duplicates,
     }
 }
 
-TEST_CASE("in-transaction mode, transaction_lock_wait: duplicates answer in_progress at once instead of "
-          "waiting on the open transaction's row lock",
-          "[lifecycle][transaction]") {
+TEST_CASE(
+    "in-transaction mode, transaction_lock_wait: duplicates answer in_progress at once instead of "
+    "waiting on the open transaction's row lock",
+    "[lifecycle][transaction]") {
     PostgresBackend backend;
     // A long lock_timeout and one attempt: a duplicate that waited on the lock would take 3 s.
     auto& store = backend.make_pg(knobs(8, "idem_lifecycle_test", 3000ms, 1));
@@ -188,13 +191,16 @@ TEST_CASE("in-transaction mode, transaction_lock_wait: duplicates answer in_prog
     std::string first_error, winner_lock_timeout;
     std::thread a([&] {
         try {
-            first.emplace(idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction& tx) {
-                ++runs;
-                winner_lock_timeout = tx.exec("SHOW lock_timeout").rows.at(0).at(0).value_or("");
-                in_effect.count_down();
-                (void)answered_signal.wait_for(30s);
-                return Response{201, "A's order"};
-            }, at_once));
+            first.emplace(idem::execute_once_in_transaction(
+                store, key, fp,
+                [&](idem::Transaction& tx) {
+                    ++runs;
+                    winner_lock_timeout = tx.exec("SHOW lock_timeout").rows.at(0).at(0).value_or("");
+                    in_effect.count_down();
+                    (void)answered_signal.wait_for(30s);
+                    return Response{201, "A's order"};
+                },
+                at_once));
         } catch (const std::exception& ex) {
             first_error = ex.what();
             in_effect.count_down();
@@ -206,10 +212,13 @@ TEST_CASE("in-transaction mode, transaction_lock_wait: duplicates answer in_prog
     std::vector<double> took(kDuplicates);
     idem_test::run_threads(kDuplicates, [&](int t) {
         const auto t0 = SteadyClock::now();
-        dups[static_cast<std::size_t>(t)].emplace(idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
-            ++runs;
-            return Response{500, "duplicate ran"};
-        }, at_once));
+        dups[static_cast<std::size_t>(t)].emplace(idem::execute_once_in_transaction(
+            store, key, fp,
+            [&](idem::Transaction&) {
+                ++runs;
+                return Response{500, "duplicate ran"};
+            },
+            at_once));
         took[static_cast<std::size_t>(t)] = ms(SteadyClock::now() - t0);
     });
     answered.set_value();
@@ -226,10 +235,13 @@ TEST_CASE("in-transaction mode, transaction_lock_wait: duplicates answer in_prog
         CHECK(took[static_cast<std::size_t>(t)] < 2000.0);  // not the 3 s lock_timeout
     }
     CHECK(runs == 1);
-    const auto after = idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
-        ++runs;
-        return Response{500, "duplicate ran"};
-    }, at_once);
+    const auto after = idem::execute_once_in_transaction(
+        store, key, fp,
+        [&](idem::Transaction&) {
+            ++runs;
+            return Response{500, "duplicate ran"};
+        },
+        at_once);
     CHECK(after.outcome() == Outcome::replayed);
     CHECK(runs == 1);
 }

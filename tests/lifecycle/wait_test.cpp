@@ -21,8 +21,8 @@ using namespace std::string_literals;
 using idem::Outcome;
 using idem::Response;
 
-TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right after its save",
-                   "[lifecycle][wait]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right after its save", "[lifecycle][wait]",
+                   MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& store_a = backend.make(knobs(4));
     auto& store_b = backend.make(knobs(4));
@@ -57,7 +57,12 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
         std::optional<idem::Result<Response>> b_result;
         std::thread b([&] {
             b_result.emplace(idem::execute_once(
-                store_b, key, fp, [&] { ++b_runs; return Response{500, "B ran"}; }, Opts().wait_up_to(10s)));
+                store_b, key, fp,
+                [&] {
+                    ++b_runs;
+                    return Response{500, "B ran"};
+                },
+                Opts().wait_up_to(10s)));
             b_returned_at = SteadyClock::now();
             b_returned = true;
         });
@@ -79,12 +84,12 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
     std::string all;
     for (double d : delays) all += std::to_string(d) + " ";
     INFO("B's return after A's fn returned (ms): " << all);
-    CHECK(median(delays) < 500.0);             // woken by the save, not polling
+    CHECK(median(delays) < 500.0);            // woken by the save, not polling
     CHECK(percentile(delays, 1.0) < 5000.0);  // and never only at the 10 s deadline
 }
 
-TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after the wait",
-                   "[lifecycle][wait]", MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after the wait", "[lifecycle][wait]", MemoryBackend,
+                   PostgresBackend) {
     TestType backend;
     auto& store = backend.make(knobs(4));
     const idem::Key key(fresh_scope("wait-timeout"), "slow");
@@ -103,7 +108,13 @@ TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after the wai
     a_running.wait();
     std::atomic<int> runs{0};
     const auto t0 = SteadyClock::now();
-    const auto r = idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran"}; }, Opts().wait_up_to(1s));
+    const auto r = idem::execute_once(
+        store, key, fp,
+        [&] {
+            ++runs;
+            return Response{500, "ran"};
+        },
+        Opts().wait_up_to(1s));
     const auto waited = ms(SteadyClock::now() - t0);
     finish.set_value();
     a.join();
@@ -116,7 +127,13 @@ TEMPLATE_TEST_CASE("wait: a wait that runs out answers in_progress after the wai
     CHECK(a_result->outcome() == Outcome::executed);
     // Once saved, a waiting claim answers at once.
     const auto t1 = SteadyClock::now();
-    CHECK(idem::execute_once(store, key, fp, [&] { ++runs; return Response{500, "ran"}; }, Opts().wait_up_to(10s))
+    CHECK(idem::execute_once(
+              store, key, fp,
+              [&] {
+                  ++runs;
+                  return Response{500, "ran"};
+              },
+              Opts().wait_up_to(10s))
               .outcome() == Outcome::replayed);
     CHECK(ms(SteadyClock::now() - t1) < 5000.0);
     CHECK(runs == 0);

@@ -74,7 +74,8 @@ TEST_CASE("PrometheusObserver renders known events exactly: cumulative buckets, 
     emit(m, Event::purged, {}, 5);
     m.on_event(EventInfo{static_cast<Event>(idem::event_count), nullptr, 1ms, 1, {}});  // a future event: ignored
 
-    const std::string expected = R"EXP(# HELP idem_calls_total Calls of execute_once, execute_batch and idem::http by outcome (released: not_performed; unknown: the effect's outcome is not known, the key waits for a reconciler).
+    const std::string expected =
+        R"EXP(# HELP idem_calls_total Calls of execute_once, execute_batch and idem::http by outcome (released: not_performed; unknown: the effect's outcome is not known, the key waits for a reconciler).
 # TYPE idem_calls_total counter
 idem_calls_total{store="a\"b\\c\nd",outcome="executed"} 4
 idem_calls_total{store="a\"b\\c\nd",outcome="replayed"} 1
@@ -162,7 +163,8 @@ TEST_CASE("PrometheusObserver renders the pool and store figures its sources giv
     st.connections_discarded = 1;
     m.set_store_source([&st] { return st; });
     const std::string text = m.render();
-    const std::string store = R"EXP(# HELP idem_store_round_trips_total Waits for the database's answer (a pipeline counts once).
+    const std::string store =
+        R"EXP(# HELP idem_store_round_trips_total Waits for the database's answer (a pipeline counts once).
 # TYPE idem_store_round_trips_total counter
 idem_store_round_trips_total 11
 # HELP idem_store_claims_total claim() calls.
@@ -372,11 +374,12 @@ TEST_CASE("PrometheusObserver on a PostgresStore counts the calls made; pool_sta
     // The pool's only connection held by an in-transaction effect; another thread's call waits.
     std::atomic<bool> inside{false}, release{false};
     std::thread holder([&] {
-        const auto r = idem::execute_once_in_transaction(store, idem::Key("metrics", "tx"), fp, [&](idem::Transaction&) {
-            inside = true;
-            while (!release.load()) std::this_thread::sleep_for(1ms);
-            return idem::Response{201, "tx"};
-        });
+        const auto r =
+            idem::execute_once_in_transaction(store, idem::Key("metrics", "tx"), fp, [&](idem::Transaction&) {
+                inside = true;
+                while (!release.load()) std::this_thread::sleep_for(1ms);
+                return idem::Response{201, "tx"};
+            });
         CHECK(r.outcome() == idem::Outcome::executed);
     });
     while (!inside.load()) std::this_thread::sleep_for(1ms);
@@ -455,7 +458,7 @@ TEST_CASE("PostgresStore::pool_stats counts a pool_timeout and its wait", "[metr
     CHECK(s.timeouts == 1);
     CHECK(s.waited == 1);
     CHECK(s.waiters == 0);
-    CHECK(s.wait_time >= 99ms);  // waited until the deadline, pool_wait after it began waiting
-    CHECK(s.waits_within[5] == 0);  // not within 25 ms
+    CHECK(s.wait_time >= 99ms);         // waited until the deadline, pool_wait after it began waiting
+    CHECK(s.waits_within[5] == 0);      // not within 25 ms
     CHECK(s.waits_within.back() == 1);  // within 10 s
 }

@@ -9,8 +9,7 @@ int main() {
     const idem::Key key{"scope", "value"};
     const auto fp = idem::fingerprint(std::string_view{"a"}, 1);
 
-    const auto result =
-        idem::execute_once(store, key, fp, [] { return idem::Response{201, "ok"}; });
+    const auto result = idem::execute_once(store, key, fp, [] { return idem::Response{201, "ok"}; });
     if (result.outcome() != idem::Outcome::executed) {
         std::fprintf(stderr, "idem consumer: unexpected outcome\n");
         return 1;

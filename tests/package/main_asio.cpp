@@ -14,12 +14,13 @@ int main() {
     options.connect_timeout = std::chrono::seconds(2);
     idem::asio::AsyncPostgresStore store(io.get_executor(), "host=127.0.0.1 port=1 dbname=none", options);
     bool ran = false;
-    auto answer = idem::asio::async_execute_once(store, idem::Key{"scope", "value"}, idem::fingerprint("a"),
-                                                 [&] {
-                                                     ran = true;
-                                                     return idem::Response{201, "ok"};
-                                                 },
-                                                 boost::asio::use_future);
+    auto answer = idem::asio::async_execute_once(
+        store, idem::Key{"scope", "value"}, idem::fingerprint("a"),
+        [&] {
+            ran = true;
+            return idem::Response{201, "ok"};
+        },
+        boost::asio::use_future);
     io.run();
     try {
         (void)answer.get();

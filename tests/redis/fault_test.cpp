@@ -26,6 +26,7 @@
 #include "idem/reconciler.hpp"
 #include "idem/redis_store.hpp"
 
+#include <netinet/in.h>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -33,7 +34,6 @@
 #include <latch>
 #include <map>
 #include <mutex>
-#include <netinet/in.h>
 #include <optional>
 #include <string>
 #include <thread>
@@ -385,7 +385,7 @@ TEST_CASE("power-loss shim: kill -9 under appendfsync everysec loses acknowledge
     std::cout << "REDIS-FAULT-FIGURES shim_everysec: acknowledged before the last burst=" << before_burst
               << " + burst=" << acked << ", after restart=" << after << " (lost "
               << static_cast<long long>(before_burst + acked) - after << ")\n";
-    CHECK(after >= 5000);  // the first burst, fsynced, survived
+    CHECK(after >= 5000);                                  // the first burst, fsynced, survived
     CHECK(after <= static_cast<long long>(before_burst));  // the last burst is lost, all of it
 }
 
@@ -432,8 +432,9 @@ CrashRound crash_round(const std::string& appendfsync, const std::string& scope,
 
 }  // namespace
 
-TEST_CASE("kill -9 mid-load with appendfsync always (+ power loss): nothing acknowledged is lost and no effect runs twice",
-          "[redis][fault][crash]") {
+TEST_CASE(
+    "kill -9 mid-load with appendfsync always (+ power loss): nothing acknowledged is lost and no effect runs twice",
+    "[redis][fault][crash]") {
     const CrashRound round = crash_round("always", "crash", [](RedisServer& server, const Load& load) {
         REQUIRE(wait_until([&] { return load.saved() >= 400; }, 120s));
         server.kill9();  // mid-load: calls are in flight
@@ -547,10 +548,12 @@ TEST_CASE("a paused owner past its lease is taken over: its save gets lease_lost
     } join{release_a, a};
     REQUIRE(wait_until([&] { return a_inside.load(); }, 30s));
     // The lease passes by Redis's clock (TIME in the scripts), whatever this machine's load.
-    REQUIRE(wait_until([&] {
-        const auto r = store.read(key);
-        return r && r->state == idem::RecordState::in_progress && r->lease_expired;
-    }, 30s));
+    REQUIRE(wait_until(
+        [&] {
+            const auto r = store.read(key);
+            return r && r->state == idem::RecordState::in_progress && r->lease_expired;
+        },
+        30s));
     // A wakes up: its save must be refused, the record must hold the new owner's result only.
     const auto wake_a = [&](const std::string& new_result) {
         release_a.count_down();
@@ -566,7 +569,8 @@ TEST_CASE("a paused owner past its lease is taken over: its save gets lease_lost
     SECTION("a reconciler takes it and saves the provider's answer") {
         idem::ReconcilerOptions ro;
         ro.scopes = idem::ScopeFilter::exact(scope);
-        idem::Reconciler reconciler(store, [](idem::Reconciliation& r) { r.save(std::string("reconciled")); }, ro);
+        idem::Reconciler reconciler(
+            store, [](idem::Reconciliation& r) { r.save(std::string("reconciled")); }, ro);
         const auto sweep = reconciler.run_once();
         CHECK(sweep.listed == 1);
         CHECK(sweep.taken == 1);
@@ -676,7 +680,6 @@ TEST_CASE("a server whose persistence cannot keep the durability asked for: conf
 }
 
 // ---- WAIT on a replica ---------------------------------------------------------------------------
-
 
 TEST_CASE("wait_replicas = 1: writes succeed; with the replica paused store_unavailable within the WAIT bound",
           "[redis][fault][replica]") {

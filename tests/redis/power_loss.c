@@ -102,8 +102,8 @@ static void resolve(void) {
     real_fdatasync = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
     real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
     real_ftruncate64 = (int (*)(int, off_t))dlsym(RTLD_NEXT, "ftruncate64");
-    real_writev = (ssize_t (*)(int, const struct iovec*, int))dlsym(RTLD_NEXT, "writev");
-    real_write = (ssize_t (*)(int, const void*, size_t))dlsym(RTLD_NEXT, "write"); /* last: the "resolved" mark */
+    real_writev = (ssize_t(*)(int, const struct iovec*, int))dlsym(RTLD_NEXT, "writev");
+    real_write = (ssize_t(*)(int, const void*, size_t))dlsym(RTLD_NEXT, "write"); /* last: the "resolved" mark */
 }
 
 static int is_aof(const char* path) { return path != NULL && strstr(path, "appendonlydir/") != NULL; }
@@ -171,14 +171,14 @@ static int flush(int fd) {
 }
 
 /* The mode argument after `flags`: passed only with O_CREAT or O_TMPFILE. */
-#define MODE_ARG(flags, mode)                      \
-    do {                                           \
-        if ((flags) & (O_CREAT | O_TMPFILE)) {     \
-            va_list ap;                            \
-            va_start(ap, flags);                   \
-            (mode) = (mode_t)va_arg(ap, int);      \
-            va_end(ap);                            \
-        }                                          \
+#define MODE_ARG(flags, mode)                  \
+    do {                                       \
+        if ((flags) & (O_CREAT | O_TMPFILE)) { \
+            va_list ap;                        \
+            va_start(ap, flags);               \
+            (mode) = (mode_t)va_arg(ap, int);  \
+            va_end(ap);                        \
+        }                                      \
     } while (0)
 
 int open64(const char* path, int flags, ...) {

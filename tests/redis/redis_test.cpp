@@ -56,8 +56,7 @@ void refused_with_config_error(idem::RedisStore& store, std::initializer_list<co
         });
         FAIL("no config_error");
     } catch (const idem::config_error& e) {
-        for (const char* word : words)
-            CHECK_THAT(e.what(), Catch::Contains(word));
+        for (const char* word : words) CHECK_THAT(e.what(), Catch::Contains(word));
     }
     CHECK_FALSE(ran);
 }
@@ -241,7 +240,8 @@ TEST_CASE("RedisStore: a key holding something else is corrupt_record, not a cla
     CHECK_FALSE(ran);
     // A hash with a state idem never writes.
     const idem::Key odd("s", "odd");
-    REQUIRE(integer_answer(redis_command(server.socket(), {"HSET", record_key(options.key_prefix, odd), "s", "z"})) == 1);
+    REQUIRE(integer_answer(redis_command(server.socket(), {"HSET", record_key(options.key_prefix, odd), "s", "z"})) ==
+            1);
     CHECK_THROWS_AS(store.read(odd), idem::corrupt_record);
 }
 
@@ -305,8 +305,7 @@ struct Tiered {
           table(idem_test::unique_name("idem_tier")),
           drop(url, table),
           primary(url, primary_options(table)) {
-        if (url.empty())
-            FAIL(idem_test::kNoDatabaseMessage);
+        if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
         primary.ensure_schema();
         cache_options.connection.unix_socket = server.socket();
         cache_options.connection.key_prefix = idem_test::unique_name("c") + ":";
@@ -314,7 +313,8 @@ struct Tiered {
     }
     std::unique_ptr<idem::CachedStore> instance() {
         return std::make_unique<idem::CachedStore>(
-            primary, std::vector<std::shared_ptr<idem::ReplayTier>>{std::make_shared<idem::RedisReplayCache>(cache_options)});
+            primary,
+            std::vector<std::shared_ptr<idem::ReplayTier>>{std::make_shared<idem::RedisReplayCache>(cache_options)});
     }
     std::string url;
     std::string table;
@@ -412,9 +412,8 @@ TEST_CASE("RedisReplayCache: an entry that is not idem's is a miss, answered by 
     auto store = t.instance();
     const idem::Key key("s", "k");
     CHECK(idem::execute_once(*store, key, fp_of("a"), [] { return "real"s; }).outcome() == Outcome::executed);
-    REQUIRE(redis_command(server.socket(),
-                          {"SET", entry_key(t.cache_options.connection.key_prefix, key), "garbage", "PX", "60000"}) ==
-            "+OK");
+    REQUIRE(redis_command(server.socket(), {"SET", entry_key(t.cache_options.connection.key_prefix, key), "garbage",
+                                            "PX", "60000"}) == "+OK");
     const auto r = idem::execute_once(*store, key, fp_of("a"), [] { return "other"s; });
     CHECK(r.outcome() == Outcome::replayed);
     CHECK(r.response() == "real");

@@ -61,13 +61,12 @@ TEST_CASE("RedisStore: a resume-mode takeover tells fn it is attempt 2", "[redis
     CHECK(store.read(key)->attempt == 2);
 }
 
-// Found by review (each case failed before its fix): with wait_replicas > 0 every write is EVALSHA + WAIT in one pipeline. When the
-// script's reply is an error (here OOM: maxmemory reached), script_reply throws before WAIT's
-// answer is read, the connection is not broken, and it goes back to the pool with WAIT's answer
-// still unread. Every later call on it reads the previous call's answer, for good: save_batch
-// statuses are shifted by one (a refused save reported saved, a done one lease_lost), and every
-// claim that Redis granted comes back store_unavailable ("only 0 of 1 replicas"), leaving the key
-// in progress with a fence nobody holds.
+// Found by review (each case failed before its fix): with wait_replicas > 0 every write is EVALSHA + WAIT in one
+// pipeline. When the script's reply is an error (here OOM: maxmemory reached), script_reply throws before WAIT's answer
+// is read, the connection is not broken, and it goes back to the pool with WAIT's answer still unread. Every later call
+// on it reads the previous call's answer, for good: save_batch statuses are shifted by one (a refused save reported
+// saved, a done one lease_lost), and every claim that Redis granted comes back store_unavailable ("only 0 of 1
+// replicas"), leaving the key in progress with a fence nobody holds.
 TEST_CASE("RedisStore: with wait_replicas an error reply leaves no answer unread on a pooled connection",
           "[redis][review][replica]") {
     idem_test::ReplicatedRedis pair;
@@ -155,20 +154,21 @@ TEST_CASE("RedisStore: a server that may evict keys is refused before an evicted
     CHECK(runs == 1);
 }
 
-// Found by review (each case failed before its fix): appendfsync always with no-appendfsync-on-rewrite yes does not fsync while a
-// BGSAVE / AOF rewrite runs (Redis docs: up to 30 s of writes can be lost then), so an acknowledged
-// claim can be lost in a power cut. fsync_always accepts it.
+// Found by review (each case failed before its fix): appendfsync always with no-appendfsync-on-rewrite yes does not
+// fsync while a BGSAVE / AOF rewrite runs (Redis docs: up to 30 s of writes can be lost then), so an acknowledged claim
+// can be lost in a power cut. fsync_always accepts it.
 TEST_CASE("RedisStore: fsync_always refuses no-appendfsync-on-rewrite yes", "[redis][review]") {
     RedisServer server({.extra_args = {"--no-appendfsync-on-rewrite", "yes"}});
     idem::RedisStore store(server.store_options());
     CHECK_THROWS_AS(store.read(idem::Key("review", "k")), idem::config_error);
 }
 
-// Found by review (each case failed before its fix): a member of the in-progress index whose record is gone (evicted, deleted by an
-// operator, FLUSH of part of the keys...) is never removed: list_stale counts it against the limit
-// on every call, forever. `limit` such members at the head of the index (their lease ends are
-// old) starve the reconciler: list_stale(limit) never again lists a real stale key.
-TEST_CASE("RedisStore: a member of the in-progress index without its record is dropped and does not starve list_stale", "[redis][review]") {
+// Found by review (each case failed before its fix): a member of the in-progress index whose record is gone (evicted,
+// deleted by an operator, FLUSH of part of the keys...) is never removed: list_stale counts it against the limit on
+// every call, forever. `limit` such members at the head of the index (their lease ends are old) starve the reconciler:
+// list_stale(limit) never again lists a real stale key.
+TEST_CASE("RedisStore: a member of the in-progress index without its record is dropped and does not starve list_stale",
+          "[redis][review]") {
     RedisServer server;
     idem::RedisStore store(server.store_options());
     const idem::Key ghost("review", "ghost");
@@ -188,10 +188,11 @@ TEST_CASE("RedisStore: a member of the in-progress index without its record is d
     }
 }
 
-// Found by review (each case failed before its fix): the persistence check does not look at the server's role. A replica with
-// replica-read-only no (or any replica the store is pointed at after a failover mix-up) accepts
-// claims that the primary never sees: the same key is claimed once on each, two effects.
-TEST_CASE("RedisStore: a replica is refused as the store's server (a writable one would run an effect twice)", "[redis][review][replica]") {
+// Found by review (each case failed before its fix): the persistence check does not look at the server's role. A
+// replica with replica-read-only no (or any replica the store is pointed at after a failover mix-up) accepts claims
+// that the primary never sees: the same key is claimed once on each, two effects.
+TEST_CASE("RedisStore: a replica is refused as the store's server (a writable one would run an effect twice)",
+          "[redis][review][replica]") {
     idem_test::ReplicatedRedis pair(std::vector<std::string>{"--replica-read-only", "no"});
     RedisServer& primary = pair.primary;
     RedisServer& replica = pair.replica;
@@ -219,7 +220,8 @@ TEST_CASE("RedisStore: a replica is refused as the store's server (a writable on
 // signed 64-bit multiply. Entries are bytes anyone with access to the Redis instance (or an older /
 // newer idem writing another layout under the same magic) can put there; decode should reject
 // them as corrupt (a miss), not invoke UB. Run in a child so UBSan's abort fails only this test.
-TEST_CASE("RedisReplayCache: a cache entry with an out-of-range time field is a miss and no UB", "[redis][review][cache]") {
+TEST_CASE("RedisReplayCache: a cache entry with an out-of-range time field is a miss and no UB",
+          "[redis][review][cache]") {
     RedisServer server({.appendonly = false});
     idem::RedisReplayCacheOptions o;
     o.connection.unix_socket = server.socket();
@@ -241,7 +243,8 @@ TEST_CASE("RedisReplayCache: a cache entry with an out-of-range time field is a 
     std::string bytes = got.substr(got.find('\n') + 1);
     // created_at is the third integer from the end: 2^62 ms.
     const std::uint64_t big = std::uint64_t{1} << 62;
-    for (int i = 0; i < 8; ++i) bytes[bytes.size() - 24 + static_cast<std::size_t>(i)] = static_cast<char>((big >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+        bytes[bytes.size() - 24 + static_cast<std::size_t>(i)] = static_cast<char>((big >> (8 * i)) & 0xff);
     REQUIRE(server.command({"SET", entry, bytes, "PX", "600000"}) == "+OK");
 
     const pid_t child = ::fork();
@@ -258,10 +261,10 @@ TEST_CASE("RedisReplayCache: a cache entry with an out-of-range time field is a 
     CHECK(WEXITSTATUS(status) == 0);
 }
 
-// Found by review (each case failed before its fix): a hash idem did not write (documented: corrupt_record) makes the claim
-// script itself fail (Lua compares a missing 'e' with a number: "attempt to compare nil with
-// number"), which comes back as database_error, not corrupt_record. The scripts should check the
-// fields they compare (or the C++ side map script errors on a record to corrupt_record).
+// Found by review (each case failed before its fix): a hash idem did not write (documented: corrupt_record) makes the
+// claim script itself fail (Lua compares a missing 'e' with a number: "attempt to compare nil with number"), which
+// comes back as database_error, not corrupt_record. The scripts should check the fields they compare (or the C++ side
+// map script errors on a record to corrupt_record).
 TEST_CASE("RedisStore: a completed hash without its expiry is corrupt_record", "[redis][review]") {
     RedisServer server;
     idem::RedisStore store(server.store_options());
@@ -309,14 +312,18 @@ TEST_CASE("RedisStore: list_stale finds a matching key behind 600 stale keys of 
     RedisServer server({.appendonly = false});
     idem::RedisStore store(server.store_options());
     for (int i = 0; i < 600; ++i) {
-        REQUIRE(store.claim(idem::Key("acct_1", "k" + std::to_string(i)), idem::fingerprint("x"s),
-                            idem::ClaimOptions{.lease = 1ms}).status == idem::ClaimStatus::claimed);
+        REQUIRE(store
+                    .claim(idem::Key("acct_1", "k" + std::to_string(i)), idem::fingerprint("x"s),
+                           idem::ClaimOptions{.lease = 1ms})
+                    .status == idem::ClaimStatus::claimed);
     }
     std::this_thread::sleep_for(5ms);
-    REQUIRE(store.claim(idem::Key("acct_10:x", "late"), idem::fingerprint("y"s), idem::ClaimOptions{.lease = 1ms})
-                .status == idem::ClaimStatus::claimed);
-    REQUIRE(store.claim(idem::Key("acct_2", "late"), idem::fingerprint("y"s), idem::ClaimOptions{.lease = 1ms})
-                .status == idem::ClaimStatus::claimed);
+    REQUIRE(
+        store.claim(idem::Key("acct_10:x", "late"), idem::fingerprint("y"s), idem::ClaimOptions{.lease = 1ms}).status ==
+        idem::ClaimStatus::claimed);
+    REQUIRE(
+        store.claim(idem::Key("acct_2", "late"), idem::fingerprint("y"s), idem::ClaimOptions{.lease = 1ms}).status ==
+        idem::ClaimStatus::claimed);
     std::this_thread::sleep_for(20ms);
     const auto exact = store.list_stale(5, idem::ScopeFilter::exact("acct_2"));
     REQUIRE(exact.size() == 1);

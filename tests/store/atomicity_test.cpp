@@ -5,27 +5,27 @@
 // the library says about itself. Also: a store in a fork()ed child, permanent misconfigurations,
 // and a store called from inside its own in-transaction effect. (In-transaction mode after a
 // restart: disruptive_test.cpp.) Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
-#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "store_env.hpp"
 #include "threads.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
-#include <fstream>
-#include <sstream>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -38,8 +38,7 @@ namespace {
 
 std::string require_db() {
     const auto url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
     return url;
 }
 
@@ -89,9 +88,9 @@ public:
         admin_.exec("REVOKE ALL ON " + table_ + " FROM " + role_);
         admin_.exec("GRANT INSERT, UPDATE, DELETE ON " + table_ + " TO " + role_);
         std::string columns;
-        for (const char* c : {"scope", "key", "state", "fingerprint", "fingerprint_alg", "fence", "attempt",
-                              "result", "phase", "phase_data", "waiters", "created_at", "lease_until",
-                              "completed_at", "expires_at"}) {
+        for (const char* c :
+             {"scope", "key", "state", "fingerprint", "fingerprint_alg", "fence", "attempt", "result", "phase",
+              "phase_data", "waiters", "created_at", "lease_until", "completed_at", "expires_at"}) {
             if (c == column) continue;
             columns += (columns.empty() ? "" : ", ") + std::string(c);
         }
@@ -102,13 +101,14 @@ public:
     /// statement whose text starts with SELECT — idem's record reads, not its INSERT/UPDATE/DELETE
     /// … RETURNING (whose rows pass the same policy with another statement text).
     void gate_reads(const std::string& body) {
-        admin_.exec("CREATE FUNCTION " + table_ + "_gate() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN "
-                    "IF current_query() LIKE 'SELECT%' THEN " + body + " END IF; RETURN true; END $$");
+        admin_.exec("CREATE FUNCTION " + table_ +
+                    "_gate() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF current_query() LIKE 'SELECT%' THEN " +
+                    body + " END IF; RETURN true; END $$");
         admin_.exec("ALTER TABLE " + table_ + " ENABLE ROW LEVEL SECURITY");
         admin_.exec("ALTER TABLE " + table_ + " FORCE ROW LEVEL SECURITY");
         admin_.exec("CREATE POLICY everything ON " + table_ + " FOR ALL USING (true) WITH CHECK (true)");
-        admin_.exec("CREATE POLICY gate ON " + table_ + " AS RESTRICTIVE FOR SELECT USING (" + table_ +
-                    "_gate())");
+        admin_.exec("CREATE POLICY gate ON " + table_ + " AS RESTRICTIVE FOR SELECT USING (" + table_ + "_gate())");
     }
 
     [[nodiscard]] std::string role_url() const { return url_ + " user=" + role_; }
@@ -137,10 +137,11 @@ private:
 
 /// Runs execute_once, counting how often the effect ran (outside the library).
 Outcome run(idem::IdempotencyStore& store, const idem::Key& key, std::atomic<int>& effects) {
-    return idem::execute_once(store, key, fp_of(1), [&] {
-               ++effects;
-               return Response{201, "charged"};
-           })
+    return idem::execute_once(store, key, fp_of(1),
+                              [&] {
+                                  ++effects;
+                                  return Response{201, "charged"};
+                              })
         .outcome();
 }
 
@@ -153,8 +154,7 @@ void check_one_prefix(const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("a claim whose record read is refused is never claimed (no SELECT on one column)",
-          "[postgres][atomicity]") {
+TEST_CASE("a claim whose record read is refused is never claimed (no SELECT on one column)", "[postgres][atomicity]") {
     Fixture fx(require_db());
     fx.grant_all_but_select_of("phase_data");
     idem::PostgresStore store(fx.role_url(), idem_test::env_options(fx.options()));
@@ -229,7 +229,8 @@ TEST_CASE("a claim whose COMMIT fails (deferred constraint) reports the database
     IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
-    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    fx.admin().exec("CREATE FUNCTION " + fx.table() +
+                    "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                     "RAISE EXCEPTION 'refused at commit' USING ERRCODE = 'check_violation'; END $$");
     fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON " + fx.table() +
                     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fx.table() + "_gate()");
@@ -266,9 +267,11 @@ TEST_CASE("a cancel storm against the store's backends: every claimed answer has
     std::thread canceller([&] {
         PgConn admin(fx.url());
         while (!stop) {
-            cancels += admin.exec("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
-                                  "WHERE application_name = $1 AND state = 'active'",
-                                  {options.application_name})
+            cancels += admin
+                           .exec(
+                               "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                               "WHERE application_name = $1 AND state = 'active'",
+                               {options.application_name})
                            .rows();
         }
     });
@@ -309,9 +312,10 @@ TEST_CASE("a cancel storm against the store's backends: every claimed answer has
         }
     }
     CHECK(static_cast<long long>(claimed.size()) == fx.rows());  // no row that nobody was told about
-    std::printf("ATOMICITY-FIGURES cancel storm: %d threads x %d keys, %lld cancels sent, %d answers, "
-                "%d store_unavailable, %zu keys claimed, %d anomalies\n",
-                kThreads, kKeys, cancels.load(), answered.load(), unavailable.load(), claimed.size(), anomalies);
+    std::printf(
+        "ATOMICITY-FIGURES cancel storm: %d threads x %d keys, %lld cancels sent, %d answers, "
+        "%d store_unavailable, %zu keys claimed, %d anomalies\n",
+        kThreads, kKeys, cancels.load(), answered.load(), unavailable.load(), claimed.size(), anomalies);
 }
 
 TEST_CASE("in-transaction mode: a claim whose read is refused never runs the effect",
@@ -479,8 +483,9 @@ TEST_CASE("several hosts: config_error only when every host refuses for good", "
     // (libpq stops at the first host that answers with a refusal; hosts before it that could not be
     // reached are in its message too)
     SECTION("the first host is down (restarting), the second says no such database: an outage") {
-        idem::PostgresStore store(url + " host=/nonexistent-idem-dir," + host + " port=1," + port + " dbname=" +
-                                      nosuchdb, idem_test::env_options(o));
+        idem::PostgresStore store(
+            url + " host=/nonexistent-idem-dir," + host + " port=1," + port + " dbname=" + nosuchdb,
+            idem_test::env_options(o));
         CHECK_THROWS_AS(run(store, key, effects), idem::store_unavailable);
         try {
             (void)run(store, key, effects);
@@ -490,8 +495,9 @@ TEST_CASE("several hosts: config_error only when every host refuses for good", "
         }
     }
     SECTION("the first host says no such database: config_error") {
-        idem::PostgresStore store(url + " host=" + host + "," + host + " port=" + port + "," + port +
-                                      " dbname=" + nosuchdb, idem_test::env_options(o));
+        idem::PostgresStore store(
+            url + " host=" + host + "," + host + " port=" + port + "," + port + " dbname=" + nosuchdb,
+            idem_test::env_options(o));
         try {
             (void)run(store, key, effects);
             FAIL("no error");
@@ -502,8 +508,7 @@ TEST_CASE("several hosts: config_error only when every host refuses for good", "
     CHECK(effects == 0);
 }
 
-TEST_CASE("a backend terminated while a new connection prepares: retried on a fresh connection",
-          "[postgres][errors]") {
+TEST_CASE("a backend terminated while a new connection prepares: retried on a fresh connection", "[postgres][errors]") {
     Fixture fx(require_db());
     fx.grant_all();
     auto options = fx.options(2);
@@ -526,9 +531,10 @@ TEST_CASE("a backend terminated while a new connection prepares: retried on a fr
     // The store's first connection is preparing its statements, blocked on the lock: end it.
     long long killed = 0;
     for (int i = 0; i < 1000 && killed == 0; ++i) {
-        killed = fx.admin().scalar("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                                   "WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                                   {options.application_name});
+        killed = fx.admin().scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            {options.application_name});
         if (killed == 0) std::this_thread::sleep_for(10ms);
     }
     locker.exec("COMMIT");
@@ -541,9 +547,10 @@ TEST_CASE("a backend terminated while a new connection prepares: retried on a fr
     CHECK(store.stats().retries >= 1);
 }
 
-TEST_CASE("fork(): a child cannot use the parent's store, and destroying it there neither hangs nor "
-          "closes the parent's sessions",
-          "[postgres][fork]") {
+TEST_CASE(
+    "fork(): a child cannot use the parent's store, and destroying it there neither hangs nor "
+    "closes the parent's sessions",
+    "[postgres][fork]") {
     Fixture fx(require_db());
     fx.grant_all();
     auto options = fx.options(2);
@@ -552,9 +559,11 @@ TEST_CASE("fork(): a child cannot use the parent's store, and destroying it ther
     std::atomic<int> effects{0};
     REQUIRE(run(*store, idem::Key(scope, "before"), effects) == Outcome::executed);
     const auto backend_pids = [&] {
-        return fx.admin().exec("SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity "
-                               "WHERE application_name = $1",
-                               {options.application_name})
+        return fx.admin()
+            .exec(
+                "SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity "
+                "WHERE application_name = $1",
+                {options.application_name})
             .text(0, 0);
     };
     const std::string before = backend_pids();
@@ -610,19 +619,23 @@ void fail_commit(Fixture& fx, const std::string& sqlstate, const std::string& ke
     fx.admin().exec("CREATE SEQUENCE " + fx.table() + "_gate_seq OWNED BY " + fx.table() + ".fence");
     fx.admin().exec("GRANT USAGE ON SEQUENCE " + fx.table() + "_gate_seq TO " + fx.role());
     const std::string when = key.empty() ? "true" : "NEW.key = '" + key + "'";
-    const std::string budget = times < 0 ? "true" : "nextval('" + fx.table() + "_gate_seq') <= " + std::to_string(times);
-    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                    "IF " + when + " AND " + budget + " THEN RAISE EXCEPTION 'refused at commit' USING ERRCODE = '" +
-                    sqlstate + "'; END IF; RETURN NULL; END $$");
+    const std::string budget =
+        times < 0 ? "true" : "nextval('" + fx.table() + "_gate_seq') <= " + std::to_string(times);
+    fx.admin().exec("CREATE FUNCTION " + fx.table() +
+                    "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "IF " +
+                    when + " AND " + budget + " THEN RAISE EXCEPTION 'refused at commit' USING ERRCODE = '" + sqlstate +
+                    "'; END IF; RETURN NULL; END $$");
     fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT OR UPDATE ON " + fx.table() +
                     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fx.table() + "_gate()");
 }
 
 }  // namespace
 
-TEST_CASE("claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
-          "nothing claimed, the connection stays in step",
-          "[postgres][atomicity][batch]") {
+TEST_CASE(
+    "claim_batch whose INSERT cannot commit (one key refused at COMMIT): the database's error, "
+    "nothing claimed, the connection stays in step",
+    "[postgres][atomicity][batch]") {
     IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
@@ -713,7 +726,8 @@ TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back,
     fx.admin().exec("CREATE TABLE " + side + " (id int)");
     fx.admin().exec("GRANT INSERT, SELECT ON " + side + " TO " + fx.role());
     // Refused at COMMIT, once the save made the row completed (the claim's INSERT passes).
-    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    fx.admin().exec("CREATE FUNCTION " + fx.table() +
+                    "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                     "IF NEW.state = 'completed' THEN RAISE EXCEPTION 'refused at commit' USING ERRCODE = "
                     "'check_violation'; END IF; RETURN NULL; END $$");
     fx.admin().exec("CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT OR UPDATE ON " + fx.table() +
@@ -738,9 +752,10 @@ TEST_CASE("in-transaction mode whose COMMIT fails: effect and claim rolled back,
     fx.admin().exec("DROP TABLE " + side);
 }
 
-TEST_CASE("fork() inside an in-transaction effect: the child going on never speaks on the parent's "
-          "session",
-          "[postgres][fork][transaction]") {
+TEST_CASE(
+    "fork() inside an in-transaction effect: the child going on never speaks on the parent's "
+    "session",
+    "[postgres][fork][transaction]") {
     Fixture fx(require_db());
     fx.grant_all();
     const std::string side = fx.table() + "_side";
@@ -784,13 +799,12 @@ TEST_CASE("fork() inside an in-transaction effect: the child going on never spea
     CHECK(fx.admin().scalar("SELECT count(*) FROM " + side) == 1);
     CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() + " WHERE state = 'completed'") == 1);
     // The stored response is the parent's (the child's would mean the child committed it).
-    CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() +
-                            " WHERE position('parent'::bytea in result) > 0") == 1);
+    CHECK(fx.admin().scalar("SELECT count(*) FROM " + fx.table() + " WHERE position('parent'::bytea in result) > 0") ==
+          1);
     fx.admin().exec("DROP TABLE " + side);
 }
 
-TEST_CASE("a malformed conninfo is a permanent misconfiguration (config_error), not an outage",
-          "[postgres][errors]") {
+TEST_CASE("a malformed conninfo is a permanent misconfiguration (config_error), not an outage", "[postgres][errors]") {
     const auto url = require_db();
     std::atomic<int> effects{0};
     const auto key = idem::Key(idem_test::unique_name("conninfo"), "k1");
@@ -808,9 +822,10 @@ TEST_CASE("a malformed conninfo is a permanent misconfiguration (config_error), 
     CHECK(effects == 0);
 }
 
-TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is an outage, a "
-          "connection pg_hba.conf rejects is config_error",
-          "[postgres][errors]") {
+TEST_CASE(
+    "pg_hba.conf verdicts: an authentication server that is down (LDAP) is an outage, a "
+    "connection pg_hba.conf rejects is config_error",
+    "[postgres][errors]") {
     const auto url = require_db();
     // ldap: nothing listens on 127.0.0.1:9, the LDAP server is "down" (heals when it is back).
     // reject: the server's configuration refuses the role for good.
@@ -880,9 +895,10 @@ TEST_CASE("pg_hba.conf verdicts: an authentication server that is down (LDAP) is
     CHECK(effects == 0);
 }
 
-TEST_CASE("claim_batch that throws after taking over a stale key does not delete that key's record "
-          "(the earlier attempt's outcome is unknown)",
-          "[postgres][atomicity][batch]") {
+TEST_CASE(
+    "claim_batch that throws after taking over a stale key does not delete that key's record "
+    "(the earlier attempt's outcome is unknown)",
+    "[postgres][atomicity][batch]") {
     IDEM_NOT_ON_CITUS("its fault is a trigger on the table (and a sequence owned by it)");
     Fixture fx(require_db());
     fx.grant_all();
@@ -903,7 +919,8 @@ TEST_CASE("claim_batch that throws after taking over a stale key does not delete
     }
     fx.admin().exec("UPDATE " + fx.table() + " SET expires_at = now() - interval '1 second' WHERE key = 'b'");
     // Re-claiming "b" fails (any error after the take-over of "a" will do).
-    fx.admin().exec("CREATE FUNCTION " + fx.table() + "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    fx.admin().exec("CREATE FUNCTION " + fx.table() +
+                    "_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                     "IF OLD.key = 'b' AND NEW.state = 'in_progress' THEN RAISE EXCEPTION 'boom' USING ERRCODE = "
                     "'XX000'; END IF; RETURN NEW; END $$");
     fx.admin().exec("CREATE TRIGGER gate BEFORE UPDATE ON " + fx.table() + " FOR EACH ROW EXECUTE FUNCTION " +
@@ -924,9 +941,10 @@ TEST_CASE("claim_batch that throws after taking over a stale key does not delete
     CHECK(effects == 0);
 }
 
-TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
-          "has its committed row, no key claimed twice, effect and record commit together",
-          "[postgres][atomicity]") {
+TEST_CASE(
+    "cancel and terminate storms on claim_batch and in-transaction mode: every claimed answer "
+    "has its committed row, no key claimed twice, effect and record commit together",
+    "[postgres][atomicity]") {
     IDEM_NOT_ON_CITUS("its fault is a row-level security policy calling a function");
     Fixture fx(require_db());
     fx.grant_all();
@@ -947,16 +965,18 @@ TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: e
     std::thread storm([&] {
         PgConn admin(fx.url());
         while (!stop) {
-            hits += admin.exec("SELECT " + how + "(pid) FROM pg_stat_activity WHERE application_name = $1 AND "
-                               "state = 'active'",
-                               {options.application_name})
+            hits += admin
+                        .exec("SELECT " + how +
+                                  "(pid) FROM pg_stat_activity WHERE application_name = $1 AND "
+                                  "state = 'active'",
+                              {options.application_name})
                         .rows();
             std::this_thread::sleep_for(1ms);
         }
     });
     std::mutex mutex;
     std::map<std::string, std::vector<idem::Fence>> claimed;  // batch: key → fences answered claimed
-    std::map<std::string, int> executed;                       // transaction: key → executed answers
+    std::map<std::string, int> executed;                      // transaction: key → executed answers
     std::atomic<int> errors{0};
     idem_test::run_threads(kThreads, [&](int t) {
         for (int i = 0; i < kKeys; i += 4) {
@@ -978,8 +998,8 @@ TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: e
                 } else {
                     for (const auto& key : keys) {
                         try {
-                            const auto r = idem::execute_once_in_transaction(
-                                store, key, fp_of(1), [&](idem::Transaction& tx) {
+                            const auto r =
+                                idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
                                     tx.exec("INSERT INTO " + side + " VALUES ($1)", {key.value()});
                                     return Response{201, "ok"};
                                 });
@@ -1015,9 +1035,9 @@ TEST_CASE("cancel and terminate storms on claim_batch and in-transaction mode: e
         // The effect's row and the completed record exist together or not at all, once per key.
         CHECK(fx.admin().scalar("SELECT count(*) FROM (SELECT key FROM " + side +
                                 " GROUP BY key HAVING count(*) > 1) d") == 0);
-        CHECK(fx.admin().scalar("SELECT count(*) FROM " + side + " s FULL JOIN " + fx.table() +
-                                " t ON t.key = s.key AND t.state = 'completed' WHERE (s.key IS NULL) <> (t.key IS NULL)") ==
-              0);
+        CHECK(fx.admin().scalar(
+                  "SELECT count(*) FROM " + side + " s FULL JOIN " + fx.table() +
+                  " t ON t.key = s.key AND t.state = 'completed' WHERE (s.key IS NULL) <> (t.key IS NULL)") == 0);
         for (const auto& [k, n] : executed) {
             CHECK(fx.admin().scalar("SELECT count(*) FROM " + side + " WHERE key = $1", {k}) == 1);
         }

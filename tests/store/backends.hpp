@@ -12,8 +12,8 @@
 // RedisReplayCache in front of a PostgresStore on a private table.
 #pragma once
 
-#include "store_env.hpp"
 #include "idem/idem.hpp"
+#include "store_env.hpp"
 #include "test_env.hpp"
 
 #include <atomic>
@@ -23,8 +23,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 #if defined(IDEM_CONTRACT_POSTGRES) || defined(IDEM_CONTRACT_ASYNC) || defined(IDEM_CONTRACT_TIERED)
 #include "pg.hpp"
 #endif
@@ -70,9 +70,7 @@ struct BlockingCalls {
 };
 
 /// A scope nobody else uses (unique within this process; the table is private to it anyway).
-inline std::string fresh_scope(const std::string& what) {
-    return unique_name("scope") + ":" + what;
-}
+inline std::string fresh_scope(const std::string& what) { return unique_name("scope") + ":" + what; }
 
 class MemoryBackend : public BlockingCalls {
 public:
@@ -130,12 +128,10 @@ private:
 /// is throwaway) once the backend's stores are gone.
 struct PrivateTable {
     explicit PrivateTable(const std::string& prefix) : conninfo(database_url()), name(unique_name(prefix)) {
-        if (conninfo.empty())
-            FAIL(kNoDatabaseMessage);
+        if (conninfo.empty()) FAIL(kNoDatabaseMessage);
     }
     void drop() const noexcept {
-        if (!created)
-            return;
+        if (!created) return;
         try {
             PgConn conn(conninfo);
             conn.exec("DROP TABLE IF EXISTS " + name);
@@ -171,7 +167,7 @@ public:
     PostgresBackend() : table_("idem_t") {}
 
     ~PostgresBackend() {
-        stores_.clear(); // close every pooled connection before dropping the table
+        stores_.clear();  // close every pooled connection before dropping the table
         table_.drop();
     }
 
@@ -179,8 +175,8 @@ public:
     PostgresBackend& operator=(const PostgresBackend&) = delete;
 
     idem::IdempotencyStore& make(const StoreConfig& config = {}) {
-        auto store = std::make_unique<idem::PostgresStore>(
-            table_.conninfo, contract_options(table_.name, config, "idem_contract_test"));
+        auto store = std::make_unique<idem::PostgresStore>(table_.conninfo,
+                                                           contract_options(table_.name, config, "idem_contract_test"));
         if (!table_.created) {
             store->ensure_schema();
             table_.created = true;
@@ -259,11 +255,10 @@ public:
     static constexpr bool shares_data = true;
     static constexpr bool replays_from_cache = false;
 
-    AsyncPostgresBackend()
-        : table_("idem_ta"), work_(io_.get_executor()), runner_([this] { io_.run(); }) {}
+    AsyncPostgresBackend() : table_("idem_ta"), work_(io_.get_executor()), runner_([this] { io_.run(); }) {}
 
     ~AsyncPostgresBackend() {
-        stores_.clear(); // every call made through them has completed (the suite waits for each)
+        stores_.clear();  // every call made through them has completed (the suite waits for each)
         work_.reset();
         runner_.join();
         effects_.join();
@@ -333,4 +328,4 @@ private:
 };
 #endif
 
-} // namespace idem_test
+}  // namespace idem_test

@@ -60,7 +60,7 @@ bool mentions(const std::vector<std::string>& warnings, const std::string& what)
     return false;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("without Citus: inspect() says so and distribute() refuses clearly", "[postgres][citus]") {
     if (citus_run()) {
@@ -128,8 +128,7 @@ TEST_CASE("Citus: inspect() sees the distribution; distribute() is idempotent an
     CHECK(admin.scalar("SELECT count(*) FROM pg_indexes WHERE indexname = $1", {index}) == 1);
 }
 
-TEST_CASE("Citus: distribute() a local table, then batches and the single-key path on it",
-          "[postgres][citus]") {
+TEST_CASE("Citus: distribute() a local table, then batches and the single-key path on it", "[postgres][citus]") {
     if (!citus_run()) {
         SUCCEED("not a Citus run (scripts/citus-check.sh runs this)");
         return;

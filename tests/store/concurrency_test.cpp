@@ -6,16 +6,17 @@
 // The effect records itself in an `effects` table in PostgreSQL over its own connection, so
 // "exactly once" is checked outside the store under test, not only by counters in this process.
 // Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
-#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
 #include "race_run.hpp"
+#include "store_env.hpp"
 #if defined(IDEM_CONCURRENCY_REDIS) || defined(IDEM_CONCURRENCY_TIERED)
 #include "idem/redis_replay_cache.hpp"
 #include "idem/redis_store.hpp"
 #include "redis_server.hpp"
 #endif
 
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -30,7 +31,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -70,8 +70,7 @@ struct StoreUnderTest {
     StoreUnderTest(StoreUnderTest&&) = default;
     StoreUnderTest& operator=(StoreUnderTest&&) = delete;
     ~StoreUnderTest() {
-        while (!parts.empty())
-            parts.pop_back();
+        while (!parts.empty()) parts.pop_back();
     }
 };
 
@@ -109,7 +108,7 @@ StoreUnderTest make_store(const std::string& url, const Tables& tables, std::siz
     cache.connection.pool_size = pool_size;
     auto cached = std::make_shared<idem::CachedStore>(
         *primary, std::vector<std::shared_ptr<idem::ReplayTier>>{std::make_shared<idem::ReplayCache>(),
-                                                                  std::make_shared<idem::RedisReplayCache>(cache)});
+                                                                 std::make_shared<idem::RedisReplayCache>(cache)});
     made.store = cached.get();
     made.parts.push_back(cached);
 #endif
@@ -133,25 +132,22 @@ long long completed_records(PgConn& admin, const Tables& tables, idem::Idempoten
 #else
     (void)store;
     (void)values;
-    return admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1 AND state = 'completed'",
-                        {scope});
+    return admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1 AND state = 'completed'", {scope});
 #endif
 }
 
-void insert_effect(PgConn& conn, const std::string& table, const std::string& scope,
-                   const std::string& key, int tid) {
+void insert_effect(PgConn& conn, const std::string& table, const std::string& scope, const std::string& key, int tid) {
     conn.exec("INSERT INTO " + table + " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
               {scope, key, std::to_string(::getpid()), std::to_string(tid)});
 }
 
 void rethrow_first(const std::vector<std::exception_ptr>& errors) {
     for (const auto& e : errors) {
-        if (e)
-            std::rethrow_exception(e);
+        if (e) std::rethrow_exception(e);
     }
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("64 threads, one key, one start: the effect runs exactly once", "[concurrency]") {
     const auto url = require_db();
@@ -167,7 +163,7 @@ TEST_CASE("64 threads, one key, one start: the effect runs exactly once", "[conc
     std::latch ready(kThreads);
     std::mutex mutex;
     std::vector<idem::Outcome> outcomes;
-    std::vector<std::string> bodies; // replayed bodies
+    std::vector<std::string> bodies;  // replayed bodies
     std::optional<Response> executed;
     std::vector<std::exception_ptr> errors(kThreads);
     std::vector<std::thread> threads;
@@ -179,24 +175,20 @@ TEST_CASE("64 threads, one key, one start: the effect runs exactly once", "[conc
                     ++runs;
                     PgConn conn(url);
                     insert_effect(conn, tables.effects, scope, key.value(), t);
-                    std::this_thread::sleep_for(20ms); // let the others pile up on the key
-                    return Response{201,
-                                    "charged by thread " + std::to_string(t) + "\0!"s,
-                                    {{"X-Thread", std::to_string(t)}}};
+                    std::this_thread::sleep_for(20ms);  // let the others pile up on the key
+                    return Response{
+                        201, "charged by thread " + std::to_string(t) + "\0!"s, {{"X-Thread", std::to_string(t)}}};
                 });
                 std::lock_guard lock(mutex);
                 outcomes.push_back(r.outcome());
-                if (r.outcome() == Outcome::executed)
-                    executed = r.response();
-                if (r.outcome() == Outcome::replayed)
-                    bodies.push_back(idem::codec<Response>::encode(r.response()));
+                if (r.outcome() == Outcome::executed) executed = r.response();
+                if (r.outcome() == Outcome::replayed) bodies.push_back(idem::codec<Response>::encode(r.response()));
             } catch (...) {
                 errors[static_cast<std::size_t>(t)] = std::current_exception();
             }
         });
     }
-    for (auto& th : threads)
-        th.join();
+    for (auto& th : threads) th.join();
     rethrow_first(errors);
 
     CHECK(runs == 1);
@@ -207,8 +199,7 @@ TEST_CASE("64 threads, one key, one start: the effect runs exactly once", "[conc
           kThreads - 1);
     REQUIRE(executed.has_value());
     const auto stored = idem::codec<Response>::encode(*executed);
-    for (const auto& body : bodies)
-        CHECK(body == stored);
+    for (const auto& body : bodies) CHECK(body == stored);
 
     PgConn admin(url);
     CHECK(admin.scalar("SELECT count(*) FROM " + tables.effects) == 1);
@@ -247,7 +238,7 @@ TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concur
     for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
             try {
-                PgConn conn(url); // this thread's connection for its effects
+                PgConn conn(url);  // this thread's connection for its effects
                 std::vector<int> order(kKeys);
                 std::iota(order.begin(), order.end(), 0);
                 std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
@@ -262,21 +253,15 @@ TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concur
                         return "key " + std::to_string(k) + " done by thread " + std::to_string(t);
                     });
                     switch (r.outcome()) {
-                    case Outcome::executed: {
-                        ++executed;
-                        std::lock_guard lock(mutex);
-                        executed_body[k] = r.response();
-                        break;
-                    }
-                    case Outcome::replayed:
-                        mine.emplace_back(k, r.response());
-                        break;
-                    case Outcome::in_progress:
-                        ++in_progress;
-                        break;
-                    case Outcome::mismatch:
-                        ++mismatched;
-                        break;
+                        case Outcome::executed: {
+                            ++executed;
+                            std::lock_guard lock(mutex);
+                            executed_body[k] = r.response();
+                            break;
+                        }
+                        case Outcome::replayed: mine.emplace_back(k, r.response()); break;
+                        case Outcome::in_progress: ++in_progress; break;
+                        case Outcome::mismatch: ++mismatched; break;
                     }
                 }
             } catch (...) {
@@ -284,8 +269,7 @@ TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concur
             }
         });
     }
-    for (auto& th : threads)
-        th.join();
+    for (auto& th : threads) th.join();
     rethrow_first(errors);
 
     CHECK(executed == kKeys);
@@ -293,8 +277,7 @@ TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concur
     CHECK(executed_body.size() == static_cast<std::size_t>(kKeys));
     int multi = 0;
     for (int k = 0; k < kKeys; ++k) {
-        if (runs[static_cast<std::size_t>(k)] != 1)
-            ++multi;
+        if (runs[static_cast<std::size_t>(k)] != 1) ++multi;
     }
     CHECK(multi == 0);
     std::size_t replayed = 0;
@@ -302,13 +285,11 @@ TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concur
     for (const auto& mine : replays) {
         for (const auto& [k, body] : mine) {
             ++replayed;
-            if (body != executed_body[k])
-                ++wrong_bytes;
+            if (body != executed_body[k]) ++wrong_bytes;
         }
     }
     CHECK(wrong_bytes == 0);
-    CHECK(replayed + static_cast<std::size_t>(in_progress.load()) +
-              static_cast<std::size_t>(kKeys) ==
+    CHECK(replayed + static_cast<std::size_t>(in_progress.load()) + static_cast<std::size_t>(kKeys) ==
           static_cast<std::size_t>(kThreads) * kKeys);
     INFO("replayed " << replayed << ", in_progress " << in_progress.load());
 
@@ -318,24 +299,21 @@ TEST_CASE("64 threads over 1,000 keys: each key's effect exactly once", "[concur
     CHECK(admin.scalar("SELECT count(*) FROM (SELECT key FROM " + tables.effects +
                        " GROUP BY key HAVING count(*) > 1) d") == 0);
     std::vector<std::string> values;
-    for (int k = 0; k < kKeys; ++k)
-        values.push_back("k" + std::to_string(k));
+    for (int k = 0; k < kKeys; ++k) values.push_back("k" + std::to_string(k));
     CHECK(completed_records(admin, tables, store, scope, values) == kKeys);
     CHECK(store.stats().claims_won == kKeys);
 }
 
-TEST_CASE("4 processes x 8 threads race on 200 keys: one effect row per key",
-          "[concurrency][processes]") {
+TEST_CASE("4 processes x 8 threads race on 200 keys: one effect row per key", "[concurrency][processes]") {
     const auto url = require_db();
     Tables tables(url);
-    const auto store = make_store(url, tables, 1); // the schema; the workers make it again, all at once
+    const auto store = make_store(url, tables, 1);  // the schema; the workers make it again, all at once
     constexpr int kProcesses = 4;
     constexpr int kKeys = 200;
     constexpr int kThreads = 8;
     // What the database says happened (one effect row per key, and whose) and what the processes
     // say happened must agree, and the outcomes add up.
-    const auto ran =
-        race::run_race(IDEM_RACE_WORKER, tables, "procs", kProcesses, kKeys, kThreads, 1500ms);
+    const auto ran = race::run_race(IDEM_RACE_WORKER, tables, "procs", kProcesses, kKeys, kThreads, 1500ms);
     PgConn admin(url);
 #if defined(IDEM_CONCURRENCY_REDIS)
     race::check_race(admin, tables, ran, kKeys, kThreads, store.get());

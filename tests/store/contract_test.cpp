@@ -4,15 +4,15 @@
 // idem_contract_postgres (PostgresStore), idem_contract_async (idem::asio::AsyncPostgresStore,
 // execute_once through async_execute_once), idem_contract_redis (RedisStore) and
 // idem_contract_tiered (CachedStore with a ReplayCache and a RedisReplayCache in front of
-// PostgresStore); the PostgreSQL ones need IDEM_TEST_DATABASE_URL, see scripts/with-postgres.sh. Every execute_once goes through the backend (backends.hpp):
-// backend.execute_once(store, key, fp, fn).
+// PostgresStore); the PostgreSQL ones need IDEM_TEST_DATABASE_URL, see scripts/with-postgres.sh. Every execute_once
+// goes through the backend (backends.hpp): backend.execute_once(store, key, fp, fn).
 #include "backends.hpp"
 #include "idem/idem.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -57,15 +57,12 @@ Response charge_response(const std::string& id) {
                     {{"Content-Type", "application/json"}, {"Location", "/charges/" + id}}};
 }
 
-idem::Fingerprint charge_fp(std::int64_t amount = 25000) {
-    return idem::fingerprint("POST /charges"s, amount, "BRL"s);
-}
+idem::Fingerprint charge_fp(std::int64_t amount = 25000) { return idem::fingerprint("POST /charges"s, amount, "BRL"s); }
 
 std::string random_bytes(std::size_t n, unsigned seed) {
     std::mt19937 rng(seed);
     std::string s(n, '\0');
-    for (auto& c : s)
-        c = static_cast<char>(rng() & 0xFF);
+    for (auto& c : s) c = static_cast<char>(rng() & 0xFF);
     return s;
 }
 
@@ -86,14 +83,14 @@ struct ProviderTimeout : std::runtime_error {
 
 /// A not_performed subclass carrying the caller's own data.
 struct Declined : idem::not_performed {
-    explicit Declined(std::string reason)
-        : idem::not_performed("declined: " + reason), why(std::move(reason)) {}
+    explicit Declined(std::string reason) : idem::not_performed("declined: " + reason), why(std::move(reason)) {}
     std::string why;
 };
 
-} // namespace
+}  // namespace
 
-template <> struct idem::codec<Receipt> {
+template <>
+struct idem::codec<Receipt> {
     static std::string encode(const Receipt& r) {
         std::string out = r.charge_id;
         out += '\0';
@@ -120,8 +117,7 @@ template <> struct idem::codec<Receipt> {
     }
 };
 
-TEMPLATE_LIST_TEST_CASE("new key: executed, the effect runs once, the response is stored",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("new key: executed, the effect runs once, the response is stored", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("new"), "k-1");
@@ -152,16 +148,15 @@ TEMPLATE_LIST_TEST_CASE("new key: executed, the effect runs once, the response i
     CHECK(stats.releases == 0);
 }
 
-TEMPLATE_LIST_TEST_CASE("repeat: replayed with identical bytes, the effect does not run again",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("repeat: replayed with identical bytes, the effect does not run again", "[contract]",
+                        Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("repeat"), "k-1");
     int runs = 0;
     auto effect = [&] {
         ++runs;
-        return charge_response("ch_" +
-                               std::to_string(runs)); // a second run would answer differently
+        return charge_response("ch_" + std::to_string(runs));  // a second run would answer differently
     };
 
     const auto first = backend.execute_once(store, key, charge_fp(), effect);
@@ -183,8 +178,7 @@ TEMPLATE_LIST_TEST_CASE("repeat: replayed with identical bytes, the effect does 
     CHECK(store.stats().saves == 1);
 }
 
-TEMPLATE_LIST_TEST_CASE("same key, different fingerprint: mismatch, the effect does not run",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("same key, different fingerprint: mismatch, the effect does not run", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("mismatch"), "k-1");
@@ -194,8 +188,7 @@ TEMPLATE_LIST_TEST_CASE("same key, different fingerprint: mismatch, the effect d
         return charge_response("ch_1");
     };
 
-    REQUIRE(backend.execute_once(store, key, charge_fp(25000), effect).outcome() ==
-            Outcome::executed);
+    REQUIRE(backend.execute_once(store, key, charge_fp(25000), effect).outcome() == Outcome::executed);
     const auto other = backend.execute_once(store, key, charge_fp(99999), effect);
     CHECK(other.outcome() == Outcome::mismatch);
     CHECK_FALSE(other.has_response());
@@ -207,8 +200,7 @@ TEMPLATE_LIST_TEST_CASE("same key, different fingerprint: mismatch, the effect d
     CHECK(runs == 1);
 }
 
-TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or mismatch)",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or mismatch)", "[contract]", Backends) {
     TestType backend;
     idem_test::StoreConfig config;
     config.max_retry_after = 2s;
@@ -253,8 +245,7 @@ TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or
     }
     finish.count_down();
     worker.join();
-    if (first_error)
-        std::rethrow_exception(first_error);
+    if (first_error) std::rethrow_exception(first_error);
 
     REQUIRE(second.has_value());
     CHECK(second->outcome() == Outcome::in_progress);
@@ -262,7 +253,7 @@ TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or
     CHECK(second->retry_after() > 0ms);
     CHECK(second->retry_after() <= 2s);
     REQUIRE(third.has_value());
-    CHECK(third->outcome() == Outcome::mismatch); // the fingerprint is checked first
+    CHECK(third->outcome() == Outcome::mismatch);  // the fingerprint is checked first
 
     REQUIRE(first.has_value());
     CHECK(first->outcome() == Outcome::executed);
@@ -276,8 +267,7 @@ TEMPLATE_LIST_TEST_CASE("a second call while the first runs gets in_progress (or
     CHECK(runs == 1);
 }
 
-TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the key runs again",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the key runs again", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("notperformed"), "k-1");
@@ -289,7 +279,7 @@ TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the ke
             throw Declined("rate limited");
         });
         FAIL("not_performed was swallowed");
-    } catch (const Declined& e) { // the very exception, subclass and data intact
+    } catch (const Declined& e) {  // the very exception, subclass and data intact
         CHECK(e.why == "rate limited");
         CHECK(std::string(e.what()) == "declined: rate limited");
     }
@@ -307,9 +297,8 @@ TEMPLATE_LIST_TEST_CASE("fn throws not_performed: rethrown, key released, the ke
     CHECK(store.read(key)->state == idem::RecordState::completed);
 }
 
-TEMPLATE_LIST_TEST_CASE(
-    "fn throws another exception: rethrown unchanged, the key stays in progress", "[contract]",
-    Backends) {
+TEMPLATE_LIST_TEST_CASE("fn throws another exception: rethrown unchanged, the key stays in progress", "[contract]",
+                        Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("unknown"), "k-1");
@@ -322,15 +311,14 @@ TEMPLATE_LIST_TEST_CASE(
         });
         FAIL("the exception was swallowed");
     } catch (const std::exception& e) {
-        CHECK(typeid(e) == typeid(std::runtime_error)); // not wrapped into an idem::error
+        CHECK(typeid(e) == typeid(std::runtime_error));  // not wrapped into an idem::error
         CHECK(std::string(e.what()) == "provider timed out");
     }
     try {
-        (void)backend.execute_once(store, idem::Key(key.scope(), "k-2"), charge_fp(),
-                                 [&]() -> Response {
-                                     ++runs;
-                                     throw ProviderTimeout("gateway 504");
-                                 });
+        (void)backend.execute_once(store, idem::Key(key.scope(), "k-2"), charge_fp(), [&]() -> Response {
+            ++runs;
+            throw ProviderTimeout("gateway 504");
+        });
         FAIL("the exception was swallowed");
     } catch (const ProviderTimeout& e) {
         CHECK(e.code == 504);
@@ -352,14 +340,12 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(runs == 2);
 }
 
-TEMPLATE_LIST_TEST_CASE("a business error (402) is saved and replayed like any result",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("a business error (402) is saved and replayed like any result", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("declined"), "k-1");
     int runs = 0;
-    const Response declined{
-        402, R"({"error":"card_declined"})", {{"Content-Type", "application/json"}}};
+    const Response declined{402, R"({"error":"card_declined"})", {{"Content-Type", "application/json"}}};
     auto effect = [&] {
         ++runs;
         return declined;
@@ -374,8 +360,7 @@ TEMPLATE_LIST_TEST_CASE("a business error (402) is saved and replayed like any r
     CHECK(runs == 1);
 }
 
-TEMPLATE_LIST_TEST_CASE("scopes isolate keys: the same value in two scopes runs twice",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("scopes isolate keys: the same value in two scopes runs twice", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const auto base = idem_test::fresh_scope("iso");
@@ -393,28 +378,22 @@ TEMPLATE_LIST_TEST_CASE("scopes isolate keys: the same value in two scopes runs 
     CHECK(b.response() == charge_response("ch_2"));
     CHECK(runs == 2);
     // scope and value are not concatenated: ("s:a","b") and ("s","a:b") are different keys
-    CHECK(backend.execute_once(store, idem::Key(base + "x", "y"), charge_fp(), effect).outcome() ==
-          Outcome::executed);
-    CHECK(backend.execute_once(store, idem::Key(base, "xy"), charge_fp(), effect).outcome() ==
-          Outcome::executed);
+    CHECK(backend.execute_once(store, idem::Key(base + "x", "y"), charge_fp(), effect).outcome() == Outcome::executed);
+    CHECK(backend.execute_once(store, idem::Key(base, "xy"), charge_fp(), effect).outcome() == Outcome::executed);
     CHECK(runs == 4);
-    CHECK(backend.execute_once(store, in_a, charge_fp(), effect).response() ==
-          charge_response("ch_1"));
+    CHECK(backend.execute_once(store, in_a, charge_fp(), effect).response() == charge_response("ch_1"));
     CHECK(runs == 4);
 }
 
-TEMPLATE_LIST_TEST_CASE("binary bodies replay byte for byte: NUL bytes, all values, 1 MiB",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("binary bodies replay byte for byte: NUL bytes, all values, 1 MiB", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const auto scope = idem_test::fresh_scope("binary");
     std::string every_byte;
-    for (int i = 0; i < 256; ++i)
-        every_byte.push_back(static_cast<char>(i));
+    for (int i = 0; i < 256; ++i) every_byte.push_back(static_cast<char>(i));
 
     const Response nul{200, "a\0b\0\0c"s + every_byte, {{"X-Bin", "\0\xff\x01"s}, {"X-Empty", ""}}};
-    const Response big{
-        200, random_bytes(1u << 20, 7), {{"Content-Type", "application/octet-stream"}}};
+    const Response big{200, random_bytes(1u << 20, 7), {{"Content-Type", "application/octet-stream"}}};
     const std::string raw = "\0\0\0raw\xff"s + random_bytes(4096, 9);
 
     int runs = 0;
@@ -436,17 +415,15 @@ TEMPLATE_LIST_TEST_CASE("binary bodies replay byte for byte: NUL bytes, all valu
 
     // std::string results are stored as is
     const idem::Key key(scope, "raw");
-    CHECK(backend.execute_once(store, key, charge_fp(), [&] { return raw; }).outcome() ==
-          Outcome::executed);
+    CHECK(backend.execute_once(store, key, charge_fp(), [&] { return raw; }).outcome() == Outcome::executed);
     const auto again = backend.execute_once(store, key, charge_fp(), [&] { return "other"s; });
     CHECK(again.outcome() == Outcome::replayed);
     CHECK(again.response() == raw);
     CHECK(*store.read(key)->result == raw);
 }
 
-TEMPLATE_LIST_TEST_CASE(
-    "response_too_large: key stays in progress, the exception carries the result", "[contract]",
-    Backends) {
+TEMPLATE_LIST_TEST_CASE("response_too_large: key stays in progress, the exception carries the result", "[contract]",
+                        Backends) {
     TestType backend;
     idem_test::StoreConfig config;
     config.max_result_bytes = 256;
@@ -472,22 +449,23 @@ TEMPLATE_LIST_TEST_CASE(
     REQUIRE(record.has_value());
     CHECK(record->state == idem::RecordState::in_progress);
     CHECK_FALSE(record->result.has_value());
-    CHECK(backend.execute_once(store, key, charge_fp(), [&] {
-              ++runs;
-              return large;
-          }).outcome() == Outcome::in_progress);
+    CHECK(backend
+              .execute_once(store, key, charge_fp(),
+                            [&] {
+                                ++runs;
+                                return large;
+                            })
+              .outcome() == Outcome::in_progress);
     CHECK(runs == 1);
 
     // the limit is inclusive: a result of exactly max_result_bytes is stored
     const idem::Key exact(key.scope(), "k-exact");
     const std::string fits(256, 'y');
-    CHECK(backend.execute_once(store, exact, charge_fp(), [&] { return fits; }).outcome() ==
-          Outcome::executed);
+    CHECK(backend.execute_once(store, exact, charge_fp(), [&] { return fits; }).outcome() == Outcome::executed);
     const auto direct = store.claim(idem::Key(key.scope(), "k-direct"), charge_fp());
     REQUIRE(direct.status == idem::ClaimStatus::claimed);
-    CHECK_THROWS_AS(
-        store.save(idem::Key(key.scope(), "k-direct"), direct.fence, std::string(257, 'z')),
-        idem::response_too_large);
+    CHECK_THROWS_AS(store.save(idem::Key(key.scope(), "k-direct"), direct.fence, std::string(257, 'z')),
+                    idem::response_too_large);
 }
 
 TEMPLATE_LIST_TEST_CASE("a user type with its own codec round trips", "[contract]", Backends) {
@@ -512,14 +490,12 @@ TEMPLATE_LIST_TEST_CASE("a user type with its own codec round trips", "[contract
     CHECK(*store.read(key)->result == idem::codec<Receipt>::encode(receipt));
 }
 
-TEMPLATE_LIST_TEST_CASE("claim: the winner gets a fence, later claims see the record", "[contract]",
-                        Backends) {
+TEMPLATE_LIST_TEST_CASE("claim: the winner gets a fence, later claims see the record", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("claim"), "k-1");
 
-    const auto won =
-        store.claim(key, charge_fp(), idem::ClaimOptions{.lease = 5s, .retention = 3600s});
+    const auto won = store.claim(key, charge_fp(), idem::ClaimOptions{.lease = 5s, .retention = 3600s});
     REQUIRE(won.status == idem::ClaimStatus::claimed);
     CHECK(won.fence > 0);
     CHECK_FALSE(won.existing.has_value());
@@ -557,8 +533,7 @@ TEMPLATE_LIST_TEST_CASE("claim: the winner gets a fence, later claims see the re
     CHECK(store.stats().claims_won == 1);
 }
 
-TEMPLATE_LIST_TEST_CASE("save/release with a wrong fence: lease_lost and nothing changes",
-                        "[contract]", Backends) {
+TEMPLATE_LIST_TEST_CASE("save/release with a wrong fence: lease_lost and nothing changes", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const auto scope = idem_test::fresh_scope("fence");
@@ -597,9 +572,8 @@ TEMPLATE_LIST_TEST_CASE("save/release with a wrong fence: lease_lost and nothing
     CHECK(record->result == std::optional<std::string>("done"));
 }
 
-TEMPLATE_LIST_TEST_CASE(
-    "list_stale: a claim whose lease passed is listed, and its fence completes it", "[contract]",
-    Backends) {
+TEMPLATE_LIST_TEST_CASE("list_stale: a claim whose lease passed is listed, and its fence completes it", "[contract]",
+                        Backends) {
     TestType backend;
     auto& store = backend.make();
     const auto scope = idem_test::fresh_scope("stale");
@@ -608,15 +582,11 @@ TEMPLATE_LIST_TEST_CASE(
     const idem::Key fresh(scope, "fresh");
     const idem::Key completed(scope, "completed");
 
-    const auto c1 =
-        store.claim(stale1, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
+    const auto c1 = store.claim(stale1, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
     std::this_thread::sleep_for(5ms);
-    const auto c2 =
-        store.claim(stale2, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
-    const auto cf =
-        store.claim(fresh, charge_fp(), idem::ClaimOptions{.lease = 30s, .retention = {}});
-    const auto cc =
-        store.claim(completed, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
+    const auto c2 = store.claim(stale2, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
+    const auto cf = store.claim(fresh, charge_fp(), idem::ClaimOptions{.lease = 30s, .retention = {}});
+    const auto cc = store.claim(completed, charge_fp(), idem::ClaimOptions{.lease = 50ms, .retention = {}});
     REQUIRE(c1.status == idem::ClaimStatus::claimed);
     REQUIRE(c2.status == idem::ClaimStatus::claimed);
     REQUIRE(cf.status == idem::ClaimStatus::claimed);
@@ -626,7 +596,7 @@ TEMPLATE_LIST_TEST_CASE(
 
     const auto listed = store.list_stale(10);
     REQUIRE(listed.size() == 2);
-    CHECK(listed[0].key == stale1); // oldest lease first
+    CHECK(listed[0].key == stale1);  // oldest lease first
     CHECK(listed[0].record.fence == c1.fence);
     CHECK(listed[0].record.state == idem::RecordState::in_progress);
     CHECK(listed[0].record.fingerprint == charge_fp());
@@ -646,14 +616,16 @@ TEMPLATE_LIST_TEST_CASE(
 
     // a stale key still answers in_progress to clients
     int runs = 0;
-    CHECK(backend.execute_once(store, stale1, charge_fp(), [&] {
-              ++runs;
-              return charge_response("x");
-          }).outcome() == Outcome::in_progress);
+    CHECK(backend
+              .execute_once(store, stale1, charge_fp(),
+                            [&] {
+                                ++runs;
+                                return charge_response("x");
+                            })
+              .outcome() == Outcome::in_progress);
 
     // the reconciler learned the charge happened: it saves with the listed fence
-    store.save(listed[0].key, listed[0].record.fence,
-               Codec::encode(charge_response("ch_reconciled")));
+    store.save(listed[0].key, listed[0].record.fence, Codec::encode(charge_response("ch_reconciled")));
     const auto replay = backend.execute_once(store, stale1, charge_fp(), [&] {
         ++runs;
         return charge_response("x");
@@ -662,10 +634,13 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(replay.response() == charge_response("ch_reconciled"));
     // ... and that it did not happen for the other: it releases, the key runs again
     store.release(listed[1].key, listed[1].record.fence);
-    CHECK(backend.execute_once(store, stale2, charge_fp(), [&] {
-              ++runs;
-              return charge_response("ch_2");
-          }).outcome() == Outcome::executed);
+    CHECK(backend
+              .execute_once(store, stale2, charge_fp(),
+                            [&] {
+                                ++runs;
+                                return charge_response("ch_2");
+                            })
+              .outcome() == Outcome::executed);
     CHECK(runs == 1);
     CHECK(store.list_stale(10).empty());
 }
@@ -680,8 +655,7 @@ void claim_briefly(idem::IdempotencyStore& store, const idem::Key& key) {
 
 std::vector<std::string> scopes_of(const std::vector<idem::StaleKey>& listed) {
     std::vector<std::string> scopes;
-    for (const auto& s : listed)
-        scopes.push_back(s.key.scope());
+    for (const auto& s : listed) scopes.push_back(s.key.scope());
     return scopes;
 }
 
@@ -695,15 +669,13 @@ public:
     };
     void on_event(const idem::EventInfo& e) noexcept override {
         std::lock_guard lock(mutex_);
-        seen_.push_back(Seen{e.event, e.key ? std::optional<idem::Key>(*e.key) : std::nullopt,
-                             std::string(e.detail)});
+        seen_.push_back(Seen{e.event, e.key ? std::optional<idem::Key>(*e.key) : std::nullopt, std::string(e.detail)});
     }
     std::vector<Seen> of(idem::Event event) const {
         std::lock_guard lock(mutex_);
         std::vector<Seen> out;
         for (const auto& s : seen_)
-            if (s.event == event)
-                out.push_back(s);
+            if (s.event == event) out.push_back(s);
         return out;
     }
 
@@ -712,7 +684,7 @@ private:
     std::vector<Seen> seen_;
 };
 
-} // namespace
+}  // namespace
 
 // There is no way to hand list_stale (or ReconcilerOptions) a bare string: a call site must say
 // whether "tenant" is a scope or a prefix.
@@ -720,9 +692,10 @@ static_assert(!std::is_convertible_v<std::string, idem::ScopeFilter>);
 static_assert(!std::is_convertible_v<const char*, idem::ScopeFilter>);
 static_assert(!std::is_constructible_v<idem::ScopeFilter, std::string>);
 
-TEMPLATE_LIST_TEST_CASE("list_stale: ScopeFilter::exact lists one scope only; prefix (the negative "
-                        "control) also lists the longer scopes",
-                        "[contract][scope]", Backends) {
+TEMPLATE_LIST_TEST_CASE(
+    "list_stale: ScopeFilter::exact lists one scope only; prefix (the negative "
+    "control) also lists the longer scopes",
+    "[contract][scope]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const std::string tenant = idem_test::unique_name("tenant");
@@ -742,10 +715,9 @@ TEMPLATE_LIST_TEST_CASE("list_stale: ScopeFilter::exact lists one scope only; pr
 
     const auto exact = store.list_stale(10, idem::ScopeFilter::exact(tenant));
     REQUIRE(exact.size() == 2);
-    CHECK(exact[0].key == idem::Key(tenant, "k1")); // oldest lease first
+    CHECK(exact[0].key == idem::Key(tenant, "k1"));  // oldest lease first
     CHECK(exact[1].key == idem::Key(tenant, "k2"));
-    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::exact(tenant_b))) ==
-          std::vector<std::string>{tenant_b});
+    CHECK(scopes_of(store.list_stale(10, idem::ScopeFilter::exact(tenant_b))) == std::vector<std::string>{tenant_b});
     CHECK(store.list_stale(10, idem::ScopeFilter::exact(tenant + "X")).empty());
     CHECK(store.list_stale(1, idem::ScopeFilter::exact(tenant)).size() == 1);
     // The trap exact() avoids: as a prefix, "tenant" also selects "tenantB" (and "tenant:eu").
@@ -761,15 +733,13 @@ TEMPLATE_LIST_TEST_CASE("list_stale: ScopeFilter::exact lists one scope only; pr
     CHECK(store.list_stale(10, idem::ScopeFilter{}).size() == 5);
 }
 
-TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are literal characters",
-                        "[contract][scope]", Backends) {
+TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are literal characters", "[contract][scope]",
+                        Backends) {
     TestType backend;
     auto& store = backend.make();
     const std::string base = idem_test::unique_name("lit");
-    const std::vector<std::string> scopes = {base + "a%1", base + "a_1", base + "ab1",
-                                             base + "a\\1", base + "aZ%1"};
-    for (const auto& scope : scopes)
-        claim_briefly(store, idem::Key(scope, "k"));
+    const std::vector<std::string> scopes = {base + "a%1", base + "a_1", base + "ab1", base + "a\\1", base + "aZ%1"};
+    for (const auto& scope : scopes) claim_briefly(store, idem::Key(scope, "k"));
     std::this_thread::sleep_for(150ms);
     const auto listed = [&](const idem::ScopeFilter& filter) {
         auto got = scopes_of(store.list_stale(10, filter));
@@ -788,14 +758,15 @@ TEMPLATE_LIST_TEST_CASE("list_stale: '%', '_' and '\\' in a scope prefix are lit
 
 // Review control (passes at 503ebc0): the stores agree byte for byte where a collation-aware or
 // space-padding comparison would not — trailing spaces, case, NFC vs NFD, a 4-byte character.
-TEMPLATE_LIST_TEST_CASE("ScopeFilter: trailing spaces, case and Unicode normal forms are distinct scopes "
-                        "in both stores",
-                        "[contract][scope]", Backends) {
+TEMPLATE_LIST_TEST_CASE(
+    "ScopeFilter: trailing spaces, case and Unicode normal forms are distinct scopes "
+    "in both stores",
+    "[contract][scope]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const std::string base = idem_test::unique_name("bytes");
-    const std::string nfc = base + "\xC3\xA9";       // é, one code point
-    const std::string nfd = base + "e\xCC\x81";      // e + COMBINING ACUTE ACCENT
+    const std::string nfc = base + "\xC3\xA9";            // é, one code point
+    const std::string nfd = base + "e\xCC\x81";           // e + COMBINING ACUTE ACCENT
     const std::string emoji = base + "\xF0\x9F\x92\xB3";  // U+1F4B3
     const std::vector<std::string> scopes = {base, base + " ", base + "  ", nfc, nfd, emoji + "x"};
     std::string upper = base;
@@ -823,12 +794,11 @@ TEMPLATE_LIST_TEST_CASE("ScopeFilter: an invalid exact scope or prefix is invali
                         "[contract][scope]", Backends) {
     TestType backend;
     auto& store = backend.make();
-    (void)store.list_stale(1); // connected
+    (void)store.list_stale(1);  // connected
     const auto trips = store.stats().round_trips;
     const std::string too_long(idem::Key::max_bytes + 1, 's');
-    for (const std::string& bad :
-         {std::string(), too_long, std::string("ten\x01nt"), std::string("ten\x7f"),
-          std::string("caf\xc3"), std::string("\xff\xfe"), std::string("a\0b", 3)}) {
+    for (const std::string& bad : {std::string(), too_long, std::string("ten\x01nt"), std::string("ten\x7f"),
+                                   std::string("caf\xc3"), std::string("\xff\xfe"), std::string("a\0b", 3)}) {
         CAPTURE(bad);
         CHECK_THROWS_AS(store.list_stale(10, idem::ScopeFilter::exact(bad)), idem::invalid_key);
         CHECK_THROWS_AS(store.list_stale(10, idem::ScopeFilter::prefix(bad)), idem::invalid_key);
@@ -847,9 +817,10 @@ TEMPLATE_LIST_TEST_CASE("ScopeFilter: an invalid exact scope or prefix is invali
     CHECK(idem::ScopeFilter::prefix("t").matches("tB"));
 }
 
-TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported (sweep failures, "
-                        "observer) and the key is backed off, not retried every lease",
-                        "[contract][reconciler]", Backends) {
+TEMPLATE_LIST_TEST_CASE(
+    "Reconciler: a result over max_result_bytes is reported (sweep failures, "
+    "observer) and the key is backed off, not retried every lease",
+    "[contract][reconciler]", Backends) {
     TestType backend;
     idem_test::StoreConfig config;
     config.max_result_bytes = 1024;
@@ -896,8 +867,9 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported 
         const auto events = observer->of(idem::Event::reconcile_failed);
         REQUIRE(events.size() == 1);
         CHECK(events[0].key == std::optional<idem::Key>(big));
-        CHECK(events[0].detail == "save: response_too_large: idem: result of 2000 bytes exceeds "
-                                  "max_result_bytes 1024 (left alone for 900000 ms)");
+        CHECK(events[0].detail ==
+              "save: response_too_large: idem: result of 2000 bytes exceeds "
+              "max_result_bytes 1024 (left alone for 900000 ms)");
         CHECK(observer->of(idem::Event::reconciled).size() == 1);
 
         // Still in progress to clients; held for the backoff, by the store's clock.
@@ -906,10 +878,13 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported 
         CHECK(record->state == idem::RecordState::in_progress);
         CHECK(record->lease_until > std::chrono::system_clock::now() + 14min);
         int runs = 0;
-        CHECK(backend.execute_once(store, big, charge_fp(), [&] {
-                  ++runs;
-                  return charge_response("x");
-              }).outcome() == Outcome::in_progress);
+        CHECK(backend
+                  .execute_once(store, big, charge_fp(),
+                                [&] {
+                                    ++runs;
+                                    return charge_response("x");
+                                })
+                  .outcome() == Outcome::in_progress);
         CHECK(runs == 0);
 
         // Past the reconciler's 100 ms lease: without the backoff it would be listed and resolved
@@ -928,7 +903,7 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported 
         options.failure_backoff = 1s;
         idem::Reconciler reconciler(store, resolver, options);
         CHECK(reconciler.run_once().failures.size() == 1);
-        std::this_thread::sleep_for(1300ms); // past the backoff
+        std::this_thread::sleep_for(1300ms);  // past the backoff
         const auto again = reconciler.run_once();
         CHECK(again.listed == 1);
         REQUIRE(again.failures.size() == 1);
@@ -959,14 +934,16 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a result over max_result_bytes is reported 
         CHECK(big_calls == 2);
         const auto events = observer->of(idem::Event::reconcile_failed);
         REQUIRE(events.size() == 2);
-        CHECK(events[1].detail == "save: response_too_large: idem: result of 2000 bytes exceeds "
-                                  "max_result_bytes 1024");
+        CHECK(events[1].detail ==
+              "save: response_too_large: idem: result of 2000 bytes exceeds "
+              "max_result_bytes 1024");
     }
-    CHECK_THROWS_AS(idem::Reconciler(store, resolver, [] {
-                        idem::ReconcilerOptions o;
-                        o.failure_backoff = -1ms;
-                        return o;
-                    }()),
+    CHECK_THROWS_AS(idem::Reconciler(store, resolver,
+                                     [] {
+                                         idem::ReconcilerOptions o;
+                                         o.failure_backoff = -1ms;
+                                         return o;
+                                     }()),
                     idem::config_error);
 }
 
@@ -987,16 +964,16 @@ idem::Reconciler stale_key_reconciler(idem::IdempotencyStore& store, const idem:
 
 }  // namespace
 
-TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514) is reported with "
-          "its SQLSTATE and backed off",
-          "[contract][reconciler]") {
+TEST_CASE(
+    "Reconciler: the database refusing the save (a CHECK constraint, 23514) is reported with "
+    "its SQLSTATE and backed off",
+    "[contract][reconciler]") {
     idem_test::PostgresBackend backend;
     auto& store = backend.make();
     auto observer = std::make_shared<RecordingObserver>();
     store.set_observer(observer);
     idem_test::PgConn(backend.conninfo())
-        .exec("ALTER TABLE " + backend.table() +
-              " ADD CONSTRAINT small_results CHECK (length(result) < 100)");
+        .exec("ALTER TABLE " + backend.table() + " ADD CONSTRAINT small_results CHECK (length(result) < 100)");
     const auto scope = idem_test::fresh_scope("refused");
     const idem::Key key(scope, "k");
     int calls = 0;
@@ -1023,9 +1000,10 @@ TEST_CASE("Reconciler: the database refusing the save (a CHECK constraint, 23514
 // policy) is thrown as config_error, not database_error, so will_repeat() never sees class 42 for it.
 // The trigger stands in for the privilege check: it refuses the completing UPDATE with 42501 while
 // take_over and extend_lease (which leave the row in progress) still pass.
-TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed off like the other "
-          "class 42 refusals",
-          "[contract][reconciler]") {
+TEST_CASE(
+    "Reconciler: a save refused for missing privilege (42501) is backed off like the other "
+    "class 42 refusals",
+    "[contract][reconciler]") {
     IDEM_NOT_ON_CITUS("its refusal is a trigger on the table");
     idem_test::PostgresBackend backend;
     auto& store = backend.make();
@@ -1035,8 +1013,8 @@ TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed of
                "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.state = 'completed' THEN "
                "RAISE EXCEPTION 'permission denied for column result' USING ERRCODE = '42501'; "
                "END IF; RETURN NEW; END $$");
-    admin.exec("CREATE TRIGGER deny_save BEFORE UPDATE ON " + backend.table() +
-               " FOR EACH ROW EXECUTE FUNCTION " + fn + "()");
+    admin.exec("CREATE TRIGGER deny_save BEFORE UPDATE ON " + backend.table() + " FOR EACH ROW EXECUTE FUNCTION " + fn +
+               "()");
     const auto scope = idem_test::fresh_scope("denied");
     const idem::Key key(scope, "k");
     int calls = 0;
@@ -1059,9 +1037,10 @@ TEST_CASE("Reconciler: a save refused for missing privilege (42501) is backed of
 // The observer's detail goes to logs and metrics pipelines. PostgreSQL's message for a refused row
 // carries a DETAIL line "Failing row contains (scope, key, ..., \\x<result bytes>...)": the first
 // bytes of the response the resolver saved (here a card number), the fingerprint and the phase data.
-TEST_CASE("Reconciler: the reconcile_failed detail does not carry the row's data from the database "
-          "message",
-          "[contract][reconciler]") {
+TEST_CASE(
+    "Reconciler: the reconcile_failed detail does not carry the row's data from the database "
+    "message",
+    "[contract][reconciler]") {
     idem_test::PostgresBackend backend;
     auto& store = backend.make();
     auto observer = std::make_shared<RecordingObserver>();
@@ -1142,8 +1121,7 @@ TEMPLATE_LIST_TEST_CASE("Reconciler: a failure_backoff too long to represent is 
                     idem::config_error);
 }
 
-TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]",
-                        Backends) {
+TEMPLATE_LIST_TEST_CASE("fn taking Context& learns key, fence and attempt 1", "[contract]", Backends) {
     TestType backend;
     auto& store = backend.make();
     const idem::Key key(idem_test::fresh_scope("context"), "k-ctx");
@@ -1191,15 +1169,13 @@ TEMPLATE_LIST_TEST_CASE("many keys from several threads each run once", "[contra
                 start.arrive_and_wait();
                 for (int i = 0; i < kKeys; ++i) {
                     const int k = (i + t * 7) % kKeys;
-                    const auto r = backend.execute_once(store, idem::Key(scope, std::to_string(k)),
-                                                      charge_fp(), [&] {
-                                                          ++runs[static_cast<std::size_t>(k)];
-                                                          return charge_response(std::to_string(k));
-                                                      });
+                    const auto r = backend.execute_once(store, idem::Key(scope, std::to_string(k)), charge_fp(), [&] {
+                        ++runs[static_cast<std::size_t>(k)];
+                        return charge_response(std::to_string(k));
+                    });
                     if (r.outcome() == Outcome::executed) {
                         ++executed;
-                    } else if (r.outcome() == Outcome::replayed &&
-                               r.response() == charge_response(std::to_string(k))) {
+                    } else if (r.outcome() == Outcome::replayed && r.response() == charge_response(std::to_string(k))) {
                         ++replayed;
                     } else if (r.outcome() != Outcome::in_progress) {
                         ++other;
@@ -1210,11 +1186,9 @@ TEMPLATE_LIST_TEST_CASE("many keys from several threads each run once", "[contra
             }
         });
     }
-    for (auto& t : threads)
-        t.join();
+    for (auto& t : threads) t.join();
     for (auto& e : errors) {
-        if (e)
-            std::rethrow_exception(e);
+        if (e) std::rethrow_exception(e);
     }
     CHECK(executed == kKeys);
     CHECK(other == 0);

@@ -6,6 +6,7 @@
 #include "pg.hpp"
 #include "threads.hpp"
 
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -13,7 +14,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 using namespace std::chrono_literals;
 using namespace std::string_literals;
@@ -42,10 +42,8 @@ std::string shell_quote(const std::string& s) {
 /// pg_ctl as the cluster's owner (runuser when we are root, directly when we are that user).
 int pg_ctl(const std::string& args) {
     const std::string user = env("IDEM_PG_CTL_USER");
-    const std::string bin =
-        env("IDEM_PG_BIN").empty() ? "/usr/lib/postgresql/15/bin" : env("IDEM_PG_BIN");
-    std::string cmd =
-        shell_quote(bin + "/pg_ctl") + " -D " + shell_quote(env("IDEM_PG_DATA")) + " " + args;
+    const std::string bin = env("IDEM_PG_BIN").empty() ? "/usr/lib/postgresql/15/bin" : env("IDEM_PG_BIN");
+    std::string cmd = shell_quote(bin + "/pg_ctl") + " -D " + shell_quote(env("IDEM_PG_DATA")) + " " + args;
     if (::geteuid() == 0 && !user.empty() && user != "root") {
         cmd = "cd / && runuser -u " + shell_quote(user) + " -- " + cmd;
     }
@@ -55,8 +53,7 @@ int pg_ctl(const std::string& args) {
 
 void start_server() {
     std::string args = "-w -t 60 start";
-    if (!env("IDEM_PG_LOG").empty())
-        args = "-l " + shell_quote(env("IDEM_PG_LOG")) + " " + args;
+    if (!env("IDEM_PG_LOG").empty()) args = "-l " + shell_quote(env("IDEM_PG_LOG")) + " " + args;
     REQUIRE(pg_ctl(args) == 0);
 }
 
@@ -66,23 +63,21 @@ struct EnsureRunning {
     ~EnsureRunning() {
         if (stopped) {
             std::string args = "-w -t 60 start";
-            if (!env("IDEM_PG_LOG").empty())
-                args = "-l " + shell_quote(env("IDEM_PG_LOG")) + " " + args;
+            if (!env("IDEM_PG_LOG").empty()) args = "-l " + shell_quote(env("IDEM_PG_LOG")) + " " + args;
             (void)pg_ctl(args);
         }
     }
 };
 
-} // namespace
+}  // namespace
 
-TEST_CASE("server stopped: store_unavailable without running fn; restarted: the store heals",
-          "[disruptive]") {
+TEST_CASE("server stopped: store_unavailable without running fn; restarted: the store heals", "[disruptive]") {
     const std::string url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
     if (env("IDEM_PG_DATA").empty()) {
-        WARN("IDEM_PG_DATA is not set (the database was not started by scripts/with-postgres.sh): "
-             "cannot stop and restart it; skipping the disruptive test");
+        WARN(
+            "IDEM_PG_DATA is not set (the database was not started by scripts/with-postgres.sh): "
+            "cannot stop and restart it; skipping the disruptive test");
         return;
     }
 
@@ -106,8 +101,8 @@ TEST_CASE("server stopped: store_unavailable without running fn; restarted: the 
     };
 
     // Warm pool: both connections opened.
-    REQUIRE(idem::execute_once(*store, idem::Key(scope, "before"), idem::fingerprint(1), effect)
-                .outcome() == Outcome::executed);
+    REQUIRE(idem::execute_once(*store, idem::Key(scope, "before"), idem::fingerprint(1), effect).outcome() ==
+            Outcome::executed);
     REQUIRE(runs == 1);
 
     EnsureRunning guard;
@@ -117,9 +112,8 @@ TEST_CASE("server stopped: store_unavailable without running fn; restarted: the 
     for (const auto* name : {"during-1", "during-2", "before"}) {
         CAPTURE(name);
         const auto started = std::chrono::steady_clock::now();
-        CHECK_THROWS_AS(
-            idem::execute_once(*store, idem::Key(scope, name), idem::fingerprint(1), effect),
-            idem::store_unavailable);
+        CHECK_THROWS_AS(idem::execute_once(*store, idem::Key(scope, name), idem::fingerprint(1), effect),
+                        idem::store_unavailable);
         CHECK(std::chrono::steady_clock::now() - started < 15s);
     }
     CHECK(runs == 1);
@@ -130,18 +124,15 @@ TEST_CASE("server stopped: store_unavailable without running fn; restarted: the 
 
     // The same store works again: a new key executes, the old one replays (it survived the
     // restart).
-    const auto after =
-        idem::execute_once(*store, idem::Key(scope, "after"), idem::fingerprint(1), effect);
+    const auto after = idem::execute_once(*store, idem::Key(scope, "after"), idem::fingerprint(1), effect);
     CHECK(after.outcome() == Outcome::executed);
     CHECK(runs == 2);
-    const auto before =
-        idem::execute_once(*store, idem::Key(scope, "before"), idem::fingerprint(1), effect);
+    const auto before = idem::execute_once(*store, idem::Key(scope, "before"), idem::fingerprint(1), effect);
     CHECK(before.outcome() == Outcome::replayed);
     CHECK(before.response().body == "charged 1");
     // the calls refused while the server was down claimed nothing
     CHECK_FALSE(store->read(idem::Key(scope, "during-1")).has_value());
-    const auto during =
-        idem::execute_once(*store, idem::Key(scope, "during-1"), idem::fingerprint(1), effect);
+    const auto during = idem::execute_once(*store, idem::Key(scope, "during-1"), idem::fingerprint(1), effect);
     CHECK(during.outcome() == Outcome::executed);
     CHECK(runs == 3);
     store.reset();
@@ -150,8 +141,7 @@ TEST_CASE("server stopped: store_unavailable without running fn; restarted: the 
 TEST_CASE("in-transaction mode after a restart: no call fails for the pool's dead connections",
           "[disruptive][transaction]") {
     const std::string url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
     if (env("IDEM_PG_DATA").empty()) {
         WARN("IDEM_PG_DATA is not set: cannot restart the server; skipping");
         return;

@@ -8,6 +8,8 @@
 #include "store_env.hpp"
 #include "threads.hpp"
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -17,9 +19,7 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <spawn.h>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
 #include <vector>
 
@@ -34,8 +34,7 @@ namespace {
 
 std::string require_db() {
     const auto url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
     return url;
 }
 
@@ -247,8 +246,7 @@ TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goe
     CHECK(t.rows_with(scope, "free", c.fence) == 1);
 }
 
-TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its own answer",
-          "[group_commit]") {
+TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its own answer", "[group_commit]") {
     IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
     Table t(require_db());
     auto options = t.options();
@@ -272,7 +270,10 @@ TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its
     locker.exec("SELECT 1 FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%' FOR UPDATE", {scope});
     std::vector<std::thread> held;
     for (int b = 0; b < kInFlight; ++b) {
-        held.emplace_back([&, b] { store.save(idem::Key(scope, "blocker-" + std::to_string(b + 1)), blockers[static_cast<std::size_t>(b)], "held"); });
+        held.emplace_back([&, b] {
+            store.save(idem::Key(scope, "blocker-" + std::to_string(b + 1)), blockers[static_cast<std::size_t>(b)],
+                       "held");
+        });
     }
     t.await_lock_waiters(kInFlight);
     const auto before = store.stats();
@@ -340,9 +341,11 @@ TEST_CASE("group commit under a cancel storm: no key claimed twice, every claim 
     std::thread canceller([&] {
         PgConn admin(t.url);
         while (!stop) {
-            cancels += admin.exec("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
-                                  "WHERE application_name = $1 AND state = 'active'",
-                                  {t.app})
+            cancels += admin
+                           .exec(
+                               "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                               "WHERE application_name = $1 AND state = 'active'",
+                               {t.app})
                            .rows();
         }
     });
@@ -402,9 +405,11 @@ TEST_CASE("group commit with backends terminated: members retry with their own f
     std::thread killer([&] {
         PgConn admin(t.url);
         while (!stop) {
-            kills += admin.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                "WHERE application_name = $1 AND state = 'active' ORDER BY random() LIMIT 1",
-                                {t.app})
+            kills += admin
+                         .exec(
+                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE application_name = $1 AND state = 'active' ORDER BY random() LIMIT 1",
+                             {t.app})
                          .rows();
             std::this_thread::sleep_for(20ms);
         }
@@ -437,8 +442,8 @@ TEST_CASE("group commit with backends terminated: members retry with their own f
     stop = true;
     killer.join();
     const auto stats = store.stats();
-    INFO("kills " << kills << ", unavailable " << unavailable << ", retries " << stats.retries
-                  << ", largest group " << stats.largest_claim_group);
+    INFO("kills " << kills << ", unavailable " << unavailable << ", retries " << stats.retries << ", largest group "
+                  << stats.largest_claim_group);
     CHECK(kills > 0);
     CHECK(not_claimed == 0);
     int anomalies = 0;
@@ -467,8 +472,14 @@ TEST_CASE("group commit, several processes x 16 threads on one key and on many k
     ::setenv("IDEM_TEST_GROUP_COMMIT", "1", 1);  // the workers' stores (support/store_env.hpp)
     std::vector<pid_t> pids;
     for (int p = 0; p < kProcesses; ++p) {
-        std::vector<std::string> args = {IDEM_RACE_WORKER, url, t.name, effects, scope, std::to_string(keys),
-                                         std::to_string(kThreads), std::to_string(start_at),
+        std::vector<std::string> args = {IDEM_RACE_WORKER,
+                                         url,
+                                         t.name,
+                                         effects,
+                                         scope,
+                                         std::to_string(keys),
+                                         std::to_string(kThreads),
+                                         std::to_string(start_at),
                                          (dir / ("w" + std::to_string(p))).string()};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());

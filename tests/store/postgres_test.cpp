@@ -4,6 +4,7 @@
 #include "pg.hpp"
 #include "threads.hpp"
 
+#include <unistd.h>
 #include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -15,7 +16,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -28,18 +28,13 @@ namespace {
 
 std::string require_db() {
     const auto url = idem_test::database_url();
-    if (url.empty())
-        FAIL(idem_test::kNoDatabaseMessage);
+    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
     return url;
 }
 
-idem::Fingerprint fp_of(std::int64_t amount) {
-    return idem::fingerprint("POST /charges"s, amount, "BRL"s);
-}
+idem::Fingerprint fp_of(std::int64_t amount) { return idem::fingerprint("POST /charges"s, amount, "BRL"s); }
 
-Response ok(const std::string& body) {
-    return Response{201, body, {{"Content-Type", "text/plain"}}};
-}
+Response ok(const std::string& body) { return Response{201, body, {{"Content-Type", "text/plain"}}}; }
 
 /// A fresh table with idem's schema, dropped (with its schema-version row) at the end.
 class Table {
@@ -75,12 +70,10 @@ idem::PostgresOptions options_for(const Table& table, std::size_t pool_size = 4)
 
 /// Terminates every backend whose application_name is `app`; waits until they are gone.
 int terminate_backends(PgConn& admin, const std::string& app) {
-    const auto killed = admin.exec(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-        {app});
+    const auto killed =
+        admin.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", {app});
     for (int i = 0; i < 500; ++i) {
-        if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                         {app}) == 0) {
+        if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", {app}) == 0) {
             return killed.rows();
         }
         std::this_thread::sleep_for(10ms);
@@ -89,10 +82,9 @@ int terminate_backends(PgConn& admin, const std::string& app) {
     return killed.rows();
 }
 
-} // namespace
+}  // namespace
 
-TEST_CASE("round trips: new request 2, replay 1, in_progress 1, mismatch 1",
-          "[postgres][round_trips]") {
+TEST_CASE("round trips: new request 2, replay 1, in_progress 1, mismatch 1", "[postgres][round_trips]") {
     const auto url = require_db();
     Table table(url);
     const bool prepared = GENERATE(true, false);
@@ -114,32 +106,21 @@ TEST_CASE("round trips: new request 2, replay 1, in_progress 1, mismatch 1",
     };
 
     // Warm the one connection through every path (connect, prepare) before counting.
-    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(1), effect).outcome() ==
-            Outcome::executed);
-    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(1), effect).outcome() ==
-            Outcome::replayed);
-    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(2), effect).outcome() ==
-            Outcome::mismatch);
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(1), effect).outcome() == Outcome::executed);
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(1), effect).outcome() == Outcome::replayed);
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "warm"), fp_of(2), effect).outcome() == Outcome::mismatch);
 
     std::optional<idem::Result<Response>> r;
-    CHECK(cost([&] {
-              r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(1), effect));
-          }) == 2);
+    CHECK(cost([&] { r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(1), effect)); }) == 2);
     CHECK(r->outcome() == Outcome::executed);
-    CHECK(cost([&] {
-              r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(1), effect));
-          }) == 1);
+    CHECK(cost([&] { r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(1), effect)); }) == 1);
     CHECK(r->outcome() == Outcome::replayed);
-    CHECK(cost([&] {
-              r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(2), effect));
-          }) == 1);
+    CHECK(cost([&] { r.emplace(idem::execute_once(store, idem::Key(scope, "new"), fp_of(2), effect)); }) == 1);
     CHECK(r->outcome() == Outcome::mismatch);
 
     const auto held = store.claim(idem::Key(scope, "held"), fp_of(1));
     REQUIRE(held.status == idem::ClaimStatus::claimed);
-    CHECK(cost([&] {
-              r.emplace(idem::execute_once(store, idem::Key(scope, "held"), fp_of(1), effect));
-          }) == 1);
+    CHECK(cost([&] { r.emplace(idem::execute_once(store, idem::Key(scope, "held"), fp_of(1), effect)); }) == 1);
     CHECK(r->outcome() == Outcome::in_progress);
     CHECK(runs == 2);
     CHECK(store.stats().connections_opened == 1);
@@ -147,9 +128,9 @@ TEST_CASE("round trips: new request 2, replay 1, in_progress 1, mismatch 1",
 
     // too large: refused before any I/O
     CHECK(cost([&] {
-              CHECK_THROWS_AS(store.save(idem::Key(scope, "held"), held.fence,
-                                         std::string(options.max_result_bytes + 1, 'x')),
-                              idem::response_too_large);
+              CHECK_THROWS_AS(
+                  store.save(idem::Key(scope, "held"), held.fence, std::string(options.max_result_bytes + 1, 'x')),
+                  idem::response_too_large);
           }) == 0);
 }
 
@@ -182,9 +163,9 @@ TEST_CASE("SQL-looking and unicode keys are stored and replayed verbatim", "[pos
         "abc",
         "abc ",
         " abc",
-        "caf\xc3\xa9",          // café, precomposed
-        "cafe\xcc\x81",         // café, decomposed: a different key
-        "\xf0\x9f\x92\xb3 pay", // U+1F4B3
+        "caf\xc3\xa9",           // café, precomposed
+        "cafe\xcc\x81",          // café, decomposed: a different key
+        "\xf0\x9f\x92\xb3 pay",  // U+1F4B3
         std::string(255, 'z'),
     };
     const std::string scope = "acct'; DROP TABLE " + canary + "; --";
@@ -204,15 +185,13 @@ TEST_CASE("SQL-looking and unicode keys are stored and replayed verbatim", "[pos
         CHECK(again.outcome() == Outcome::replayed);
         CHECK(again.response().body == "for:" + value);
         // the row holds the key byte for byte
-        CHECK(
-            admin.scalar("SELECT count(*) FROM " + table.name() + " WHERE scope = $1 AND key = $2",
-                         {scope, value}) == 1);
+        CHECK(admin.scalar("SELECT count(*) FROM " + table.name() + " WHERE scope = $1 AND key = $2", {scope, value}) ==
+              1);
     }
     CHECK(runs == static_cast<int>(values.size()));
-    CHECK(admin.scalar("SELECT count(*) FROM " + table.name()) ==
+    CHECK(admin.scalar("SELECT count(*) FROM " + table.name()) == static_cast<long long>(values.size()));
+    CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + table.name() + " WHERE scope = $1", {scope}) ==
           static_cast<long long>(values.size()));
-    CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + table.name() + " WHERE scope = $1",
-                       {scope}) == static_cast<long long>(values.size()));
     CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {canary}) == 1);
     admin.exec("DROP TABLE " + canary);
 }
@@ -225,8 +204,8 @@ TEST_CASE("invalid keys are refused before any I/O", "[postgres][keys]") {
     (void)store.read(idem::Key("s", "warm"));
     const auto before = store.stats();
     int runs = 0;
-    for (const auto& bad : {""s, "a\0b"s, "\xff"s, "\xc0\xaf"s, "\xed\xa0\x80"s, "tab\there"s,
-                            "\x7f"s, std::string(256, 'k')}) {
+    for (const auto& bad :
+         {""s, "a\0b"s, "\xff"s, "\xc0\xaf"s, "\xed\xa0\x80"s, "tab\there"s, "\x7f"s, std::string(256, 'k')}) {
         try {
             const idem::Key key("scope", bad);
             (void)idem::execute_once(store, key, fp_of(1), [&] {
@@ -252,13 +231,11 @@ TEST_CASE("ensure_schema is idempotent, also from 8 threads at once", "[postgres
         idem::PostgresStore store(url, options_for(table));
         store.ensure_schema();
         store.ensure_schema();
-        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] {
-                  return ok("x");
-              }).outcome() == Outcome::executed);
-        store.ensure_schema(); // keeps the data
-        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] {
-                  return ok("y");
-              }).outcome() == Outcome::replayed);
+        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] { return ok("x"); }).outcome() ==
+              Outcome::executed);
+        store.ensure_schema();  // keeps the data
+        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] { return ok("y"); }).outcome() ==
+              Outcome::replayed);
     }
 
     Table fresh(url);
@@ -277,18 +254,15 @@ TEST_CASE("ensure_schema is idempotent, also from 8 threads at once", "[postgres
             }
         });
     }
-    for (auto& t : threads)
-        t.join();
+    for (auto& t : threads) t.join();
     for (auto& e : errors) {
-        if (e)
-            std::rethrow_exception(e);
+        if (e) std::rethrow_exception(e);
     }
     idem::PostgresStore store(url, options_for(fresh));
-    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] {
-              return ok("x");
-          }).outcome() == Outcome::executed);
-    CHECK(admin.scalar("SELECT version FROM idem_schema_version WHERE table_name = $1",
-                       {fresh.name()}) == idem::PostgresStore::schema_version());
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), [] { return ok("x"); }).outcome() ==
+          Outcome::executed);
+    CHECK(admin.scalar("SELECT version FROM idem_schema_version WHERE table_name = $1", {fresh.name()}) ==
+          idem::PostgresStore::schema_version());
 }
 
 TEST_CASE("ensure_schema for 8 different tables at once, in a fresh schema", "[postgres][schema]") {
@@ -335,8 +309,7 @@ TEST_CASE("ensure_schema for 8 different tables at once, in a fresh schema", "[p
             }
         });
     }
-    for (auto& t : threads)
-        t.join();
+    for (auto& t : threads) t.join();
     for (int t = 0; t < kThreads; ++t) {
         CAPTURE(t);
         CHECK(failures[static_cast<std::size_t>(t)] == "");
@@ -344,8 +317,7 @@ TEST_CASE("ensure_schema for 8 different tables at once, in a fresh schema", "[p
     CHECK(admin.scalar("SELECT count(*) FROM " + schema + ".idem_schema_version") == kThreads);
 }
 
-TEST_CASE("a schema-qualified table works; an invalid table name is a config_error",
-          "[postgres][schema]") {
+TEST_CASE("a schema-qualified table works; an invalid table name is a config_error", "[postgres][schema]") {
     const auto url = require_db();
     PgConn admin(url);
     const auto schema = idem_test::unique_name("idem_s");
@@ -370,19 +342,14 @@ TEST_CASE("a schema-qualified table works; an invalid table name is a config_err
         ++runs;
         return ok("in schema");
     };
-    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() ==
-          Outcome::executed);
-    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() ==
-          Outcome::replayed);
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() == Outcome::executed);
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() == Outcome::replayed);
     CHECK(runs == 1);
-    CHECK(admin.scalar("SELECT count(*) FROM " + schema +
-                       ".keys WHERE scope = 's' AND key = 'k'") == 1);
-    CHECK(
-        admin.scalar("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keys'",
-                     {schema}) == 1);
+    CHECK(admin.scalar("SELECT count(*) FROM " + schema + ".keys WHERE scope = 's' AND key = 'k'") == 1);
+    CHECK(admin.scalar("SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'keys'", {schema}) == 1);
 
-    for (const auto& bad : {"x; drop"s, ""s, "bad name"s, "a.b.c"s, "x\"y"s, "1abc"s, "tbl;"s,
-                            "a."s, ".b"s, "keys--"s, "t'x"s, "sch.x; drop"s}) {
+    for (const auto& bad : {"x; drop"s, ""s, "bad name"s, "a.b.c"s, "x\"y"s, "1abc"s, "tbl;"s, "a."s, ".b"s, "keys--"s,
+                            "t'x"s, "sch.x; drop"s}) {
         CAPTURE(bad);
         idem::PostgresOptions o;
         o.table = bad;
@@ -393,12 +360,10 @@ TEST_CASE("a schema-qualified table works; an invalid table name is a config_err
     CHECK_THROWS_AS(idem::PostgresStore(url, zero), idem::config_error);
 }
 
-TEST_CASE("an unreachable database: store_unavailable, and the effect is not called",
-          "[postgres][unavailable]") {
+TEST_CASE("an unreachable database: store_unavailable, and the effect is not called", "[postgres][unavailable]") {
     (void)require_db();
     const std::vector<std::string> unreachable = {
-        "host=/nonexistent/idem-" + std::to_string(::getpid()) +
-            " port=5999 dbname=postgres user=postgres",
+        "host=/nonexistent/idem-" + std::to_string(::getpid()) + " port=5999 dbname=postgres user=postgres",
         "host=127.0.0.1 port=1 dbname=postgres user=postgres",
     };
     for (const auto& conninfo : unreachable) {
@@ -406,7 +371,7 @@ TEST_CASE("an unreachable database: store_unavailable, and the effect is not cal
         idem::PostgresOptions options;
         options.connect_timeout = 1s;
         options.pool_wait = 1s;
-        idem::PostgresStore store(conninfo, options); // nothing connects yet
+        idem::PostgresStore store(conninfo, options);  // nothing connects yet
         int runs = 0;
         const auto started = std::chrono::steady_clock::now();
         CHECK_THROWS_AS(idem::execute_once(store, idem::Key("s", "k"), fp_of(1),
@@ -423,8 +388,7 @@ TEST_CASE("an unreachable database: store_unavailable, and the effect is not cal
     }
 }
 
-TEST_CASE("a pooled connection killed between calls: the next call succeeds",
-          "[postgres][reconnect]") {
+TEST_CASE("a pooled connection killed between calls: the next call succeeds", "[postgres][reconnect]") {
     const auto url = require_db();
     Table table(url);
     PgConn admin(url);
@@ -438,8 +402,7 @@ TEST_CASE("a pooled connection killed between calls: the next call succeeds",
         return ok("charged once");
     };
 
-    REQUIRE(idem::execute_once(store, idem::Key(scope, "k1"), fp_of(1), effect).outcome() ==
-            Outcome::executed);
+    REQUIRE(idem::execute_once(store, idem::Key(scope, "k1"), fp_of(1), effect).outcome() == Outcome::executed);
     REQUIRE(store.stats().connections_opened == 1);
     CHECK(terminate_backends(admin, options.application_name) == 1);
 
@@ -449,19 +412,16 @@ TEST_CASE("a pooled connection killed between calls: the next call succeeds",
     CHECK(runs == 1);
 
     CHECK(terminate_backends(admin, options.application_name) == 1);
-    CHECK(idem::execute_once(store, idem::Key(scope, "k2"), fp_of(1), effect).outcome() ==
-          Outcome::executed);
+    CHECK(idem::execute_once(store, idem::Key(scope, "k2"), fp_of(1), effect).outcome() == Outcome::executed);
     CHECK(runs == 2);
-    CHECK(idem::execute_once(store, idem::Key(scope, "k2"), fp_of(1), effect).outcome() ==
-          Outcome::replayed);
+    CHECK(idem::execute_once(store, idem::Key(scope, "k2"), fp_of(1), effect).outcome() == Outcome::replayed);
     CHECK(runs == 2);
     const auto stats = store.stats();
     CHECK(stats.connections_opened == 3);
     CHECK(stats.connections_discarded == 2);
 }
 
-TEST_CASE("a pooled connection killed while the effect runs: the save still lands",
-          "[postgres][reconnect]") {
+TEST_CASE("a pooled connection killed while the effect runs: the save still lands", "[postgres][reconnect]") {
     const auto url = require_db();
     Table table(url);
     PgConn admin(url);
@@ -527,19 +487,14 @@ TEST_CASE("corrupt rows are reported as corrupt_record, never a crash", "[postgr
     idem::PostgresStore store(url, options_for(table));
     store.ensure_schema();
     const idem::Key key("s", "k");
-    REQUIRE(idem::execute_once(store, key, fp_of(1), [] { return ok("x"); }).outcome() ==
-            Outcome::executed);
+    REQUIRE(idem::execute_once(store, key, fp_of(1), [] { return ok("x"); }).outcome() == Outcome::executed);
 
-    admin.exec("UPDATE " + table.name() +
-               " SET result = '\\x00ff'::bytea WHERE scope = 's' AND key = 'k'");
-    CHECK_THROWS_AS(idem::execute_once(store, key, fp_of(1), [] { return ok("y"); }),
-                    idem::corrupt_record);
-    admin.exec("UPDATE " + table.name() +
-               " SET fingerprint = '\\x0102'::bytea WHERE scope = 's' AND key = 'k'");
+    admin.exec("UPDATE " + table.name() + " SET result = '\\x00ff'::bytea WHERE scope = 's' AND key = 'k'");
+    CHECK_THROWS_AS(idem::execute_once(store, key, fp_of(1), [] { return ok("y"); }), idem::corrupt_record);
+    admin.exec("UPDATE " + table.name() + " SET fingerprint = '\\x0102'::bytea WHERE scope = 's' AND key = 'k'");
     CHECK_THROWS_AS(store.read(key), idem::corrupt_record);
     CHECK_THROWS_AS(store.claim(key, fp_of(1)), idem::corrupt_record);
-    admin.exec("UPDATE " + table.name() +
-                   " SET fingerprint_alg = 9, fingerprint = $1::bytea WHERE scope = 's'",
+    admin.exec("UPDATE " + table.name() + " SET fingerprint_alg = 9, fingerprint = $1::bytea WHERE scope = 's'",
                {"\\x" + fp_of(1).hex()});
     CHECK_THROWS_AS(store.read(key), idem::corrupt_record);
     admin.exec("UPDATE " + table.name() + " SET fingerprint_alg = 1 WHERE scope = 's'");
@@ -562,15 +517,12 @@ TEST_CASE("a pool of 2 serves 16 threads", "[postgres][pool]") {
     idem_test::run_threads(kThreads, [&](int t) {
         for (int i = 0; i < kShared; ++i) {
             const int k = (i + t) % kShared;
-            const auto r = idem::execute_once(
-                store, idem::Key(scope, "shared-" + std::to_string(k)), fp_of(1), [&] {
-                    ++shared_runs[static_cast<std::size_t>(k)];
-                    return ok(std::to_string(k));
-                });
-            if (r.has_response() && r.response() != ok(std::to_string(k)))
-                ++bad;
-            if (r.outcome() == Outcome::mismatch)
-                ++bad;
+            const auto r = idem::execute_once(store, idem::Key(scope, "shared-" + std::to_string(k)), fp_of(1), [&] {
+                ++shared_runs[static_cast<std::size_t>(k)];
+                return ok(std::to_string(k));
+            });
+            if (r.has_response() && r.response() != ok(std::to_string(k))) ++bad;
+            if (r.outcome() == Outcome::mismatch) ++bad;
         }
         for (int i = 0; i < kOwn; ++i) {
             const auto key = "own-" + std::to_string(t) + "-" + std::to_string(i);
@@ -578,8 +530,7 @@ TEST_CASE("a pool of 2 serves 16 threads", "[postgres][pool]") {
                 ++own_runs;
                 return ok(key);
             });
-            if (r.outcome() != Outcome::executed)
-                ++bad;
+            if (r.outcome() != Outcome::executed) ++bad;
         }
     });
     CHECK(bad == 0);
@@ -592,8 +543,7 @@ TEST_CASE("a pool of 2 serves 16 threads", "[postgres][pool]") {
     CHECK(store.stats().claims_won == kShared + kThreads * kOwn);
 }
 
-TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller gives up",
-          "[postgres][pool]") {
+TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller gives up", "[postgres][pool]") {
     const auto url = require_db();
     Table table(url);
     PgConn locker(url);
@@ -622,12 +572,11 @@ TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller
             blocked_error = std::current_exception();
         }
     });
-    struct Unlock { // on any early exit: free the table, then wait for the blocked call
+    struct Unlock {  // on any early exit: free the table, then wait for the blocked call
         PgConn& locker;
         std::thread& holder;
         ~Unlock() {
-            if (!holder.joinable())
-                return;
+            if (!holder.joinable()) return;
             try {
                 locker.exec("COMMIT");
             } catch (...) {
@@ -639,11 +588,11 @@ TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller
     // wait until the store's connection waits on our lock
     bool waiting = false;
     for (int i = 0; i < 500 && !waiting; ++i) {
-        waiting = admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
-                               "AND wait_event_type = 'Lock'",
-                               {options.application_name}) == 1;
-        if (!waiting)
-            std::this_thread::sleep_for(10ms);
+        waiting = admin.scalar(
+                      "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                      "AND wait_event_type = 'Lock'",
+                      {options.application_name}) == 1;
+        if (!waiting) std::this_thread::sleep_for(10ms);
     }
     REQUIRE(waiting);
 
@@ -661,8 +610,7 @@ TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller
 
     locker.exec("COMMIT");
     holder.join();
-    if (blocked_error)
-        std::rethrow_exception(blocked_error);
+    if (blocked_error) std::rethrow_exception(blocked_error);
     REQUIRE(blocked.has_value());
     CHECK(blocked->outcome() == Outcome::executed);
     CHECK(runs == 1);
@@ -703,8 +651,9 @@ long long seq_scans_after_empty_analyze(const std::string& url, idem::PostgresOp
         const std::string scope = idem_test::unique_name("trap");
         const auto body = [] { return ok("done"); };
         for (int i = 0; i < 12; ++i) {
-            REQUIRE(idem::execute_once(store, idem::Key(scope, "warm-" + std::to_string(i)), fp_of(1), body)
-                        .outcome() == Outcome::executed);
+            REQUIRE(
+                idem::execute_once(store, idem::Key(scope, "warm-" + std::to_string(i)), fp_of(1), body).outcome() ==
+                Outcome::executed);
         }
         admin.exec("INSERT INTO " + table.name() +
                        " (scope, key, state, fingerprint, fingerprint_alg, fence, result, lease_until, expires_at) "
@@ -758,7 +707,7 @@ TEST_CASE("list_stale still scans, and leaves the session's enable_seqscan off",
                     idem::ClaimStatus::claimed);
         }
         std::this_thread::sleep_for(20ms);
-        admin.exec("ANALYZE " + table.name());  // a one-page table: a scan is the plan of choice
+        admin.exec("ANALYZE " + table.name());     // a one-page table: a scan is the plan of choice
         for (int round = 0; round < 8; ++round) {  // past the point where its generic plan is cached
             CHECK(store.list_stale(10, idem::ScopeFilter::prefix(scope)).size() == 3);
         }
@@ -841,8 +790,10 @@ TEST_CASE("a save chosen as a serialization victim is sent again and lands", "[p
 
     // The heartbeat-like UPDATE keeps the fence: the save must still own the key afterwards.
     locker.exec("BEGIN");
-    locker.exec("UPDATE " + table.name() + " SET lease_until = lease_until + interval '1 second' "
-                "WHERE scope = $1 AND key = $2", {key.scope(), key.value()});
+    locker.exec("UPDATE " + table.name() +
+                    " SET lease_until = lease_until + interval '1 second' "
+                    "WHERE scope = $1 AND key = $2",
+                {key.scope(), key.value()});
     const auto retries_before = store.stats().retries;
     std::exception_ptr failed;
     std::thread saver([&] {
@@ -854,9 +805,10 @@ TEST_CASE("a save chosen as a serialization victim is sent again and lands", "[p
     });
     bool waiting = false;
     for (int i = 0; i < 500 && !waiting; ++i) {
-        waiting = admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
-                               "AND wait_event_type = 'Lock'",
-                               {options.application_name}) == 1;
+        waiting = admin.scalar(
+                      "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                      "AND wait_event_type = 'Lock'",
+                      {options.application_name}) == 1;
         if (!waiting) std::this_thread::sleep_for(10ms);
     }
     locker.exec("COMMIT");

@@ -18,16 +18,17 @@
 //   P <key>           in progress during the race
 //   F <key> <body>    the final replay of the second pass
 // Exit status 0 when every call went as the contract says, 1 otherwise (the reason on stderr).
-#include "store_env.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
 #include "race.hpp"
+#include "store_env.hpp"
 #if defined(IDEM_CONCURRENCY_REDIS) || defined(IDEM_CONCURRENCY_TIERED)
+#include <cstdlib>
 #include "idem/redis_replay_cache.hpp"
 #include "idem/redis_store.hpp"
-#include <cstdlib>
 #endif
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -42,7 +43,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -55,12 +55,11 @@ void emit(std::string line) {
     out_lines.push_back(std::move(line));
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
     const auto parsed = idem_test::race::WorkerArgs::parse(argc, argv, "THREADS");
-    if (!parsed)
-        return 2;
+    if (!parsed) return 2;
     const auto& [conninfo, table, effects, scope, keys, thread_count, start_at_ms, outfile] = *parsed;
     const int pid = static_cast<int>(::getpid());
 
@@ -86,7 +85,7 @@ int main(int argc, char** argv) {
         options.application_name = "idem_race_worker";
 #if defined(IDEM_CONCURRENCY_TIERED)
         idem::PostgresStore primary(conninfo, idem_test::env_options(options));
-        primary.ensure_schema(); // every process at once: must be harmless
+        primary.ensure_schema();  // every process at once: must be harmless
         const char* socket = std::getenv("IDEM_RACE_REDIS_SOCKET");
         if (socket == nullptr) {
             std::cerr << "idem_tiered_race_worker: IDEM_RACE_REDIS_SOCKET is not set\n";
@@ -96,11 +95,11 @@ int main(int argc, char** argv) {
         cache.connection.unix_socket = socket;
         cache.connection.key_prefix = table + ":";
         cache.connection.pool_size = static_cast<std::size_t>(thread_count);
-        idem::CachedStore store(primary, {std::make_shared<idem::ReplayCache>(),
-                                          std::make_shared<idem::RedisReplayCache>(cache)});
+        idem::CachedStore store(
+            primary, {std::make_shared<idem::ReplayCache>(), std::make_shared<idem::RedisReplayCache>(cache)});
 #else
         idem::PostgresStore store(conninfo, idem_test::env_options(options));
-        store.ensure_schema(); // every process at once: must be harmless
+        store.ensure_schema();  // every process at once: must be harmless
 #endif
 #endif
         const auto fp = idem::fingerprint(std::string("race"), std::string(scope));
@@ -111,8 +110,7 @@ int main(int argc, char** argv) {
             effect_conns.push_back(std::make_unique<idem_test::PgConn>(conninfo));
         }
 
-        const auto start_at =
-            std::chrono::system_clock::time_point(std::chrono::milliseconds(start_at_ms));
+        const auto start_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(start_at_ms));
         std::this_thread::sleep_until(start_at);
 
         std::latch go(thread_count);
@@ -130,40 +128,32 @@ int main(int argc, char** argv) {
                     for (int k : order) {
                         const idem::Key key(scope, "key-" + std::to_string(k));
                         const auto r = idem::execute_once(store, key, fp, [&] {
-                            conn.exec("INSERT INTO " + effects +
-                                          " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
+                            conn.exec("INSERT INTO " + effects + " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
                                       {scope, key.value(), std::to_string(pid), std::to_string(t)});
                             return idem_test::race::effect_body(k, pid, t);
                         });
                         switch (r.outcome()) {
-                        case idem::Outcome::executed:
-                            emit("E " + std::to_string(k) + " " + r.response());
-                            break;
-                        case idem::Outcome::replayed:
-                            emit("R " + std::to_string(k) + " " + r.response());
-                            break;
-                        case idem::Outcome::in_progress:
-                            if (r.retry_after().count() <= 0)
+                            case idem::Outcome::executed: emit("E " + std::to_string(k) + " " + r.response()); break;
+                            case idem::Outcome::replayed: emit("R " + std::to_string(k) + " " + r.response()); break;
+                            case idem::Outcome::in_progress:
+                                if (r.retry_after().count() <= 0) ++contract_violations;
+                                emit("P " + std::to_string(k));
+                                break;
+                            case idem::Outcome::mismatch:
+                                std::cerr << "worker " << pid << ": mismatch on key " << k << "\n";
                                 ++contract_violations;
-                            emit("P " + std::to_string(k));
-                            break;
-                        case idem::Outcome::mismatch:
-                            std::cerr << "worker " << pid << ": mismatch on key " << k << "\n";
-                            ++contract_violations;
-                            break;
+                                break;
                         }
                     }
                     // Second pass: every key must now replay (retry while its executor finishes).
                     for (int k = 0; k < keys; ++k) {
                         const idem::Key key(scope, "key-" + std::to_string(k));
-                        const auto deadline =
-                            std::chrono::steady_clock::now() + std::chrono::seconds(60);
+                        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
                         for (;;) {
                             const auto r = idem::execute_once(store, key, fp, [&]() -> std::string {
-                                ++contract_violations; // the effect must never run in the second
-                                                       // pass
-                                std::cerr << "worker " << pid << ": effect ran again for key " << k
-                                          << "\n";
+                                ++contract_violations;  // the effect must never run in the second
+                                                        // pass
+                                std::cerr << "worker " << pid << ": effect ran again for key " << k << "\n";
                                 return "second run";
                             });
                             if (r.outcome() == idem::Outcome::replayed) {
@@ -185,16 +175,14 @@ int main(int argc, char** argv) {
                 }
             });
         }
-        for (auto& th : threads)
-            th.join();
+        for (auto& th : threads) th.join();
     } catch (const std::exception& e) {
         std::cerr << "worker " << pid << ": " << e.what() << "\n";
         return 1;
     }
     int failed = contract_violations.load();
     for (auto& e : errors) {
-        if (!e)
-            continue;
+        if (!e) continue;
         try {
             std::rethrow_exception(e);
         } catch (const std::exception& ex) {

@@ -23,8 +23,7 @@ public:
 
     /// Moves the clock forward by `d` (thread-safe).
     void advance(std::chrono::milliseconds d) {
-        since_epoch_.fetch_add(std::chrono::duration_cast<time_point::duration>(d).count(),
-                               std::memory_order_acq_rel);
+        since_epoch_.fetch_add(std::chrono::duration_cast<time_point::duration>(d).count(), std::memory_order_acq_rel);
     }
 
     /// The clock as MemoryStoreOptions::clock wants it; shares ownership of `clock`.
@@ -36,4 +35,4 @@ private:
     std::atomic<time_point::rep> since_epoch_;
 };
 
-} // namespace idem_test
+}  // namespace idem_test

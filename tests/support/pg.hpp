@@ -21,9 +21,7 @@ public:
     explicit PgResult(PGresult* result) : result_(result, &PQclear) {}
 
     [[nodiscard]] int rows() const { return PQntuples(result_.get()); }
-    [[nodiscard]] bool is_null(int row, int col) const {
-        return PQgetisnull(result_.get(), row, col) != 0;
-    }
+    [[nodiscard]] bool is_null(int row, int col) const { return PQgetisnull(result_.get(), row, col) != 0; }
     [[nodiscard]] std::string text(int row, int col) const {
         return std::string(PQgetvalue(result_.get(), row, col),
                            static_cast<std::size_t>(PQgetlength(result_.get(), row, col)));
@@ -40,9 +38,8 @@ class PgConn {
 public:
     explicit PgConn(const std::string& conninfo) : conn_(PQconnectdb(conninfo.c_str()), &PQfinish) {
         if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
-            throw std::runtime_error(
-                "test libpq connect failed: " +
-                std::string(conn_ ? PQerrorMessage(conn_.get()) : "out of memory"));
+            throw std::runtime_error("test libpq connect failed: " +
+                                     std::string(conn_ ? PQerrorMessage(conn_.get()) : "out of memory"));
         }
         // Keep test output clean of NOTICE/WARNING chatter ("table ... does not exist, skipping").
         PQsetNoticeProcessor(
@@ -53,14 +50,12 @@ public:
     PgResult exec(const std::string& sql, const std::vector<std::string>& params = {}) {
         std::vector<const char*> values;
         values.reserve(params.size());
-        for (const auto& p : params)
-            values.push_back(p.c_str());
-        PgResult result(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()),
-                                     nullptr, values.data(), nullptr, nullptr, 0));
+        for (const auto& p : params) values.push_back(p.c_str());
+        PgResult result(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                     nullptr, nullptr, 0));
         const auto status = PQresultStatus(result.get());
         if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-            throw std::runtime_error("test SQL failed: " + sql + ": " +
-                                     PQerrorMessage(conn_.get()));
+            throw std::runtime_error("test SQL failed: " + sql + ": " + PQerrorMessage(conn_.get()));
         }
         return result;
     }
@@ -68,8 +63,7 @@ public:
     /// First column of the first row as an integer.
     long long scalar(const std::string& sql, const std::vector<std::string>& params = {}) {
         auto result = exec(sql, params);
-        if (result.rows() != 1)
-            throw std::runtime_error("test SQL returned no single row: " + sql);
+        if (result.rows() != 1) throw std::runtime_error("test SQL returned no single row: " + sql);
         return result.integer(0, 0);
     }
 
@@ -82,13 +76,11 @@ private:
 /// Drops a table (and everything depending on it) when it goes out of scope.
 class DropTable {
 public:
-    DropTable(std::string conninfo, std::string table)
-        : conninfo_(std::move(conninfo)), table_(std::move(table)) {}
+    DropTable(std::string conninfo, std::string table) : conninfo_(std::move(conninfo)), table_(std::move(table)) {}
     ~DropTable() {
         try {
             PgConn(conninfo_).exec("DROP TABLE IF EXISTS " + table_ + " CASCADE");
-        } catch (
-            ...) { // the server may be down (disruptive tests): leave it to the throwaway cluster
+        } catch (...) {  // the server may be down (disruptive tests): leave it to the throwaway cluster
         }
     }
     DropTable(const DropTable&) = delete;
@@ -99,4 +91,4 @@ private:
     std::string table_;
 };
 
-} // namespace idem_test
+}  // namespace idem_test

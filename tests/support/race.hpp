@@ -12,6 +12,7 @@
 #include "pg.hpp"
 #include "test_env.hpp"
 
+#include <unistd.h>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +23,6 @@
 #include <string>
 #include <system_error>
 #include <tuple>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -35,7 +35,7 @@ struct WorkerArgs {
     std::string effects;
     std::string scope;
     int keys = 0;
-    int clients = 0; // threads or coroutines
+    int clients = 0;  // threads or coroutines
     long long start_at_ms = 0;
     std::string outfile;
 
@@ -43,8 +43,7 @@ struct WorkerArgs {
     static std::optional<WorkerArgs> parse(int argc, char** argv, const char* clients_name) {
         if (argc != 9) {
             std::cerr << "usage: " << (argc > 0 ? argv[0] : "race_worker")
-                      << " CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS " << clients_name
-                      << " START_AT_MS OUTFILE\n";
+                      << " CONNINFO TABLE EFFECTS_TABLE SCOPE KEYS " << clients_name << " START_AT_MS OUTFILE\n";
             return std::nullopt;
         }
         WorkerArgs a;
@@ -75,15 +74,13 @@ struct WorkerArgs {
 
 /// The body an effect returns: "key=K;pid=P;tid=T".
 inline std::string effect_body(int k, int pid, int tid) {
-    return "key=" + std::to_string(k) + ";pid=" + std::to_string(pid) +
-           ";tid=" + std::to_string(tid);
+    return "key=" + std::to_string(k) + ";pid=" + std::to_string(pid) + ";tid=" + std::to_string(tid);
 }
 
 /// A worker's end: writes `lines` to the outfile; the exit status (0 when nothing failed).
 inline int finish_worker(const WorkerArgs& args, const std::vector<std::string>& lines, int failed) {
     std::ofstream out(args.outfile);
-    for (const auto& line : lines)
-        out << line << '\n';
+    for (const auto& line : lines) out << line << '\n';
     out.close();
     if (!out) {
         std::cerr << "worker " << ::getpid() << ": cannot write " << args.outfile << "\n";
@@ -100,12 +97,10 @@ struct Tables {
     std::string effects;
 
     Tables(std::string url, const std::string& idem_prefix, const std::string& effects_prefix)
-        : conninfo(std::move(url)), idem(unique_name(idem_prefix)),
-          effects(unique_name(effects_prefix)) {
-        PgConn(conninfo).exec(
-            "CREATE TABLE " + effects +
-            " (scope text NOT NULL, key text NOT NULL, pid int NOT NULL, tid int NOT NULL, "
-            "at timestamptz NOT NULL DEFAULT clock_timestamp())");
+        : conninfo(std::move(url)), idem(unique_name(idem_prefix)), effects(unique_name(effects_prefix)) {
+        PgConn(conninfo).exec("CREATE TABLE " + effects +
+                              " (scope text NOT NULL, key text NOT NULL, pid int NOT NULL, tid int NOT NULL, "
+                              "at timestamptz NOT NULL DEFAULT clock_timestamp())");
     }
     ~Tables() {
         try {
@@ -122,8 +117,7 @@ struct Tables {
 /// A fresh temporary directory, removed with everything in it at the end.
 struct TempDir {
     std::filesystem::path path;
-    explicit TempDir(const std::string& prefix)
-        : path(std::filesystem::temp_directory_path() / unique_name(prefix)) {
+    explicit TempDir(const std::string& prefix) : path(std::filesystem::temp_directory_path() / unique_name(prefix)) {
         std::filesystem::create_directories(path);
     }
     ~TempDir() {
@@ -157,34 +151,31 @@ inline WorkerArgs worker_args(const Tables& tables, const std::string& scope, in
 
 /// What the workers' output files say happened.
 struct Report {
-    std::map<int, std::string> executed_body; // key -> body, from the executing process
+    std::map<int, std::string> executed_body;  // key -> body, from the executing process
     std::map<int, pid_t> executed_by;
     int executed_lines = 0, replayed_lines = 0, busy_lines = 0;
-    std::vector<std::tuple<pid_t, int, std::string>> replays; // R and F lines
-    std::map<pid_t, int> first_pass;                          // E, R and P lines
-    std::map<pid_t, int> finals;                              // F lines
+    std::vector<std::tuple<pid_t, int, std::string>> replays;  // R and F lines
+    std::map<pid_t, int> first_pass;                           // E, R and P lines
+    std::map<pid_t, int> finals;                               // F lines
 
     /// Replays (R and F) whose body is not the executing process's.
     [[nodiscard]] int wrong_replays() const {
         int wrong = 0;
         for (const auto& [pid, k, body] : replays) {
             const auto it = executed_body.find(k);
-            if (it == executed_body.end() || body != it->second)
-                ++wrong;
+            if (it == executed_body.end() || body != it->second) ++wrong;
         }
         return wrong;
     }
 };
 
 /// Reads outfiles[p], written by the worker pids[p]. Null if one cannot be opened.
-inline std::optional<Report> read_report(const std::vector<pid_t>& pids,
-                                         const std::vector<std::string>& outfiles) {
+inline std::optional<Report> read_report(const std::vector<pid_t>& pids, const std::vector<std::string>& outfiles) {
     Report report;
     for (std::size_t p = 0; p < pids.size(); ++p) {
         const pid_t pid = pids[p];
         std::ifstream in(outfiles[p]);
-        if (!in.good())
-            return std::nullopt;
+        if (!in.good()) return std::nullopt;
         std::string line;
         while (std::getline(in, line)) {
             std::istringstream fields(line);
@@ -212,19 +203,17 @@ inline std::optional<Report> read_report(const std::vector<pid_t>& pids,
 }
 
 /// What the database says happened: "key-K" -> (pid, tid) of the effect row.
-inline std::map<std::string, std::pair<std::string, std::string>>
-effect_rows(PgConn& admin, const std::string& effects_table) {
+inline std::map<std::string, std::pair<std::string, std::string>> effect_rows(PgConn& admin,
+                                                                              const std::string& effects_table) {
     std::map<std::string, std::pair<std::string, std::string>> by_key;
     const auto rows = admin.exec("SELECT key, pid, tid FROM " + effects_table);
-    for (int i = 0; i < rows.rows(); ++i)
-        by_key[rows.text(i, 0)] = {rows.text(i, 1), rows.text(i, 2)};
+    for (int i = 0; i < rows.rows(); ++i) by_key[rows.text(i, 0)] = {rows.text(i, 1), rows.text(i, 2)};
     return by_key;
 }
 
 /// Executions the processes report that the effect rows do not confirm: another process's row, or
 /// a body that is not the one the row's effect returned.
-inline int disagreements(const Report& report,
-                         const std::map<std::string, std::pair<std::string, std::string>>& rows) {
+inline int disagreements(const Report& report, const std::map<std::string, std::pair<std::string, std::string>>& rows) {
     int n = 0;
     for (const auto& [k, pid] : report.executed_by) {
         const auto it = rows.find("key-" + std::to_string(k));
@@ -233,13 +222,10 @@ inline int disagreements(const Report& report,
             continue;
         }
         const auto& [row_pid, row_tid] = it->second;
-        if (row_pid != std::to_string(pid))
-            ++n;
-        if (report.executed_body.at(k) !=
-            "key=" + std::to_string(k) + ";pid=" + row_pid + ";tid=" + row_tid)
-            ++n;
+        if (row_pid != std::to_string(pid)) ++n;
+        if (report.executed_body.at(k) != "key=" + std::to_string(k) + ";pid=" + row_pid + ";tid=" + row_tid) ++n;
     }
     return n;
 }
 
-} // namespace idem_test::race
+}  // namespace idem_test::race

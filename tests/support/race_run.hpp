@@ -4,9 +4,9 @@
 
 #include "race.hpp"
 
-#include <catch2/catch.hpp>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <catch2/catch.hpp>
 
 extern char** environ;
 
@@ -15,8 +15,7 @@ namespace idem_test::race {
 /// The test database's conninfo; fails the test without one.
 inline std::string require_db() {
     const auto url = database_url();
-    if (url.empty())
-        FAIL(kNoDatabaseMessage);
+    if (url.empty()) FAIL(kNoDatabaseMessage);
     return url;
 }
 
@@ -35,8 +34,7 @@ inline Workers run_workers(const std::string& program, WorkerArgs args, int proc
         args.outfile = w.outfiles.back();
         std::vector<std::string> strings = args.argv(program);
         std::vector<char*> argv;
-        for (auto& a : strings)
-            argv.push_back(a.data());
+        for (auto& a : strings) argv.push_back(a.data());
         argv.push_back(nullptr);
         pid_t pid = 0;
         const int rc = ::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), environ);
@@ -72,25 +70,23 @@ struct Race {
 
 /// Runs `processes` workers (`program`) on `keys` keys of a fresh scope (`scope_prefix`) over
 /// `tables`, `clients` clients each, all starting `start_in` from now; reads what they wrote.
-inline Race run_race(const std::string& program, const Tables& tables,
-                     const std::string& scope_prefix, int processes, int keys, int clients,
-                     std::chrono::milliseconds start_in) {
+inline Race run_race(const std::string& program, const Tables& tables, const std::string& scope_prefix, int processes,
+                     int keys, int clients, std::chrono::milliseconds start_in) {
     const TempDir dir(scope_prefix + "_race");
     Race race;
     race.scope = unique_name(scope_prefix);
-    race.workers = run_workers(program, worker_args(tables, race.scope, keys, clients, start_in),
-                               processes, dir.path);
+    race.workers = run_workers(program, worker_args(tables, race.scope, keys, clients, start_in), processes, dir.path);
     race.report = require_report(race.workers);
     return race;
 }
 
 /// The checks of every race of `clients` clients per process on `keys` keys in `scope`: one effect
-/// row per key, each key completed, one execution per key whose row and body agree with what its process says, every replay
-/// the executed bytes, every call of the race answered, every client sees every key replay at the
-/// end. `store`, when given, is where the records are (a store whose records are not rows of
-/// tables.idem, e.g. RedisStore): each key "key-K" of the race is read back through it instead.
-inline void check_race(PgConn& admin, const Tables& tables, const Race& race, int keys,
-                       int clients, idem::IdempotencyStore* store = nullptr) {
+/// row per key, each key completed, one execution per key whose row and body agree with what its process says, every
+/// replay the executed bytes, every call of the race answered, every client sees every key replay at the end. `store`,
+/// when given, is where the records are (a store whose records are not rows of tables.idem, e.g. RedisStore): each key
+/// "key-K" of the race is read back through it instead.
+inline void check_race(PgConn& admin, const Tables& tables, const Race& race, int keys, int clients,
+                       idem::IdempotencyStore* store = nullptr) {
     const std::string& scope = race.scope;
     const Workers& w = race.workers;
     const Report& report = race.report;
@@ -99,8 +95,7 @@ inline void check_race(PgConn& admin, const Tables& tables, const Race& race, in
     CHECK(admin.scalar("SELECT count(*) FROM " + effects_table) == keys);
     CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + effects_table) == keys);
     if (store == nullptr) {
-        CHECK(admin.scalar("SELECT count(*) FROM " + tables.idem +
-                               " WHERE scope = $1 AND state = 'completed'",
+        CHECK(admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1 AND state = 'completed'",
                            {scope}) == keys);
     } else {
         int completed = 0;
@@ -112,8 +107,7 @@ inline void check_race(PgConn& admin, const Tables& tables, const Race& race, in
     }
     CHECK(report.executed_lines == keys);
     CHECK(report.executed_body.size() == static_cast<std::size_t>(keys));
-    CHECK(report.executed_lines + report.replayed_lines + report.busy_lines ==
-          processes * clients * keys);
+    CHECK(report.executed_lines + report.replayed_lines + report.busy_lines == processes * clients * keys);
     CHECK(disagreements(report, effect_rows(admin, effects_table)) == 0);
     CHECK(report.wrong_replays() == 0);
     for (pid_t pid : w.pids) {
@@ -121,10 +115,10 @@ inline void check_race(PgConn& admin, const Tables& tables, const Race& race, in
         const auto first = report.first_pass.find(pid);
         const auto finals = report.finals.find(pid);
         CHECK((first == report.first_pass.end() ? 0 : first->second) ==
-              clients * keys); // every call of the race answered
+              clients * keys);  // every call of the race answered
         CHECK((finals == report.finals.end() ? 0 : finals->second) ==
-              clients * keys); // every client saw every key replay at the end
+              clients * keys);  // every client saw every key replay at the end
     }
 }
 
-} // namespace idem_test::race
+}  // namespace idem_test::race

@@ -25,30 +25,30 @@
 
 #include <catch2/catch.hpp>
 
-#include <cerrno>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
-#include <stdexcept>
-#include <string>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/un.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <sys/wait.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <thread>
 #include <unistd.h>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "idem/redis_store.hpp"
@@ -116,7 +116,8 @@ inline std::string redis_command(const std::string& socket, const std::vector<st
         return len < 0 || in.size() >= eol + 2 + static_cast<std::size_t>(len) + 2;
     };
     while (!complete()) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) throw std::runtime_error("redis_command: no answer from " + socket);
         pollfd p{fd, POLLIN, 0};
         const int r = ::poll(&p, 1, static_cast<int>(left.count()));
@@ -154,10 +155,10 @@ inline int free_tcp_port() {
 }
 
 struct RedisServerOptions {
-    std::string appendfsync = "always";   // "always" | "everysec" | "no"
+    std::string appendfsync = "always";  // "always" | "everysec" | "no"
     bool appendonly = true;
-    bool power_loss = false;               // LD_PRELOAD the power-loss shim (tests/redis/power_loss.c)
-    std::vector<std::string> extra_args{}; // more redis-server arguments, e.g. {"--maxmemory","1mb"}
+    bool power_loss = false;                // LD_PRELOAD the power-loss shim (tests/redis/power_loss.c)
+    std::vector<std::string> extra_args{};  // more redis-server arguments, e.g. {"--maxmemory","1mb"}
 };
 
 class RedisServer {
@@ -166,8 +167,7 @@ public:
     explicit RedisServer(RedisServerOptions options = {}) : options_(std::move(options)) {
         const char* base = std::getenv("IDEM_TEST_REDIS_DIR");
         std::string templ = std::string(base && *base ? base : "/tmp") + "/idem-redis-XXXXXX";
-        if (::mkdtemp(templ.data()) == nullptr)
-            FAIL("RedisServer: mkdtemp(" << templ << "): " << std::strerror(errno));
+        if (::mkdtemp(templ.data()) == nullptr) FAIL("RedisServer: mkdtemp(" << templ << "): " << std::strerror(errno));
         dir_ = templ;
         socket_ = dir_ + "/redis.sock";
         ::chmod(dir_.c_str(), 0700);
@@ -316,8 +316,7 @@ public:
             std::vector<std::string> all;
             for (std::string line; std::getline(in, line);) all.push_back(line);
             out += std::string("--- ") + dir_ + "/" + name + " (last lines)\n";
-            for (std::size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
-                out += all[i] + "\n";
+            for (std::size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += all[i] + "\n";
         }
         return out;
     }
@@ -334,17 +333,28 @@ private:
         // parent's child may only make async-signal-safe calls.
         std::vector<std::string> args = {
             IDEM_REDIS_SERVER,
-            "--port", "0",
-            "--bind", "127.0.0.1",
-            "--unixsocket", socket_,
-            "--unixsocketperm", "777",
-            "--dir", dir_,
-            "--daemonize", "no",
-            "--logfile", dir_ + "/redis.log",
-            "--save", "",
-            "--appendonly", options_.appendonly ? "yes" : "no",
-            "--appendfsync", options_.appendfsync,
-            "--appenddirname", "appendonlydir",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--unixsocket",
+            socket_,
+            "--unixsocketperm",
+            "777",
+            "--dir",
+            dir_,
+            "--daemonize",
+            "no",
+            "--logfile",
+            dir_ + "/redis.log",
+            "--save",
+            "",
+            "--appendonly",
+            options_.appendonly ? "yes" : "no",
+            "--appendfsync",
+            options_.appendfsync,
+            "--appenddirname",
+            "appendonlydir",
         };
         args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
         std::vector<char*> argv;

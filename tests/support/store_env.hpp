@@ -2,8 +2,9 @@
 //
 // IDEM_TEST_GROUP_COMMIT=1 turns PostgresOptions::group_commit on, =0 off; unset keeps the default
 // (off). IDEM_TEST_STATEMENT_SHAPE=per_scope|per_key|arrays forces PostgresOptions::statement_shape:
-// the Citus statements on one node, where the fault-injecting suites can run (_per_scope, _per_key). CTest registers the contract, concurrency, atomicity and fault suites a second time with
-// group commit on (tests/CMakeLists.txt, suffix _gc_on), so every guarantee is shown both ways.
+// the Citus statements on one node, where the fault-injecting suites can run (_per_scope, _per_key). CTest registers
+// the contract, concurrency, atomicity and fault suites a second time with group commit on (tests/CMakeLists.txt,
+// suffix _gc_on), so every guarantee is shown both ways.
 #pragma once
 
 #include <cstdlib>
@@ -27,4 +28,4 @@ namespace idem_test {
     return options;
 }
 
-} // namespace idem_test
+}  // namespace idem_test

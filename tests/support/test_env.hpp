@@ -1,10 +1,10 @@
 // tests/support/test_env.hpp — where the test database is, and names no other test process uses.
 #pragma once
 
+#include <unistd.h>
 #include <atomic>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 namespace idem_test {
 
@@ -32,17 +32,17 @@ inline std::string citus_distribution() {
 }
 inline bool citus_run() { return !citus_distribution().empty(); }
 
-} // namespace idem_test
+}  // namespace idem_test
 
 /// For a test case whose instrumentation cannot exist on a Citus-distributed table — triggers,
 /// row-level security, a sequence owned by the table, the coordinator's pg_stat_* / pg_locks views
 /// (the rows and their locks live on the workers) — not idem's behaviour: on a Citus run it passes
 /// with a note saying why, so that scripts/citus-check.sh runs the rest of its suite. Use it first
 /// in the test case.
-#define IDEM_NOT_ON_CITUS(why)                                   \
-    do {                                                         \
-        if (::idem_test::citus_run()) {                          \
-            WARN("not run on Citus: " why);                      \
-            return;                                              \
-        }                                                        \
+#define IDEM_NOT_ON_CITUS(why)              \
+    do {                                    \
+        if (::idem_test::citus_run()) {     \
+            WARN("not run on Citus: " why); \
+            return;                         \
+        }                                   \
     } while (0)

@@ -12,22 +12,22 @@
 #include "pg.hpp"
 #include "test_env.hpp"
 
+#include <fcntl.h>
+#include <libpq-fe.h>
+#include <pty.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
-#include <libpq-fe.h>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <pty.h>
-#include <spawn.h>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <vector>
 
 extern char** environ;
@@ -48,8 +48,7 @@ struct Run {
     [[nodiscard]] bool has_line(const std::string& line) const {
         std::istringstream in(out);
         for (std::string l; std::getline(in, l);) {
-            if (l == line)
-                return true;
+            if (l == line) return true;
         }
         return false;
     }
@@ -64,8 +63,7 @@ std::string slurp(const std::filesystem::path& path) {
 struct Argv {
     explicit Argv(const std::vector<std::string>& args) : strings{IDEMCTL} {
         strings.insert(strings.end(), args.begin(), args.end());
-        for (auto& s : strings)
-            pointers.push_back(s.data());
+        for (auto& s : strings) pointers.push_back(s.data());
         pointers.push_back(nullptr);
     }
     [[nodiscard]] char* const* data() { return pointers.data(); }
@@ -75,8 +73,7 @@ struct Argv {
 
 /// Runs idemctl with `args`, stdin from /dev/null (not a terminal), stdout and stderr to files.
 /// `env` replaces variables of this process's environment ("" unsets one).
-Run idemctl(const std::vector<std::string>& args,
-            const std::map<std::string, std::string>& env = {}) {
+Run idemctl(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
     const auto dir = std::filesystem::temp_directory_path() / idem_test::unique_name("idemctl_run");
     std::filesystem::create_directories(dir);
     const std::string out_path = (dir / "out").string(), err_path = (dir / "err").string();
@@ -84,25 +81,20 @@ Run idemctl(const std::vector<std::string>& args,
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) {
         const std::string entry = *e;
-        if (!env.contains(entry.substr(0, entry.find('='))))
-            env_strings.push_back(entry);
+        if (!env.contains(entry.substr(0, entry.find('=')))) env_strings.push_back(entry);
     }
     for (const auto& [name, value] : env) {
-        if (!value.empty())
-            env_strings.push_back(name + "=" + value);
+        if (!value.empty()) env_strings.push_back(name + "=" + value);
     }
     std::vector<char*> envp;
-    for (auto& s : env_strings)
-        envp.push_back(s.data());
+    for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
 
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     pid_t pid = 0;
     const int spawned = posix_spawn(&pid, IDEMCTL, &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
@@ -133,7 +125,7 @@ Run idemctl_on_tty(const std::vector<std::string>& args, const std::string& inpu
     char buffer[4096];
     for (ssize_t n; (n = ::read(master, buffer, sizeof buffer)) > 0;)
         run.out.append(buffer, static_cast<std::size_t>(n));
-    ::close(master); // (read ends with EIO once idemctl has exited and closed its side)
+    ::close(master);  // (read ends with EIO once idemctl has exited and closed its side)
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     REQUIRE(WIFEXITED(status));
@@ -143,8 +135,7 @@ Run idemctl_on_tty(const std::vector<std::string>& args, const std::string& inpu
 
 /// The test oracle for idemctl's timestamps: UTC, ISO 8601, milliseconds.
 std::string iso(std::chrono::system_clock::time_point t) {
-    const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
     const std::time_t secs = static_cast<std::time_t>(ms / 1000);
     std::tm tm{};
     gmtime_r(&secs, &tm);
@@ -164,10 +155,10 @@ struct Fixture {
     idem_test::PgConn sql{url};
 
     const std::string scope = "acct_1:POST /payments";
-    const idem::Key claimed{scope, "claimed-1"};     // in progress, lease ahead
-    const idem::Key completed{scope, "completed-1"}; // an HTTP response
-    const idem::Key stale{scope, "stale-1"};         // in progress, lease passed, phase recorded
-    const idem::Key expired{"acct_2:POST /refunds", "expired-1"}; // completed, retention passed
+    const idem::Key claimed{scope, "claimed-1"};                   // in progress, lease ahead
+    const idem::Key completed{scope, "completed-1"};               // an HTTP response
+    const idem::Key stale{scope, "stale-1"};                       // in progress, lease passed, phase recorded
+    const idem::Key expired{"acct_2:POST /refunds", "expired-1"};  // completed, retention passed
     const idem::Key expired2{"acct_2:POST /refunds", "expired-2"};
     const idem::Response response{201, R"({"id":"ch_1"})", {{"Content-Type", "application/json"}}};
     idem::Fence claimed_fence = 0, completed_fence = 0, stale_fence = 0;
@@ -176,13 +167,12 @@ struct Fixture {
         idem::PostgresOptions o;
         o.table = table;
         o.pool_size = 2;
-        o.default_lease = 10min; // a lease that must not pass during the test has minutes of margin
+        o.default_lease = 10min;  // a lease that must not pass during the test has minutes of margin
         return o;
     }
 
     Fixture() {
-        if (url.empty())
-            FAIL(idem_test::kNoDatabaseMessage);
+        if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
         store.ensure_schema();
         claimed_fence = claim(claimed);
         completed_fence = claim(completed);
@@ -192,8 +182,7 @@ struct Fixture {
         move(stale, "lease_until = now() - interval '5 minutes'");
         for (const auto* k : {&expired, &expired2}) {
             store.save(*k, claim(*k), "raw result");
-            move(*k,
-                 "created_at = now() - interval '2 days', expires_at = now() - interval '1 hour'");
+            move(*k, "created_at = now() - interval '2 days', expires_at = now() - interval '1 hour'");
         }
     }
 
@@ -216,12 +205,10 @@ struct Fixture {
         return idemctl(args);
     }
 
-    std::string label(const idem::Key& key) const {
-        return "scope '" + key.scope() + "' key '" + key.value() + "'";
-    }
+    std::string label(const idem::Key& key) const { return "scope '" + key.scope() + "' key '" + key.value() + "'"; }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("idemctl show: a completed HTTP response, decoded", "[idemctl]") {
     Fixture f;
@@ -249,8 +236,7 @@ TEST_CASE("idemctl show: a completed HTTP response, decoded", "[idemctl]") {
     CHECK(j["phase_data"].is_null());
     CHECK(j["result_bytes"] == encoded);
     CHECK(j["response"]["status"] == 201);
-    CHECK(j["response"]["headers"] ==
-          json::parse(R"([{"name":"Content-Type","value":"application/json"}])"));
+    CHECK(j["response"]["headers"] == json::parse(R"([{"name":"Content-Type","value":"application/json"}])"));
     CHECK(j["response"]["body"] == R"({"id":"ch_1"})");
     CHECK(j["response"]["body_bytes"] == 13);
 
@@ -301,8 +287,7 @@ TEST_CASE("idemctl show: a stale in-progress key with its recovery point", "[ide
     // Bytes that are not text: base64 in JSON, escaped on a terminal (nothing reaches it raw).
     const idem::Key binary{f.scope, "binary-1"};
     const std::string body("\x00\xffok\x1b[31m", 9);
-    f.store.save(binary, f.claim(binary),
-                 idem::codec<idem::Response>::encode(idem::Response{200, body}));
+    f.store.save(binary, f.claim(binary), idem::codec<idem::Response>::encode(idem::Response{200, body}));
     const Run binary_json = f.ctl({"show", binary.scope(), binary.value(), "--json"});
     REQUIRE(binary_json.exit_code == 0);
     CHECK(binary_json.doc()["response"]["body"].is_null());
@@ -317,9 +302,7 @@ TEST_CASE("idemctl show: unknown key, invalid scope or key, bad command lines", 
     const Run missing = f.ctl({"show", f.scope, "nope"});
     CHECK(missing.exit_code == 1);
     CHECK(missing.out.empty());
-    CHECK(missing.err ==
-          "idemctl: no record for scope 'acct_1:POST /payments' key 'nope' in table " + f.table +
-              "\n");
+    CHECK(missing.err == "idemctl: no record for scope 'acct_1:POST /payments' key 'nope' in table " + f.table + "\n");
 
     const Run missing_json = f.ctl({"show", f.scope, "nope", "--json"});
     CHECK(missing_json.exit_code == 1);
@@ -337,9 +320,7 @@ TEST_CASE("idemctl show: unknown key, invalid scope or key, bad command lines", 
 
     const Run no_args = idemctl({"show", "only-scope"});
     CHECK(no_args.exit_code == 2);
-    CHECK(
-        no_args.err ==
-        "idemctl: show needs 2 arguments: SCOPE KEY (idemctl --help lists commands and options)\n");
+    CHECK(no_args.err == "idemctl: show needs 2 arguments: SCOPE KEY (idemctl --help lists commands and options)\n");
     CHECK(idemctl({"frobnicate"}).exit_code == 2);
     CHECK(idemctl({"list", "--fence", "1"}).exit_code == 2);
     CHECK(idemctl({"list", "--older-than", "10x"}).exit_code == 2);
@@ -352,9 +333,7 @@ TEST_CASE("idemctl show: unknown key, invalid scope or key, bad command lines", 
     const Run no_table = idemctl({"stats", "--db", f.url, "--table", "idemctl_no_such_table"});
     CHECK(no_table.exit_code == 5);
     CHECK(no_table.err.starts_with("idemctl: table idemctl_no_such_table does not exist"));
-    CHECK(
-        idemctl({"show", "s", "k", "--db", f.url, "--table", "idemctl_no_such_table"}).exit_code ==
-        5);
+    CHECK(idemctl({"show", "s", "k", "--db", f.url, "--table", "idemctl_no_such_table"}).exit_code == 5);
 
     const Run help = idemctl({"--help"});
     CHECK(help.exit_code == 0);
@@ -366,28 +345,21 @@ TEST_CASE("idemctl list: filters, limit, stale only, older than", "[idemctl]") {
     const auto keys_of = [](const Run& run) {
         REQUIRE(run.exit_code == 0);
         std::vector<std::string> keys;
-        const json doc = run.doc(); // (not iterated as a temporary: it would be gone)
-        for (const auto& r : doc["records"])
-            keys.push_back(r["key"].get<std::string>());
+        const json doc = run.doc();  // (not iterated as a temporary: it would be gone)
+        for (const auto& r : doc["records"]) keys.push_back(r["key"].get<std::string>());
         return keys;
     };
     // Oldest first: the expired records were created two days ago.
     using Keys = std::vector<std::string>;
-    CHECK(keys_of(f.ctl({"list", "--json"})) ==
-          Keys{"expired-1", "expired-2", "claimed-1", "completed-1", "stale-1"});
-    CHECK(keys_of(f.ctl({"list", "--json", "--state", "in_progress"})) ==
-          Keys{"claimed-1", "stale-1"});
-    CHECK(keys_of(f.ctl({"list", "--json", "--state", "expired"})) ==
-          Keys{"expired-1", "expired-2"});
+    CHECK(keys_of(f.ctl({"list", "--json"})) == Keys{"expired-1", "expired-2", "claimed-1", "completed-1", "stale-1"});
+    CHECK(keys_of(f.ctl({"list", "--json", "--state", "in_progress"})) == Keys{"claimed-1", "stale-1"});
+    CHECK(keys_of(f.ctl({"list", "--json", "--state", "expired"})) == Keys{"expired-1", "expired-2"});
     CHECK(keys_of(f.ctl({"list", "--json", "--stale"})) == Keys{"stale-1"});
-    CHECK(keys_of(f.ctl({"list", "--json", "--older-than", "1d"})) ==
-          Keys{"expired-1", "expired-2"});
+    CHECK(keys_of(f.ctl({"list", "--json", "--older-than", "1d"})) == Keys{"expired-1", "expired-2"});
     CHECK(keys_of(f.ctl({"list", "--json", "--scope-prefix", "acct_1:"})) ==
           Keys{"claimed-1", "completed-1", "stale-1"});
-    CHECK(keys_of(f.ctl({"list", "--json", "--scope", "acct_2:POST /refunds"})) ==
-          Keys{"expired-1", "expired-2"});
-    CHECK(keys_of(f.ctl({"list", "--json", "--scope-prefix", "acct_1%"}))
-              .empty()); // literal, no wildcard
+    CHECK(keys_of(f.ctl({"list", "--json", "--scope", "acct_2:POST /refunds"})) == Keys{"expired-1", "expired-2"});
+    CHECK(keys_of(f.ctl({"list", "--json", "--scope-prefix", "acct_1%"})).empty());  // literal, no wildcard
 
     const Run limited = f.ctl({"list", "--json", "--limit", "2"});
     REQUIRE(limited.exit_code == 0);
@@ -421,8 +393,7 @@ TEST_CASE("idemctl stats and reconcile-report", "[idemctl]") {
     CHECK(s["oldest_in_progress"]["key"] == "claimed-1");
     CHECK(s["table_bytes"].get<long long>() > 0);
     CHECK(s["index_bytes"].get<long long>() > 0);
-    CHECK(s["total_bytes"] ==
-          s["table_bytes"].get<long long>() + s["index_bytes"].get<long long>());
+    CHECK(s["total_bytes"] == s["table_bytes"].get<long long>() + s["index_bytes"].get<long long>());
     const Run stats_text = f.ctl({"stats"});
     REQUIRE(stats_text.exit_code == 0);
     CHECK(stats_text.has_line("in_progress  2 (1 past their lease: stale, for the reconciler)"));
@@ -442,8 +413,7 @@ TEST_CASE("idemctl stats and reconcile-report", "[idemctl]") {
     CHECK(k["phase_data"] == "ch_777");
     // The lease was set to 5 minutes before the fixture's UPDATE; the report ran after it.
     CHECK(k["lease_passed_ms"].get<long long>() >= 300000);
-    CHECK(f.ctl({"reconcile-report", "--json", "--scope", "acct_2:POST /refunds"}).doc()["count"] ==
-          0);
+    CHECK(f.ctl({"reconcile-report", "--json", "--scope", "acct_2:POST /refunds"}).doc()["count"] == 0);
     CHECK(f.ctl({"reconcile-report", "--scope", "acct_2:POST /refunds"}).out ==
           "no stale keys: every in-progress key is within its lease\n");
 }
@@ -461,18 +431,18 @@ TEST_CASE("idemctl release: fenced, confirmed, or refused with the record unchan
     // No terminal and no --yes: refused before anything is read or changed.
     const Run refused = f.ctl({"release", f.stale.scope(), f.stale.value(), "--fence", fence});
     CHECK(refused.exit_code == 2);
-    CHECK(refused.err == "idemctl: release not confirmed: stdin is not a terminal; pass --yes to "
-                         "release without a prompt "
-                         "(nothing was changed)\n");
+    CHECK(refused.err ==
+          "idemctl: release not confirmed: stdin is not a terminal; pass --yes to "
+          "release without a prompt "
+          "(nothing was changed)\n");
     unchanged(f.stale, f.stale_fence);
 
     // A wrong fence: exit 4, nothing changed.
-    const Run wrong = f.ctl({"release", f.stale.scope(), f.stale.value(), "--fence",
-                             std::to_string(f.stale_fence + 1), "--yes"});
+    const Run wrong =
+        f.ctl({"release", f.stale.scope(), f.stale.value(), "--fence", std::to_string(f.stale_fence + 1), "--yes"});
     CHECK(wrong.exit_code == 4);
-    CHECK(wrong.err == "idemctl: fence " + std::to_string(f.stale_fence + 1) + " does not own " +
-                           f.label(f.stale) + ": it is in_progress with fence " + fence +
-                           " (nothing was changed)\n");
+    CHECK(wrong.err == "idemctl: fence " + std::to_string(f.stale_fence + 1) + " does not own " + f.label(f.stale) +
+                           ": it is in_progress with fence " + fence + " (nothing was changed)\n");
     unchanged(f.stale, f.stale_fence);
 
     // A completed key cannot be released, whatever the fence.
@@ -487,8 +457,8 @@ TEST_CASE("idemctl release: fenced, confirmed, or refused with the record unchan
     CHECK(f.ctl({"release", f.scope, "k", "--fence", "x1", "--yes"}).exit_code == 2);
 
     // --yes does not release a key still within its lease: its effect may be running right now.
-    const Run live = f.ctl({"release", f.claimed.scope(), f.claimed.value(), "--fence",
-                            std::to_string(f.claimed_fence), "--yes"});
+    const Run live =
+        f.ctl({"release", f.claimed.scope(), f.claimed.value(), "--fence", std::to_string(f.claimed_fence), "--yes"});
     CHECK(live.exit_code == 2);
     CHECK(live.err.find("is still within its lease") != std::string::npos);
     unchanged(f.claimed, f.claimed_fence);
@@ -496,12 +466,9 @@ TEST_CASE("idemctl release: fenced, confirmed, or refused with the record unchan
     CHECK(f.ctl({"list", "--limit", "18446744073709551615"}).exit_code == 2);
 
     // The right fence with --yes: released; the other in-progress key is untouched.
-    const Run released =
-        f.ctl({"release", f.stale.scope(), f.stale.value(), "--fence", fence, "--yes", "--json"});
+    const Run released = f.ctl({"release", f.stale.scope(), f.stale.value(), "--fence", fence, "--yes", "--json"});
     REQUIRE(released.exit_code == 0);
-    CHECK(
-        released.doc() ==
-        json{{"released", true}, {"scope", f.scope}, {"key", "stale-1"}, {"fence", f.stale_fence}});
+    CHECK(released.doc() == json{{"released", true}, {"scope", f.scope}, {"key", "stale-1"}, {"fence", f.stale_fence}});
     CHECK_FALSE(f.store.read(f.stale));
     unchanged(f.claimed, f.claimed_fence);
 }
@@ -513,18 +480,23 @@ TEST_CASE("idemctl release on a terminal asks, and only \"yes\" releases", "[ide
         "--db",    f.url,           "--table",       f.table};
     const Run declined = idemctl_on_tty(args, "no\n");
     CHECK(declined.exit_code == 2);
-    CHECK(declined.out.find("Release " + f.label(f.stale) +
-                            " (state in_progress, attempt 1, phase charged, fence " +
+    CHECK(declined.out.find("Release " + f.label(f.stale) + " (state in_progress, attempt 1, phase charged, fence " +
                             std::to_string(f.stale_fence) + ")?") != std::string::npos);
     CHECK(declined.out.find("Type yes to release: ") != std::string::npos);
-    CHECK(declined.out.find("idemctl: release not confirmed (nothing was changed)") !=
-          std::string::npos);
+    CHECK(declined.out.find("idemctl: release not confirmed (nothing was changed)") != std::string::npos);
     REQUIRE(f.store.read(f.stale));
     CHECK(f.store.read(f.stale)->fence == f.stale_fence);
 
     // A key whose lease has not passed: refused before any prompt (its effect may be running)...
-    std::vector<std::string> live_args{"release", f.claimed.scope(), f.claimed.value(), "--fence",
-                                       std::to_string(f.claimed_fence), "--db", f.url, "--table", f.table};
+    std::vector<std::string> live_args{"release",
+                                       f.claimed.scope(),
+                                       f.claimed.value(),
+                                       "--fence",
+                                       std::to_string(f.claimed_fence),
+                                       "--db",
+                                       f.url,
+                                       "--table",
+                                       f.table};
     const Run live = idemctl_on_tty(live_args, "yes\n");
     CHECK(live.exit_code == 2);
     CHECK(live.out.find("is still within its lease") != std::string::npos);
@@ -534,15 +506,14 @@ TEST_CASE("idemctl release on a terminal asks, and only \"yes\" releases", "[ide
     live_args.push_back("--force");
     const Run forced = idemctl_on_tty(live_args, "no\n");
     CHECK(forced.exit_code == 2);
-    CHECK(forced.out.find("Its lease has not passed: an attempt may be running right now.") !=
-          std::string::npos);
+    CHECK(forced.out.find("Its lease has not passed: an attempt may be running right now.") != std::string::npos);
     CHECK(declined.out.find("Its lease has not passed") == std::string::npos);
     CHECK(f.store.read(f.claimed)->fence == f.claimed_fence);
 
     const Run accepted = idemctl_on_tty(args, "yes\n");
     CHECK(accepted.exit_code == 0);
-    CHECK(accepted.out.find("released " + f.label(f.stale) + " (fence " +
-                            std::to_string(f.stale_fence) + ")") != std::string::npos);
+    CHECK(accepted.out.find("released " + f.label(f.stale) + " (fence " + std::to_string(f.stale_fence) + ")") !=
+          std::string::npos);
     CHECK_FALSE(f.store.read(f.stale));
 }
 
@@ -550,44 +521,38 @@ TEST_CASE("idemctl purge deletes exactly the expired records", "[idemctl]") {
     Fixture f;
     const Run purge = f.ctl({"purge", "--json", "--batch", "1"});
     REQUIRE(purge.exit_code == 0);
-    CHECK(purge.err.empty()); // stderr is not a terminal: no progress
+    CHECK(purge.err.empty());  // stderr is not a terminal: no progress
     CHECK(purge.doc()["purged"] == 2);
-    CHECK(purge.doc()["batches"] == 3); // 1 + 1 + the empty one that found nothing left
+    CHECK(purge.doc()["batches"] == 3);  // 1 + 1 + the empty one that found nothing left
     const auto rows = f.sql.exec("SELECT key FROM \"" + f.table + "\" ORDER BY key");
     REQUIRE(rows.rows() == 3);
     CHECK(rows.text(0, 0) == "claimed-1");
     CHECK(rows.text(1, 0) == "completed-1");
     CHECK(rows.text(2, 0) == "stale-1");
-    CHECK(f.ctl({"purge"}).out ==
-          "purged 0 expired records from " + f.table + " in 1 batches of up to 1000\n");
+    CHECK(f.ctl({"purge"}).out == "purged 0 expired records from " + f.table + " in 1 batches of up to 1000\n");
 }
 
 TEST_CASE("idemctl purge shows its progress when stderr is a terminal", "[idemctl]") {
     Fixture f;
-    const Run run =
-        idemctl_on_tty({"purge", "--batch", "1", "--db", f.url, "--table", f.table}, "");
+    const Run run = idemctl_on_tty({"purge", "--batch", "1", "--db", f.url, "--table", f.table}, "");
     CHECK(run.exit_code == 0);
-    CHECK(
-        run.out.find("\rpurged 1 expired records (1 batches)\rpurged 2 expired records (2 batches)"
-                     "\rpurged 2 expired records (3 batches)\r\n") != std::string::npos);
-    CHECK(run.out.find("purged 2 expired records from " + f.table +
-                       " in 3 batches of up to 1\r\n") != std::string::npos);
+    CHECK(run.out.find("\rpurged 1 expired records (1 batches)\rpurged 2 expired records (2 batches)"
+                       "\rpurged 2 expired records (3 batches)\r\n") != std::string::npos);
+    CHECK(run.out.find("purged 2 expired records from " + f.table + " in 3 batches of up to 1\r\n") !=
+          std::string::npos);
 }
 
-TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no password printed",
-          "[idemctl]") {
+TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no password printed", "[idemctl]") {
     Fixture f;
     // No --db: libpq's environment (PGHOST, PGPORT, ...), taken from the test database's conninfo.
     std::map<std::string, std::string> env;
     PQconninfoOption* options = PQconninfoParse(f.url.c_str(), nullptr);
     REQUIRE(options != nullptr);
     for (PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
-        if (o->val != nullptr && o->envvar != nullptr)
-            env[o->envvar] = o->val;
+        if (o->val != nullptr && o->envvar != nullptr) env[o->envvar] = o->val;
     }
     PQconninfoFree(options);
-    const Run from_env =
-        idemctl({"show", f.claimed.scope(), f.claimed.value(), "--table", f.table, "--json"}, env);
+    const Run from_env = idemctl({"show", f.claimed.scope(), f.claimed.value(), "--table", f.table, "--json"}, env);
     REQUIRE(from_env.exit_code == 0);
     CHECK(from_env.doc()["fence"] == f.claimed_fence);
 
@@ -601,13 +566,12 @@ TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no pas
     for (const auto& conninfo : unreachable) {
         for (const std::string command : {"show", "list"}) {
             std::vector<std::string> args{command};
-            if (command == "show")
-                args.insert(args.end(), {"s", "k"});
+            if (command == "show") args.insert(args.end(), {"s", "k"});
             args.insert(args.end(), {"--db", conninfo});
             const Run text = idemctl(args);
             CHECK(text.exit_code == 3);
             CHECK(text.err.starts_with("idemctl: database unavailable ("));
-            CHECK(text.err.find("user=ops") != std::string::npos); // the redacted conninfo is shown
+            CHECK(text.err.find("user=ops") != std::string::npos);  // the redacted conninfo is shown
             CHECK(text.err.find(password) == std::string::npos);
             CHECK(text.out.find(password) == std::string::npos);
             args.push_back("--json");
@@ -620,21 +584,19 @@ TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no pas
     }
     // A reachable database and a configuration error: the message names the database without the
     // password (the test server does not ask for one).
-    const Run config = idemctl({"show", "s", "k", "--db", f.url + " password=" + password,
-                                "--table", "idemctl_no_such_table"});
+    const Run config =
+        idemctl({"show", "s", "k", "--db", f.url + " password=" + password, "--table", "idemctl_no_such_table"});
     CHECK(config.exit_code == 5);
     CHECK(config.err.starts_with("idemctl: configuration error ("));
     CHECK(config.err.find(password) == std::string::npos);
     // PGPASSWORD is scrubbed from messages too, and a conninfo libpq cannot parse is never echoed.
     const Run env_password =
-        idemctl({"show", "s", "k", "--db", "host=/nonexistent-idemctl-dir port=1"},
-                {{"PGPASSWORD", password}});
+        idemctl({"show", "s", "k", "--db", "host=/nonexistent-idemctl-dir port=1"}, {{"PGPASSWORD", password}});
     CHECK(env_password.exit_code == 3);
     CHECK(env_password.err.find(password) == std::string::npos);
     const Run garbled = idemctl({"show", "s", "k", "--db", "host=x password='" + password});
     CHECK(garbled.exit_code == 2);
-    CHECK(garbled.err ==
-          "idemctl: --db: libpq cannot parse the conninfo (not shown: it may hold a password)\n");
+    CHECK(garbled.err == "idemctl: --db: libpq cannot parse the conninfo (not shown: it may hold a password)\n");
     // An unencoded '@' in a URI's password: libpq would take the rest of it for the host.
     const Run two_at = idemctl({"show", "s", "k", "--db", "postgresql://ops:pa@" + password + "@127.0.0.1:1/app"});
     CHECK(two_at.exit_code == 2);

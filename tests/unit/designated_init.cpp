@@ -46,7 +46,8 @@ using namespace std::chrono_literals;
     [[maybe_unused]] const idem::SaveRequest save{.key = key, .fence = 1};
     [[maybe_unused]] const idem::StaleKey stale{.key = key};
     [[maybe_unused]] const idem::Deployment deployment{.citus = true};
-    [[maybe_unused]] const idem::http::FingerprintPolicy fingerprint{.body = idem::http::FingerprintPolicy::Body::canonical_json};
+    [[maybe_unused]] const idem::http::FingerprintPolicy fingerprint{
+        .body = idem::http::FingerprintPolicy::Body::canonical_json};
     [[maybe_unused]] const idem::http::Route route{.key_required = false};
     [[maybe_unused]] const idem::http::Route route_claim{.claim = {.lease = 10s}};
     [[maybe_unused]] const idem::http::Problem problem{.status = 400};

@@ -2,12 +2,12 @@
 // (a per-process key from OpenSSL and a counter: a forked child must draw its own key).
 #include "idem/idem.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <set>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 using namespace std::string_literals;
@@ -29,8 +29,9 @@ TEST_CASE("fences are positive and distinct, across threads", "[fence]") {
     for (std::size_t t = 0; t < drawn.size(); ++t) {
         threads.emplace_back([&, t] {
             for (int i = 0; i < 2000; ++i) {
-                drawn[t].push_back(store.claim(idem::Key("fences", std::to_string(t) + "-" + std::to_string(i)),
-                                               idem::fingerprint("x"s))
+                drawn[t].push_back(store
+                                       .claim(idem::Key("fences", std::to_string(t) + "-" + std::to_string(i)),
+                                              idem::fingerprint("x"s))
                                        .fence);
             }
         });
@@ -60,7 +61,8 @@ TEST_CASE("a forked child never draws the fences its parent draws next", "[fence
         idem::MemoryStore child_store;
         idem::Fence fences[8];
         for (int i = 0; i < 8; ++i) {
-            fences[i] = child_store.claim(idem::Key("fences", "child-" + std::to_string(i)), idem::fingerprint("x"s)).fence;
+            fences[i] =
+                child_store.claim(idem::Key("fences", "child-" + std::to_string(i)), idem::fingerprint("x"s)).fence;
         }
         const bool ok = ::write(pipe_fds[1], fences, sizeof fences) == static_cast<ssize_t>(sizeof fences);
         ::_exit(ok ? 0 : 1);

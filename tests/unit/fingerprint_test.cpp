@@ -1,6 +1,6 @@
 // fingerprint(): SHA-256 over a domain-tagged, type-tagged, length-prefixed encoding of the parts.
-#include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
+#include "idem/errors.hpp"
 
 #include <array>
 #include <catch2/catch.hpp>
@@ -30,8 +30,7 @@ TEST_CASE("fingerprint hex is stable across builds (hard-coded)", "[fingerprint]
     // byte, the length as 8 bytes big-endian, then the bytes; integers are 8 bytes big-endian
     // (tag 'i' signed, 'u' unsigned), bool is one byte (tag 'b'). If one of these changes, every
     // stored fingerprint turns into a mismatch: such a change needs a new algorithm tag.
-    CHECK(idem::fingerprint().hex() ==
-          "fef870d358d5cebddfc41274b71155015eb4ede5071152bfd194a71af135a5b0");
+    CHECK(idem::fingerprint().hex() == "fef870d358d5cebddfc41274b71155015eb4ede5071152bfd194a71af135a5b0");
     CHECK(idem::fingerprint("POST /charges"s, 25000, "BRL"s).hex() ==
           "6dbefa391b7b26e1a429654affe2695e9610c0d75c201812d5dfe09676a74f80");
     CHECK(idem::fingerprint("POST /charges"s, std::int64_t{25000}, "BRL"s, true, 7u).hex() ==
@@ -68,15 +67,14 @@ TEST_CASE("fingerprint: order matters and parts do not run together", "[fingerpr
 TEST_CASE("fingerprint: types are tagged", "[fingerprint]") {
     // 1 != "1"
     CHECK(idem::fingerprint(1) != idem::fingerprint("1"s));
-    CHECK(idem::fingerprint(std::int64_t{49}) != idem::fingerprint("1"s)); // '1' == 49
+    CHECK(idem::fingerprint(std::int64_t{49}) != idem::fingerprint("1"s));  // '1' == 49
     // int and int64 of the same value are the same part
     CHECK(idem::fingerprint(123) == idem::fingerprint(std::int64_t{123}));
     CHECK(idem::fingerprint(static_cast<short>(-5)) == idem::fingerprint(std::int64_t{-5}));
     CHECK(idem::fingerprint(123u) == idem::fingerprint(std::uint64_t{123}));
     // signed and unsigned are tagged apart
     CHECK(idem::fingerprint(123) != idem::fingerprint(123u));
-    CHECK(idem::fingerprint(std::int64_t{-1}) !=
-          idem::fingerprint(std::uint64_t{0xFFFFFFFFFFFFFFFFull}));
+    CHECK(idem::fingerprint(std::int64_t{-1}) != idem::fingerprint(std::uint64_t{0xFFFFFFFFFFFFFFFFull}));
     // bool is not an integer
     CHECK(idem::fingerprint(true) != idem::fingerprint(1));
     CHECK(idem::fingerprint(true) != idem::fingerprint(1u));

@@ -1,6 +1,6 @@
 // Key: scope and value are each 1..255 bytes of valid UTF-8 without control characters.
-#include "idem/errors.hpp"
 #include "idem/key.hpp"
+#include "idem/errors.hpp"
 
 #include <catch2/catch.hpp>
 #include <string>
@@ -28,8 +28,12 @@ std::vector<Bad> bad_parts() {
         {"a\rb", "carriage return"},
         {"\x1f", "U+001F"},
         {"\x01key", "U+0001"},
-        {"a\xc2\x80" "b", "U+0080 (C1 control)"},
-        {"a\xc2\x9f" "b", "U+009F (C1 control)"},
+        {"a\xc2\x80"
+         "b",
+         "U+0080 (C1 control)"},
+        {"a\xc2\x9f"
+         "b",
+         "U+009F (C1 control)"},
         {"a\x7f", "DEL U+007F"},
         {"\xff", "0xFF is never UTF-8"},
         {"\xfe", "0xFE is never UTF-8"},
@@ -60,17 +64,17 @@ std::vector<std::string> good_parts() {
         "Robert'); DROP TABLE students;--",
         "%_*?[]{}()\"'`\\",
         "with spaces inside",
-        "caf\xc3\xa9",              // café
-        "\xe6\x97\xa5\xe6\x9c\xac", // 日本
-        "\xf0\x9f\x98\x80",         // U+1F600
-        "\xef\xbf\xbf",             // U+FFFF (a noncharacter, but valid UTF-8)
-        "\xf4\x8f\xbf\xbf",         // U+10FFFF, the last code point
+        "caf\xc3\xa9",               // café
+        "\xe6\x97\xa5\xe6\x9c\xac",  // 日本
+        "\xf0\x9f\x98\x80",          // U+1F600
+        "\xef\xbf\xbf",              // U+FFFF (a noncharacter, but valid UTF-8)
+        "\xf4\x8f\xbf\xbf",          // U+10FFFF, the last code point
         "550e8400-e29b-41d4-a716-446655440000",
         std::string(255, 'k'),
     };
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("Key accepts valid scopes and values verbatim", "[key]") {
     for (const auto& part : good_parts()) {
@@ -100,13 +104,12 @@ TEST_CASE("Key length is counted in bytes: 255 ok, 256 rejected", "[key]") {
     CHECK_THROWS_AS(idem::Key("s", std::string(256, 'v')), idem::invalid_key);
     CHECK_THROWS_AS(idem::Key(std::string(256, 's'), "v"), idem::invalid_key);
 
-    std::string euro255; // 85 x U+20AC (3 bytes each) = 255 bytes
-    for (int i = 0; i < 85; ++i)
-        euro255 += "\xe2\x82\xac";
+    std::string euro255;  // 85 x U+20AC (3 bytes each) = 255 bytes
+    for (int i = 0; i < 85; ++i) euro255 += "\xe2\x82\xac";
     REQUIRE(euro255.size() == 255);
     CHECK_NOTHROW(idem::Key("s", euro255));
-    CHECK_THROWS_AS(idem::Key("s", euro255 + "\xe2\x82\xac"), idem::invalid_key); // 258 bytes
-    CHECK_THROWS_AS(idem::Key("s", euro255 + "x"), idem::invalid_key);            // 256 bytes
+    CHECK_THROWS_AS(idem::Key("s", euro255 + "\xe2\x82\xac"), idem::invalid_key);  // 258 bytes
+    CHECK_THROWS_AS(idem::Key("s", euro255 + "x"), idem::invalid_key);             // 256 bytes
 }
 
 TEST_CASE("invalid_key is an idem::error and names the offending part", "[key]") {

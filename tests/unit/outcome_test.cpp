@@ -1,6 +1,6 @@
 // Result<T>: the value execute_once returns.
-#include "idem/errors.hpp"
 #include "idem/outcome.hpp"
+#include "idem/errors.hpp"
 #include "idem/response.hpp"
 
 #include <catch2/catch.hpp>
@@ -36,7 +36,7 @@ TEST_CASE("Result response() without a response throws std::logic_error", "[outc
     CHECK(in_progress.retry_after() == 250ms);
     CHECK_THROWS_AS(in_progress.response(), std::logic_error);
     CHECK_THROWS_AS(idem::Result<idem::Response>::in_progress(1ms).response(),
-                    std::logic_error); // &&
+                    std::logic_error);  // &&
 
     const auto mismatch = idem::Result<idem::Response>::mismatch();
     CHECK(mismatch.outcome() == idem::Outcome::mismatch);

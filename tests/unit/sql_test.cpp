@@ -86,7 +86,8 @@ TEST_CASE("the Citus rules refuse what Citus refuses", "[unit][sql]") {
     CHECK(citus_problems("UPDATE t SET a = 1 RETURNING clock_timestamp()").size() == 1);
     CHECK(citus_problems("UPDATE t SET a = 1 RETURNING a,\n  CURRENT_TIMESTAMP").size() == 1);
     CHECK(citus_problems("DELETE FROM t returning\tlocaltimestamp").size() == 1);
-    CHECK(citus_problems("WITH v AS (SELECT k FROM t LIMIT 1 FOR UPDATE SKIP LOCKED) DELETE FROM t USING v").size() == 1);
+    CHECK(citus_problems("WITH v AS (SELECT k FROM t LIMIT 1 FOR UPDATE SKIP LOCKED) DELETE FROM t USING v").size() ==
+          1);
     CHECK(citus_problems("SELECT 1 FROM t FOR SHARE").size() == 1);
     CHECK(citus_problems("CREATE TABLE a (x int); CREATE INDEX ON a (x)").size() == 1);
     CHECK(citus_problems("INSERT INTO t VALUES ($1) ON CONFLICT (scope, key) DO UPDATE SET at = now()").size() == 1);

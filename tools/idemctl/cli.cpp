@@ -1,10 +1,10 @@
 // tools/idemctl/cli.cpp — parsing idemctl's command line (see cli.hpp).
 #include "cli.hpp"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <fmt/format.h>
 #include <limits>
 
 namespace idemctl {
@@ -94,7 +94,7 @@ constexpr std::array<OptionSpec, 15> kOptions{{
 
 struct CommandSpec {
     std::string_view name;
-    std::size_t arguments; ///< positional arguments it needs
+    std::size_t arguments;  ///< positional arguments it needs
 };
 
 constexpr std::array<CommandSpec, 6> kCommands{{
@@ -111,16 +111,13 @@ constexpr std::array<CommandSpec, 6> kCommands{{
 }
 
 template <class Int>
-Int parse_integer(std::string_view text, std::string_view what, Int min,
-                  Int max = std::numeric_limits<Int>::max()) {
+Int parse_integer(std::string_view text, std::string_view what, Int min, Int max = std::numeric_limits<Int>::max()) {
     Int value{};
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (ec != std::errc{} || end != text.data() + text.size() || value < min || value > max) {
-        usage(fmt::format("{} must be an integer{}{}, not '{}'", what,
-                          min > 0 ? fmt::format(" of at least {}", min) : std::string(),
-                          max < std::numeric_limits<Int>::max() ? fmt::format(" and at most {}", max)
-                                                               : std::string(),
-                          text));
+        usage(fmt::format(
+            "{} must be an integer{}{}, not '{}'", what, min > 0 ? fmt::format(" of at least {}", min) : std::string(),
+            max < std::numeric_limits<Int>::max() ? fmt::format(" and at most {}", max) : std::string(), text));
     }
     return value;
 }
@@ -129,71 +126,43 @@ Int parse_integer(std::string_view text, std::string_view what, Int min,
 constexpr std::size_t kMostRows = 1'000'000'000;
 
 void apply(Options& o, std::string_view name, const std::string& value) {
-    if (name == "--db")
-        o.conninfo = value;
-    else if (name == "--table")
-        o.table = value;
-    else if (name == "--json")
-        o.json = true;
-    else if (name == "--help" || name == "-h")
-        o.help = true;
-    else if (name == "--yes")
-        o.yes = true;
-    else if (name == "--force")
-        o.force = true;
+    if (name == "--db") o.conninfo = value;
+    else if (name == "--table") o.table = value;
+    else if (name == "--json") o.json = true;
+    else if (name == "--help" || name == "-h") o.help = true;
+    else if (name == "--yes") o.yes = true;
+    else if (name == "--force") o.force = true;
     else if (name == "--fence")
-        o.fence =
-            parse_integer<std::int64_t>(value, "--fence", std::numeric_limits<std::int64_t>::min());
-    else if (name == "--scope")
-        o.scope = value;
-    else if (name == "--scope-prefix")
-        o.scope_prefix = value;
+        o.fence = parse_integer<std::int64_t>(value, "--fence", std::numeric_limits<std::int64_t>::min());
+    else if (name == "--scope") o.scope = value;
+    else if (name == "--scope-prefix") o.scope_prefix = value;
     else if (name == "--state") {
         if (value != "in_progress" && value != "completed" && value != "expired") {
-            usage(
-                fmt::format("--state must be in_progress, completed or expired, not '{}'", value));
+            usage(fmt::format("--state must be in_progress, completed or expired, not '{}'", value));
         }
         o.state = value;
-    } else if (name == "--stale")
-        o.stale = true;
-    else if (name == "--older-than")
-        o.older_than = parse_duration(value);
-    else if (name == "--limit")
-        o.limit = parse_integer<std::size_t>(value, "--limit", 1, kMostRows);
-    else if (name == "--batch")
-        o.batch = parse_integer<std::size_t>(value, "--batch", 1, kMostRows);
+    } else if (name == "--stale") o.stale = true;
+    else if (name == "--older-than") o.older_than = parse_duration(value);
+    else if (name == "--limit") o.limit = parse_integer<std::size_t>(value, "--limit", 1, kMostRows);
+    else if (name == "--batch") o.batch = parse_integer<std::size_t>(value, "--batch", 1, kMostRows);
 }
 
-} // namespace
+}  // namespace
 
-std::string_view help_text() noexcept {
-    return kHelp;
-}
+std::string_view help_text() noexcept { return kHelp; }
 
 std::chrono::seconds parse_duration(std::string_view text) {
     const auto bad = [&] {
-        usage(fmt::format(
-            "'{}' is not a duration: a positive whole number and a unit, s, m, h or d (e.g. 10m)",
-            text));
+        usage(fmt::format("'{}' is not a duration: a positive whole number and a unit, s, m, h or d (e.g. 10m)", text));
     };
-    if (text.size() < 2)
-        bad();
+    if (text.size() < 2) bad();
     std::int64_t per_unit = 0;
     switch (text.back()) {
-    case 's':
-        per_unit = 1;
-        break;
-    case 'm':
-        per_unit = 60;
-        break;
-    case 'h':
-        per_unit = 3600;
-        break;
-    case 'd':
-        per_unit = 86400;
-        break;
-    default:
-        bad();
+        case 's': per_unit = 1; break;
+        case 'm': per_unit = 60; break;
+        case 'h': per_unit = 3600; break;
+        case 'd': per_unit = 86400; break;
+        default: bad();
     }
     const std::string_view digits = text.substr(0, text.size() - 1);
     std::int64_t n = 0;
@@ -209,7 +178,7 @@ Options parse(int argc, const char* const* argv) {
     Options o;
     std::vector<std::pair<const OptionSpec*, std::string>> given;
     std::vector<std::string> positional;
-    bool options_ended = false; // after "--" everything is positional (a key may start with '-')
+    bool options_ended = false;  // after "--" everything is positional (a key may start with '-')
     for (int i = 1; i < argc; ++i) {
         std::string_view arg = argv[i];
         if (!options_ended && arg == "--") {
@@ -226,10 +195,9 @@ Options parse(int argc, const char* const* argv) {
             name = arg.substr(0, eq);
             inline_value = std::string(arg.substr(eq + 1));
         }
-        const auto spec = std::find_if(kOptions.begin(), kOptions.end(),
-                                       [&](const OptionSpec& s) { return s.name == name; });
-        if (spec == kOptions.end())
-            usage(fmt::format("unknown option '{}'", name));
+        const auto spec =
+            std::find_if(kOptions.begin(), kOptions.end(), [&](const OptionSpec& s) { return s.name == name; });
+        if (spec == kOptions.end()) usage(fmt::format("unknown option '{}'", name));
         std::string value;
         if (spec->takes_value) {
             if (inline_value) {
@@ -245,38 +213,31 @@ Options parse(int argc, const char* const* argv) {
         given.emplace_back(&*spec, std::move(value));
     }
     for (const auto& [spec, value] : given) {
-        if (spec->name == "--help" || spec->name == "-h")
-            o.help = true;
+        if (spec->name == "--help" || spec->name == "-h") o.help = true;
     }
-    if (o.help)
-        return o;
-    if (positional.empty())
-        usage("no command given");
+    if (o.help) return o;
+    if (positional.empty()) usage("no command given");
     o.command = positional.front();
-    const auto command = std::find_if(kCommands.begin(), kCommands.end(),
-                                      [&](const CommandSpec& c) { return c.name == o.command; });
-    if (command == kCommands.end())
-        usage(fmt::format("unknown command '{}'", o.command));
+    const auto command =
+        std::find_if(kCommands.begin(), kCommands.end(), [&](const CommandSpec& c) { return c.name == o.command; });
+    if (command == kCommands.end()) usage(fmt::format("unknown command '{}'", o.command));
     o.arguments.assign(positional.begin() + 1, positional.end());
     if (o.arguments.size() != command->arguments) {
-        usage(command->arguments == 0
-                  ? fmt::format("{} takes no arguments", o.command)
-                  : fmt::format("{} needs {} arguments: SCOPE KEY", o.command, command->arguments));
+        usage(command->arguments == 0 ? fmt::format("{} takes no arguments", o.command)
+                                      : fmt::format("{} needs {} arguments: SCOPE KEY", o.command, command->arguments));
     }
     for (const auto& [spec, value] : given) {
         const auto& allowed = spec->commands;
-        const bool everywhere = std::all_of(allowed.begin(), allowed.end(),
-                                            [](std::string_view c) { return c.empty(); });
+        const bool everywhere =
+            std::all_of(allowed.begin(), allowed.end(), [](std::string_view c) { return c.empty(); });
         if (!everywhere && std::find(allowed.begin(), allowed.end(), o.command) == allowed.end()) {
             usage(fmt::format("{} does not take {}", o.command, spec->name));
         }
         apply(o, spec->name, value);
     }
-    if (o.command == "release" && !o.fence)
-        usage("release needs --fence F (the fence idemctl show prints)");
-    if (o.scope && o.scope_prefix)
-        usage("--scope and --scope-prefix exclude each other");
+    if (o.command == "release" && !o.fence) usage("release needs --fence F (the fence idemctl show prints)");
+    if (o.scope && o.scope_prefix) usage("--scope and --scope-prefix exclude each other");
     return o;
 }
 
-} // namespace idemctl
+}  // namespace idemctl

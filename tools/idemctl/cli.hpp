@@ -19,21 +19,20 @@ namespace idemctl {
 /// idemctl's exit codes (also in `idemctl --help` and docs/reliability.md).
 enum class Exit : int {
     ok = 0,
-    not_found = 1,   ///< no record for the key
-    usage = 2,       ///< bad command line or input (invalid scope/key, duration, fence), or a
-                     ///< release that was not confirmed
-    unavailable = 3, ///< the database cannot be reached (or timed out): try again
-    fence = 4,       ///< release: the fence does not own the key (lease_lost); nothing changed
-    config = 5,      ///< a permanent misconfiguration: no such table/database/role, failed
-                     ///< authentication, missing privilege
-    failure = 6,     ///< anything else: the database refused a statement, a corrupt record
+    not_found = 1,    ///< no record for the key
+    usage = 2,        ///< bad command line or input (invalid scope/key, duration, fence), or a
+                      ///< release that was not confirmed
+    unavailable = 3,  ///< the database cannot be reached (or timed out): try again
+    fence = 4,        ///< release: the fence does not own the key (lease_lost); nothing changed
+    config = 5,       ///< a permanent misconfiguration: no such table/database/role, failed
+                      ///< authentication, missing privilege
+    failure = 6,      ///< anything else: the database refused a statement, a corrupt record
 };
 
 /// A failure idemctl reports: the message (without "idemctl: ") and the exit code it ends with.
 class ToolError : public std::runtime_error {
 public:
-    ToolError(Exit exit_code, const std::string& message)
-        : std::runtime_error(message), exit_(exit_code) {}
+    ToolError(Exit exit_code, const std::string& message) : std::runtime_error(message), exit_(exit_code) {}
     [[nodiscard]] Exit exit_code() const noexcept { return exit_; }
 
 private:
@@ -42,23 +41,23 @@ private:
 
 /// Everything the command line said. Options a command does not take are refused by parse().
 struct Options {
-    std::string command;                ///< show, list, stats, purge, release, reconcile-report
-    std::vector<std::string> arguments; ///< the command's positional arguments (SCOPE KEY)
+    std::string command;                 ///< show, list, stats, purge, release, reconcile-report
+    std::vector<std::string> arguments;  ///< the command's positional arguments (SCOPE KEY)
     bool help = false;
     bool json = false;
     bool yes = false;
     bool force = false;  // release: also while the key's lease has not passed
     /// --db; unset: libpq's environment (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...).
     std::string conninfo;
-    std::string table;                       ///< --table; default: the library's default table
-    std::optional<std::int64_t> fence;       ///< release --fence
-    std::optional<std::string> scope;        ///< --scope (exact)
-    std::optional<std::string> scope_prefix; ///< --scope-prefix (literal)
-    std::optional<std::string> state;        ///< list --state: in_progress, completed, expired
-    bool stale = false;                      ///< list --stale
-    std::optional<std::chrono::seconds> older_than; ///< list --older-than (by created_at)
-    std::size_t limit = 0;    ///< list / reconcile-report --limit (0: the default)
-    std::size_t batch = 1000; ///< purge --batch
+    std::string table;                               ///< --table; default: the library's default table
+    std::optional<std::int64_t> fence;               ///< release --fence
+    std::optional<std::string> scope;                ///< --scope (exact)
+    std::optional<std::string> scope_prefix;         ///< --scope-prefix (literal)
+    std::optional<std::string> state;                ///< list --state: in_progress, completed, expired
+    bool stale = false;                              ///< list --stale
+    std::optional<std::chrono::seconds> older_than;  ///< list --older-than (by created_at)
+    std::size_t limit = 0;                           ///< list / reconcile-report --limit (0: the default)
+    std::size_t batch = 1000;                        ///< purge --batch
 };
 
 /// Parses argv. Throws ToolError(Exit::usage) with a message naming the offending argument.
@@ -71,4 +70,4 @@ struct Options {
 /// `idemctl --help`: commands, options and exit codes.
 [[nodiscard]] std::string_view help_text() noexcept;
 
-} // namespace idemctl
+}  // namespace idemctl

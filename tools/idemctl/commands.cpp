@@ -10,15 +10,15 @@
 #include "json.hpp"
 #include "text.hpp"
 
+#include <fmt/format.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <fmt/format.h>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 namespace idemctl {
@@ -26,9 +26,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::string table_of(const Options& o) {
-    return o.table.empty() ? idem::PostgresOptions{}.table : o.table;
-}
+std::string table_of(const Options& o) { return o.table.empty() ? idem::PostgresOptions{}.table : o.table; }
 
 /// The --table name, checked by the library's rules (PostgresStore::schema_sql throws config_error
 /// for a name it would refuse): a bad one is a usage error, before any connection.
@@ -37,8 +35,7 @@ std::string checked_table_name(const Options& o) {
     try {
         (void)idem::PostgresStore::schema_sql(table);
     } catch (const idem::config_error& e) {
-        throw ToolError(Exit::usage,
-                        "--table: " + std::string(idem::detail::without_prefix(e.what())));
+        throw ToolError(Exit::usage, "--table: " + std::string(idem::detail::without_prefix(e.what())));
     }
     return table;
 }
@@ -54,13 +51,9 @@ std::unique_ptr<idem::PostgresStore> open_store(const Options& o) {
 }
 
 /// The table name checked and quoted for idemctl's own SQL.
-std::string checked_table(const Options& o) {
-    return quoted_table(checked_table_name(o));
-}
+std::string checked_table(const Options& o) { return quoted_table(checked_table_name(o)); }
 
-idem::Key key_of(const Options& o) {
-    return idem::Key{o.arguments[0], o.arguments[1]};
-}
+idem::Key key_of(const Options& o) { return idem::Key{o.arguments[0], o.arguments[1]}; }
 
 std::string key_label(const std::string& scope, const std::string& key) {
     return fmt::format("scope '{}' key '{}'", printable(scope), printable(key));
@@ -68,19 +61,16 @@ std::string key_label(const std::string& scope, const std::string& key) {
 
 ToolError not_found(const Options& o, const idem::Key& key) {
     return ToolError(Exit::not_found,
-                     fmt::format("no record for {} in table {}",
-                                 key_label(key.scope(), key.value()), table_of(o)));
+                     fmt::format("no record for {} in table {}", key_label(key.scope(), key.value()), table_of(o)));
 }
 
 /// One column-aligned table; the last column is not padded.
 void print_table(std::ostream& out, const std::vector<std::string>& header,
                  const std::vector<std::vector<std::string>>& rows) {
     std::vector<std::size_t> width(header.size());
-    for (std::size_t c = 0; c < header.size(); ++c)
-        width[c] = header[c].size();
+    for (std::size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
     for (const auto& row : rows) {
-        for (std::size_t c = 0; c < row.size(); ++c)
-            width[c] = std::max(width[c], row[c].size());
+        for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
     }
     const auto line = [&](const std::vector<std::string>& cells) {
         std::string s;
@@ -90,8 +80,7 @@ void print_table(std::ostream& out, const std::vector<std::string>& header,
         out << s << '\n';
     };
     line(header);
-    for (const auto& row : rows)
-        line(row);
+    for (const auto& row : rows) line(row);
 }
 
 // --- show -------------------------------------------------------------------------------------
@@ -99,8 +88,7 @@ void print_table(std::ostream& out, const std::vector<std::string>& header,
 /// The stored result as an HTTP response (idem::codec<Response>, as idem/http.hpp stores it), if it
 /// is one.
 std::optional<idem::Response> as_response(const std::string& result) {
-    if (!result.starts_with("IDR1"))
-        return std::nullopt;
+    if (!result.starts_with("IDR1")) return std::nullopt;
     try {
         return idem::codec<idem::Response>::decode(result);
     } catch (const idem::corrupt_record&) {
@@ -156,13 +144,10 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
     row("attempt", std::to_string(r.attempt));
     row("fence", std::to_string(r.fence));
     row("fingerprint", "sha256:" + r.fingerprint.hex());
-    row("created_at",
-        fmt::format("{} ({})", format_time(r.created_at), relative(r.created_at, r.read_at)));
+    row("created_at", fmt::format("{} ({})", format_time(r.created_at), relative(r.created_at, r.read_at)));
     std::string lease = relative(r.lease_until, r.read_at);
-    if (r.lease_until < r.read_at)
-        lease = "passed " + lease;
-    if (r.lease_expired)
-        lease += "; stale: a reconciler may take it over";
+    if (r.lease_until < r.read_at) lease = "passed " + lease;
+    if (r.lease_expired) lease += "; stale: a reconciler may take it over";
     row("lease_until", fmt::format("{} ({})", format_time(r.lease_until), lease));
     std::string expiry = relative(r.expires_at, r.read_at);
     if (r.expires_at < r.read_at) {
@@ -173,22 +158,19 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
     row("expires_at", fmt::format("{} ({})", format_time(r.expires_at), expiry));
     row("phase", r.phase ? printable(*r.phase) : "-");
     row("phase_data",
-        r.phase_data ? fmt::format("{} ({} bytes)", printable(*r.phase_data), r.phase_data->size())
-                     : "-");
+        r.phase_data ? fmt::format("{} ({} bytes)", printable(*r.phase_data), r.phase_data->size()) : "-");
     if (!r.result) {
         row("result", "- (none yet: in progress)");
         return;
     }
     const auto response = as_response(*r.result);
     if (!response) {
-        row("result", fmt::format("{} bytes (not an HTTP response): {}", r.result->size(),
-                                  printable(*r.result)));
+        row("result", fmt::format("{} bytes (not an HTTP response): {}", r.result->size(), printable(*r.result)));
         return;
     }
     row("result", fmt::format("{} bytes: an HTTP response", r.result->size()));
     row("status", std::to_string(response->status));
-    for (const auto& [name, value] : response->headers)
-        row("header", printable(name) + ": " + printable(value));
+    for (const auto& [name, value] : response->headers) row("header", printable(name) + ": " + printable(value));
     row("body", fmt::format("{} bytes: {}", response->body.size(), printable(response->body)));
 }
 
@@ -196,21 +178,16 @@ Exit show(const Options& o, std::ostream& out) {
     const idem::Key key = key_of(o);
     const auto store = open_store(o);
     const auto record = store->read(key);
-    if (!record)
-        throw not_found(o, key);
-    if (o.json)
-        out << record_json(key, *record).dump() << '\n';
-    else
-        print_record(out, key, *record);
+    if (!record) throw not_found(o, key);
+    if (o.json) out << record_json(key, *record).dump() << '\n';
+    else print_record(out, key, *record);
     return Exit::ok;
 }
 
 // --- list -------------------------------------------------------------------------------------
 
 /// Microseconds since the epoch of a timestamptz column, as the SQL below selects them.
-TimePoint from_micros(std::int64_t us) {
-    return TimePoint(std::chrono::microseconds(us));
-}
+TimePoint from_micros(std::int64_t us) { return TimePoint(std::chrono::microseconds(us)); }
 
 /// SQL for a timestamptz expression as whole microseconds since the epoch (from_micros reads it).
 std::string micros(std::string_view expression) {
@@ -218,10 +195,8 @@ std::string micros(std::string_view expression) {
 }
 
 Exit list(const Options& o, std::ostream& out) {
-    if (o.scope)
-        (void)idem::ScopeFilter::exact(*o.scope); // invalid_key: exit 2
-    if (o.scope_prefix)
-        (void)idem::ScopeFilter::prefix(*o.scope_prefix);
+    if (o.scope) (void)idem::ScopeFilter::exact(*o.scope);  // invalid_key: exit 2
+    if (o.scope_prefix) (void)idem::ScopeFilter::prefix(*o.scope_prefix);
     const std::string table = checked_table(o);
     const std::size_t limit = o.limit == 0 ? 50 : o.limit;
     // Filters are parameters (NULL: not filtering), so the statement text never varies.
@@ -241,18 +216,15 @@ Exit list(const Options& o, std::ostream& out) {
     const Rows rows = db.query(
         sql,
         {o.scope, o.scope_prefix, o.state, o.stale ? "true" : "false",
-         o.older_than ? std::optional(std::to_string(o.older_than->count())) : std::nullopt,
-         std::to_string(limit + 1)},
+         o.older_than ? std::optional(std::to_string(o.older_than->count())) : std::nullopt, std::to_string(limit + 1)},
         table_of(o));
     const std::size_t shown = std::min<std::size_t>(static_cast<std::size_t>(rows.count()), limit);
     const bool more = static_cast<std::size_t>(rows.count()) > limit;
     Json records = Json::array();
     std::vector<std::vector<std::string>> table_rows;
     for (int i = 0; i < static_cast<int>(shown); ++i) {
-        const TimePoint created = from_micros(rows.integer(i, 6)),
-                        lease = from_micros(rows.integer(i, 7)),
-                        expires = from_micros(rows.integer(i, 8)),
-                        now = from_micros(rows.integer(i, 12));
+        const TimePoint created = from_micros(rows.integer(i, 6)), lease = from_micros(rows.integer(i, 7)),
+                        expires = from_micros(rows.integer(i, 8)), now = from_micros(rows.integer(i, 12));
         const bool stale = rows.boolean(i, 10), expired = rows.boolean(i, 11);
         const std::string state = expired ? "expired" : rows.text(i, 2);
         if (o.json) {
@@ -260,9 +232,7 @@ Exit list(const Options& o, std::ostream& out) {
             // (text columns, but in a database whose encoding is not UTF8 they may hold any bytes)
             set_bytes(r, "scope", rows.text(i, 0));
             set_bytes(r, "key", rows.text(i, 1));
-            r.set("state", rows.text(i, 2))
-                .set("attempt", rows.integer(i, 3))
-                .set("fence", rows.integer(i, 4));
+            r.set("state", rows.text(i, 2)).set("attempt", rows.integer(i, 3)).set("fence", rows.integer(i, 4));
             set_optional_bytes(r, "phase", rows.optional_text(i, 5));
             r.set("created_at", format_time(created)).set("age_ms", millis_between(created, now));
             r.set("lease_until", format_time(lease)).set("stale", stale);
@@ -270,19 +240,15 @@ Exit list(const Options& o, std::ostream& out) {
             r.set("result_bytes", rows.is_null(i, 9) ? Json() : Json(rows.integer(i, 9)));
             records.push(std::move(r));
         } else {
-            table_rows.push_back({printable(rows.text(i, 0)), printable(rows.text(i, 1)),
-                                  state + (stale ? " (stale)" : ""), rows.text(i, 3),
-                                  format_duration(milliseconds(millis_between(created, now))),
-                                  relative(lease, now),
-                                  rows.is_null(i, 5) ? "-" : printable(rows.text(i, 5)),
-                                  rows.is_null(i, 9) ? "-" : rows.text(i, 9)});
+            table_rows.push_back(
+                {printable(rows.text(i, 0)), printable(rows.text(i, 1)), state + (stale ? " (stale)" : ""),
+                 rows.text(i, 3), format_duration(milliseconds(millis_between(created, now))), relative(lease, now),
+                 rows.is_null(i, 5) ? "-" : printable(rows.text(i, 5)), rows.is_null(i, 9) ? "-" : rows.text(i, 9)});
         }
     }
     if (o.json) {
         Json j = Json::object();
-        j.set("table", table_of(o))
-            .set("count", static_cast<std::uint64_t>(shown))
-            .set("more", more);
+        j.set("table", table_of(o)).set("count", static_cast<std::uint64_t>(shown)).set("more", more);
         j.set("records", std::move(records));
         out << j.dump() << '\n';
         return Exit::ok;
@@ -291,11 +257,8 @@ Exit list(const Options& o, std::ostream& out) {
         out << "no records match\n";
         return Exit::ok;
     }
-    print_table(out, {"SCOPE", "KEY", "STATE", "ATTEMPT", "AGE", "LEASE", "PHASE", "RESULT_BYTES"},
-                table_rows);
-    if (more)
-        out << fmt::format("(more than {} records match: raise --limit or narrow the filters)\n",
-                           limit);
+    print_table(out, {"SCOPE", "KEY", "STATE", "ATTEMPT", "AGE", "LEASE", "PHASE", "RESULT_BYTES"}, table_rows);
+    if (more) out << fmt::format("(more than {} records match: raise --limit or narrow the filters)\n", limit);
     return Exit::ok;
 }
 
@@ -304,23 +267,21 @@ Exit list(const Options& o, std::ostream& out) {
 Exit stats(const Options& o, std::ostream& out) {
     const std::string table = checked_table(o);
     Database db(o.conninfo);
-    const Rows counts = db.query(
-        fmt::format(
-            "SELECT count(*) FILTER (WHERE state = 'in_progress'), "
-            "count(*) FILTER (WHERE state = 'in_progress' AND lease_until < now()), "
-            "count(*) FILTER (WHERE state = 'completed'), "
-            "count(*) FILTER (WHERE state = 'completed' AND expires_at < now()), {} FROM {}",
-            micros("now()"), table),
-        {}, table_of(o));
-    const Rows oldest =
-        db.query(fmt::format("SELECT scope, key, {} FROM {} WHERE state = 'in_progress' "
-                             "ORDER BY created_at, scope, key LIMIT 1",
-                             micros("created_at"), table),
+    const Rows counts =
+        db.query(fmt::format("SELECT count(*) FILTER (WHERE state = 'in_progress'), "
+                             "count(*) FILTER (WHERE state = 'in_progress' AND lease_until < now()), "
+                             "count(*) FILTER (WHERE state = 'completed'), "
+                             "count(*) FILTER (WHERE state = 'completed' AND expires_at < now()), {} FROM {}",
+                             micros("now()"), table),
                  {}, table_of(o));
-    const Rows size =
-        db.query("SELECT pg_table_size(c), pg_indexes_size(c), pg_total_relation_size(c) "
-                 "FROM (SELECT to_regclass($1) AS c) AS t",
-                 {table}, table_of(o));
+    const Rows oldest = db.query(fmt::format("SELECT scope, key, {} FROM {} WHERE state = 'in_progress' "
+                                             "ORDER BY created_at, scope, key LIMIT 1",
+                                             micros("created_at"), table),
+                                 {}, table_of(o));
+    const Rows size = db.query(
+        "SELECT pg_table_size(c), pg_indexes_size(c), pg_total_relation_size(c) "
+        "FROM (SELECT to_regclass($1) AS c) AS t",
+        {table}, table_of(o));
     const std::int64_t in_progress = counts.integer(0, 0), stale = counts.integer(0, 1),
                        completed = counts.integer(0, 2), expired = counts.integer(0, 3);
     const TimePoint now = from_micros(counts.integer(0, 4));
@@ -346,10 +307,8 @@ Exit stats(const Options& o, std::ostream& out) {
         return Exit::ok;
     }
     out << fmt::format("table        {}\n", table_of(o));
-    out << fmt::format("in_progress  {} ({} past their lease: stale, for the reconciler)\n",
-                       in_progress, stale);
-    out << fmt::format("completed    {} ({} past retention: expired, for purge)\n", completed,
-                       expired);
+    out << fmt::format("in_progress  {} ({} past their lease: stale, for the reconciler)\n", in_progress, stale);
+    out << fmt::format("completed    {} ({} past retention: expired, for purge)\n", completed, expired);
     out << fmt::format("total        {}\n", in_progress + completed);
     if (oldest.count() == 1) {
         const TimePoint created = from_micros(oldest.integer(0, 2));
@@ -359,8 +318,8 @@ Exit stats(const Options& o, std::ostream& out) {
     } else {
         out << "oldest in_progress  -\n";
     }
-    out << fmt::format("size         table {} bytes, indexes {} bytes, total {} bytes\n",
-                       size.integer(0, 0), size.integer(0, 1), size.integer(0, 2));
+    out << fmt::format("size         table {} bytes, indexes {} bytes, total {} bytes\n", size.integer(0, 0),
+                       size.integer(0, 1), size.integer(0, 2));
     return Exit::ok;
 }
 
@@ -377,13 +336,10 @@ Exit purge(const Options& o, std::ostream& out) {
         purged += n;
         ++batches;
         if (progress)
-            std::cerr << fmt::format("\rpurged {} expired records ({} batches)", purged, batches)
-                      << std::flush;
-        if (n < o.batch)
-            break;
+            std::cerr << fmt::format("\rpurged {} expired records ({} batches)", purged, batches) << std::flush;
+        if (n < o.batch) break;
     }
-    if (progress)
-        std::cerr << '\n';
+    if (progress) std::cerr << '\n';
     if (o.json) {
         Json j = Json::object();
         j.set("table", table_of(o))
@@ -391,8 +347,8 @@ Exit purge(const Options& o, std::ostream& out) {
             .set("batches", static_cast<std::uint64_t>(batches));
         out << j.dump() << '\n';
     } else {
-        out << fmt::format("purged {} expired records from {} in {} batches of up to {}\n", purged,
-                           table_of(o), batches, o.batch);
+        out << fmt::format("purged {} expired records from {} in {} batches of up to {}\n", purged, table_of(o),
+                           batches, o.batch);
     }
     return Exit::ok;
 }
@@ -405,12 +361,10 @@ bool confirmed(const idem::Key& key, const idem::Record& r, idem::Fence fence) {
         "Release {} (state {}, attempt {}, phase {}, fence {})?\n"
         "{}Only if its effect CERTAINLY did not happen: the next retry runs it again.\n"
         "Type yes to release: ",
-        key_label(key.scope(), key.value()), idem::to_string(r.state), r.attempt,
-        r.phase ? printable(*r.phase) : "-", fence,
-        r.lease_expired ? "" : "Its lease has not passed: an attempt may be running right now.\n");
+        key_label(key.scope(), key.value()), idem::to_string(r.state), r.attempt, r.phase ? printable(*r.phase) : "-",
+        fence, r.lease_expired ? "" : "Its lease has not passed: an attempt may be running right now.\n");
     std::string answer;
-    if (!std::getline(std::cin, answer))
-        return false;
+    if (!std::getline(std::cin, answer)) return false;
     return answer == "yes";
 }
 
@@ -424,26 +378,21 @@ Exit release(const Options& o, std::ostream& out) {
     }
     const auto store = open_store(o);
     const auto record = store->read(key);
-    if (!record)
-        throw not_found(o, key);
+    if (!record) throw not_found(o, key);
     const auto mismatch = [&](const idem::Record& r) {
-        return ToolError(
-            Exit::fence,
-            fmt::format("fence {} does not own {}: it is {} with fence {} (nothing was changed)",
-                        *o.fence, key_label(key.scope(), key.value()), idem::to_string(r.state),
-                        r.fence));
+        return ToolError(Exit::fence,
+                         fmt::format("fence {} does not own {}: it is {} with fence {} (nothing was changed)", *o.fence,
+                                     key_label(key.scope(), key.value()), idem::to_string(r.state), r.fence));
     };
-    if (record->state != idem::RecordState::in_progress || record->fence != *o.fence)
-        throw mismatch(*record);
+    if (record->state != idem::RecordState::in_progress || record->fence != *o.fence) throw mismatch(*record);
     if (!record->lease_expired && !o.force) {
         // The fence does not tell a stuck key from one whose effect is running right now: releasing
         // that one lets the next request run the effect a second time.
-        throw ToolError(
-            Exit::usage,
-            fmt::format("{} is still within its lease (until {}): an attempt may be running its effect "
-                        "right now, and releasing it would let the next request run it again. Wait "
-                        "until the lease passes, or pass --force (nothing was changed)",
-                        key_label(key.scope(), key.value()), format_time(record->lease_until)));
+        throw ToolError(Exit::usage,
+                        fmt::format("{} is still within its lease (until {}): an attempt may be running its effect "
+                                    "right now, and releasing it would let the next request run it again. Wait "
+                                    "until the lease passes, or pass --force (nothing was changed)",
+                                    key_label(key.scope(), key.value()), format_time(record->lease_until)));
     }
     if (!o.yes && !confirmed(key, *record, *o.fence)) {
         throw ToolError(Exit::usage, "release not confirmed (nothing was changed)");
@@ -452,23 +401,17 @@ Exit release(const Options& o, std::ostream& out) {
         store->release(key, *o.fence);
     } catch (const idem::lease_lost&) {
         // Taken over, saved or released since the read: say what it is now.
-        if (const auto now = store->read(key))
-            throw mismatch(*now);
-        throw ToolError(Exit::not_found,
-                        fmt::format("{} was released or purged meanwhile (nothing was changed)",
-                                    key_label(key.scope(), key.value())));
+        if (const auto now = store->read(key)) throw mismatch(*now);
+        throw ToolError(Exit::not_found, fmt::format("{} was released or purged meanwhile (nothing was changed)",
+                                                     key_label(key.scope(), key.value())));
     }
     if (o.json) {
         Json j = Json::object();
-        j.set("released", true)
-            .set("scope", key.scope())
-            .set("key", key.value())
-            .set("fence", *o.fence);
+        j.set("released", true).set("scope", key.scope()).set("key", key.value()).set("fence", *o.fence);
         out << j.dump() << '\n';
     } else {
-        out << fmt::format(
-            "released {} (fence {}): the next request with this key runs its effect\n",
-            key_label(key.scope(), key.value()), *o.fence);
+        out << fmt::format("released {} (fence {}): the next request with this key runs its effect\n",
+                           key_label(key.scope(), key.value()), *o.fence);
     }
     return Exit::ok;
 }
@@ -479,8 +422,7 @@ Exit release(const Options& o, std::ostream& out) {
 class UndecodableRows final : public idem::Observer {
 public:
     void on_event(const idem::EventInfo& event) noexcept override {
-        if (event.event == idem::Event::reconcile_failed)
-            count.fetch_add(1, std::memory_order_relaxed);
+        if (event.event == idem::Event::reconcile_failed) count.fetch_add(1, std::memory_order_relaxed);
     }
     std::atomic<std::uint64_t> count{0};
 };
@@ -501,22 +443,16 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
         const auto age = milliseconds(millis_between(r.created_at, r.read_at));
         if (o.json) {
             Json k = Json::object();
-            k.set("scope", key.scope())
-                .set("key", key.value())
-                .set("attempt", r.attempt)
-                .set("fence", r.fence);
+            k.set("scope", key.scope()).set("key", key.value()).set("attempt", r.attempt).set("fence", r.fence);
             set_optional_bytes(k, "phase", r.phase);
             set_optional_bytes(k, "phase_data", r.phase_data);
-            k.set("created_at", format_time(r.created_at))
-                .set("lease_until", format_time(r.lease_until));
+            k.set("created_at", format_time(r.created_at)).set("lease_until", format_time(r.lease_until));
             k.set("lease_passed_ms", lease_age.count()).set("age_ms", age.count());
             keys.push(std::move(k));
         } else {
-            rows.push_back({printable(key.scope()), printable(key.value()),
-                            std::to_string(r.attempt), std::to_string(r.fence),
-                            format_duration(lease_age) + " ago", format_duration(age),
-                            r.phase ? printable(*r.phase) : "-",
-                            r.phase_data ? printable(*r.phase_data) : "-"});
+            rows.push_back({printable(key.scope()), printable(key.value()), std::to_string(r.attempt),
+                            std::to_string(r.fence), format_duration(lease_age) + " ago", format_duration(age),
+                            r.phase ? printable(*r.phase) : "-", r.phase_data ? printable(*r.phase_data) : "-"});
         }
     }
     const std::uint64_t bad = undecodable->count.load();
@@ -532,16 +468,12 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
         return Exit::ok;
     }
     if (!stale.empty()) {
-        out << fmt::format("{} stale keys (in progress, lease passed), oldest lease first:\n",
-                           stale.size());
-        print_table(
-            out, {"SCOPE", "KEY", "ATTEMPT", "FENCE", "LEASE_PASSED", "AGE", "PHASE", "PHASE_DATA"},
-            rows);
+        out << fmt::format("{} stale keys (in progress, lease passed), oldest lease first:\n", stale.size());
+        print_table(out, {"SCOPE", "KEY", "ATTEMPT", "FENCE", "LEASE_PASSED", "AGE", "PHASE", "PHASE_DATA"}, rows);
     }
     if (bad > 0) {
-        out << fmt::format(
-            "{} stale rows could not be decoded (corrupt records; idemctl list shows their keys)\n",
-            bad);
+        out << fmt::format("{} stale rows could not be decoded (corrupt records; idemctl list shows their keys)\n",
+                           bad);
     }
     out << "A Reconciler resolves these from the provider's answer. By hand: idemctl show SCOPE "
            "KEY; only when the\n"
@@ -549,20 +481,15 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
     return Exit::ok;
 }
 
-} // namespace
+}  // namespace
 
 Exit run(const Options& o, std::ostream& out) {
-    if (o.command == "show")
-        return show(o, out);
-    if (o.command == "list")
-        return list(o, out);
-    if (o.command == "stats")
-        return stats(o, out);
-    if (o.command == "purge")
-        return purge(o, out);
-    if (o.command == "release")
-        return release(o, out);
+    if (o.command == "show") return show(o, out);
+    if (o.command == "list") return list(o, out);
+    if (o.command == "stats") return stats(o, out);
+    if (o.command == "purge") return purge(o, out);
+    if (o.command == "release") return release(o, out);
     return reconcile_report(o, out);
 }
 
-} // namespace idemctl
+}  // namespace idemctl

@@ -17,4 +17,4 @@ namespace idemctl {
 /// when they are terminals.
 Exit run(const Options& o, std::ostream& out);
 
-} // namespace idemctl
+}  // namespace idemctl

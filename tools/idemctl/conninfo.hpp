@@ -23,4 +23,4 @@ void require_parsable(const std::string& conninfo);
 /// `message` with every occurrence of a password from `conninfo` or PGPASSWORD replaced by "***".
 [[nodiscard]] std::string scrub(std::string message, const std::string& conninfo);
 
-} // namespace idemctl
+}  // namespace idemctl

@@ -4,10 +4,10 @@
 #include "cli.hpp"
 #include "conninfo.hpp"
 
-#include <array>
-#include <cctype>
 #include <fmt/format.h>
 #include <libpq-fe.h>
+#include <array>
+#include <cctype>
 #include <string_view>
 
 namespace idemctl {
@@ -15,8 +15,7 @@ namespace {
 
 std::string trimmed(const char* message) {
     std::string s = message ? message : "";
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
-        s.pop_back();
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     return s;
 }
 
@@ -25,29 +24,23 @@ std::string trimmed(const char* message) {
 // else (no server, a timeout) may heal.
 bool permanent_connect_failure(std::string_view message) {
     std::string lower(message);
-    for (char& c : lower)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     constexpr std::array<std::string_view, 7> kPermanent{
-        "authentication failed", "does not exist",         "no pg_hba.conf entry", "permission denied",
-        "no password supplied",  "for connection option", "invalid"};
+        "authentication failed", "does not exist", "no pg_hba.conf entry", "permission denied", "no password supplied",
+        "for connection option", "invalid"};
     for (const auto m : kPermanent) {
-        if (lower.find(m) != std::string::npos)
-            return true;
+        if (lower.find(m) != std::string::npos) return true;
     }
     return false;
 }
 
-} // namespace
+}  // namespace
 
 Rows::Rows(pg_result* result) : result_(result, &PQclear) {}
 
-int Rows::count() const noexcept {
-    return PQntuples(result_.get());
-}
+int Rows::count() const noexcept { return PQntuples(result_.get()); }
 
-bool Rows::is_null(int row, int column) const noexcept {
-    return PQgetisnull(result_.get(), row, column) != 0;
-}
+bool Rows::is_null(int row, int column) const noexcept { return PQgetisnull(result_.get(), row, column) != 0; }
 
 std::string Rows::text(int row, int column) const {
     return std::string(PQgetvalue(result_.get(), row, column),
@@ -55,8 +48,7 @@ std::string Rows::text(int row, int column) const {
 }
 
 std::optional<std::string> Rows::optional_text(int row, int column) const {
-    if (is_null(row, column))
-        return std::nullopt;
+    if (is_null(row, column)) return std::nullopt;
     return text(row, column);
 }
 
@@ -74,15 +66,14 @@ Database::Database(const std::string& conninfo) : conninfo_(conninfo) {
     const std::array<const char*, 4> keys{"connect_timeout", "application_name", "dbname", nullptr};
     const std::array<const char*, 4> values{"5", "idemctl", conninfo.c_str(), nullptr};
     conn_.reset(PQconnectdbParams(keys.data(), values.data(), 1), &PQfinish);
-    if (!conn_)
-        throw ToolError(Exit::unavailable, "out of memory creating a PostgreSQL connection");
+    if (!conn_) throw ToolError(Exit::unavailable, "out of memory creating a PostgreSQL connection");
     if (PQstatus(conn_.get()) != CONNECTION_OK) {
         const std::string message = trimmed(PQerrorMessage(conn_.get()));
         const bool permanent = permanent_connect_failure(message);
-        throw ToolError(permanent ? Exit::config : Exit::unavailable,
-                        fmt::format("{} ({}): cannot connect to PostgreSQL: {}",
-                                    permanent ? "configuration error" : "database unavailable",
-                                    redacted(conninfo_), message));
+        throw ToolError(
+            permanent ? Exit::config : Exit::unavailable,
+            fmt::format("{} ({}): cannot connect to PostgreSQL: {}",
+                        permanent ? "configuration error" : "database unavailable", redacted(conninfo_), message));
     }
     PQsetNoticeProcessor(
         conn_.get(), [](void*, const char*) {}, nullptr);
@@ -92,42 +83,34 @@ Rows Database::query(const std::string& sql, const std::vector<std::optional<std
                      const std::string& table) {
     std::vector<const char*> values;
     values.reserve(params.size());
-    for (const auto& p : params)
-        values.push_back(p ? p->c_str() : nullptr);
-    PGresult* result = PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()),
-                                    nullptr, values.data(), nullptr, nullptr, 0);
+    for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
+    PGresult* result = PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                    nullptr, nullptr, 0);
     const ExecStatusType status = result ? PQresultStatus(result) : PGRES_FATAL_ERROR;
-    if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK)
-        return Rows(result);
+    if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) return Rows(result);
     const char* field = result ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
     const std::string sqlstate = field ? field : "";
-    const std::string message =
-        trimmed(result ? PQresultErrorMessage(result) : PQerrorMessage(conn_.get()));
+    const std::string message = trimmed(result ? PQresultErrorMessage(result) : PQerrorMessage(conn_.get()));
     PQclear(result);
     if (sqlstate == "42P01") {
-        throw ToolError(
-            Exit::config,
-            fmt::format("table {} does not exist (create it: PostgresStore::ensure_schema(), "
-                        "or docs/schema.sql; or name another with --table)",
-                        table));
+        throw ToolError(Exit::config, fmt::format("table {} does not exist (create it: PostgresStore::ensure_schema(), "
+                                                  "or docs/schema.sql; or name another with --table)",
+                                                  table));
     }
     if (sqlstate.starts_with("42") || sqlstate.starts_with("28") || sqlstate == "3D000") {
         throw ToolError(Exit::config, fmt::format("configuration error ({}): {}", table, message));
     }
-    if (sqlstate.empty() || sqlstate.starts_with("08") || sqlstate.starts_with("57") ||
-        sqlstate == "55P03" || PQstatus(conn_.get()) != CONNECTION_OK) {
-        throw ToolError(Exit::unavailable,
-                        fmt::format("database unavailable ({}): {}", redacted(conninfo_), message));
+    if (sqlstate.empty() || sqlstate.starts_with("08") || sqlstate.starts_with("57") || sqlstate == "55P03" ||
+        PQstatus(conn_.get()) != CONNECTION_OK) {
+        throw ToolError(Exit::unavailable, fmt::format("database unavailable ({}): {}", redacted(conninfo_), message));
     }
-    throw ToolError(Exit::failure,
-                    fmt::format("the database refused a statement ({}): {}", sqlstate, message));
+    throw ToolError(Exit::failure, fmt::format("the database refused a statement ({}): {}", sqlstate, message));
 }
 
 std::string quoted_table(const std::string& table) {
     const auto dot = table.find('.');
-    if (dot == std::string::npos)
-        return "\"" + table + "\"";
+    if (dot == std::string::npos) return "\"" + table + "\"";
     return "\"" + table.substr(0, dot) + "\".\"" + table.substr(dot + 1) + "\"";
 }
 
-} // namespace idemctl
+}  // namespace idemctl

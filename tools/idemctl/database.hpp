@@ -47,8 +47,7 @@ public:
 
     /// Runs `sql` with text parameters $1..$n (nullopt: SQL NULL). `table` names the table in
     /// messages. Throws ToolError.
-    Rows query(const std::string& sql, const std::vector<std::optional<std::string>>& params,
-               const std::string& table);
+    Rows query(const std::string& sql, const std::vector<std::optional<std::string>>& params, const std::string& table);
 
 private:
     std::string conninfo_;
@@ -59,4 +58,4 @@ private:
 /// "schema"."t".
 [[nodiscard]] std::string quoted_table(const std::string& table);
 
-} // namespace idemctl
+}  // namespace idemctl

@@ -41,7 +41,7 @@ void escape_to(std::string& out, std::string_view s) {
     out += '"';
 }
 
-} // namespace
+}  // namespace
 
 Json& Json::set(std::string name, Json value) {
     std::get<Object>(value_).emplace_back(std::move(name), std::move(value));
@@ -71,8 +71,7 @@ void Json::dump_to(std::string& out) const {
     } else if (const Array* a = std::get_if<Array>(&value_)) {
         out += '[';
         for (std::size_t k = 0; k < a->size(); ++k) {
-            if (k > 0)
-                out += ',';
+            if (k > 0) out += ',';
             (*a)[k].dump_to(out);
         }
         out += ']';
@@ -80,8 +79,7 @@ void Json::dump_to(std::string& out) const {
         const Object& o = std::get<Object>(value_);
         out += '{';
         for (std::size_t k = 0; k < o.size(); ++k) {
-            if (k > 0)
-                out += ',';
+            if (k > 0) out += ',';
             escape_to(out, o[k].first);
             out += ':';
             o[k].second.dump_to(out);
@@ -90,4 +88,4 @@ void Json::dump_to(std::string& out) const {
     }
 }
 
-} // namespace idemctl
+}  // namespace idemctl

@@ -19,7 +19,7 @@ public:
     using Array = std::vector<Json>;
     using Object = std::vector<std::pair<std::string, Json>>;
 
-    Json() = default; ///< null
+    Json() = default;  ///< null
     Json(std::nullptr_t) {}
     Json(bool value) : value_(value) {}
     Json(std::int64_t value) : value_(value) {}
@@ -48,4 +48,4 @@ private:
     std::variant<std::nullptr_t, bool, std::int64_t, std::string, Array, Object> value_{nullptr};
 };
 
-} // namespace idemctl
+}  // namespace idemctl

@@ -13,8 +13,8 @@
 #include "idem/errors.hpp"
 #include "json.hpp"
 
-#include <exception>
 #include <fmt/format.h>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -25,11 +25,8 @@ namespace {
 using idemctl::Exit;
 
 /// The exit code and message for what a command threw.
-std::pair<Exit, std::string> classify(const std::exception_ptr& thrown,
-                                      const std::string& conninfo) {
-    const auto lib = [](const std::exception& e) {
-        return std::string(idem::detail::without_prefix(e.what()));
-    };
+std::pair<Exit, std::string> classify(const std::exception_ptr& thrown, const std::string& conninfo) {
+    const auto lib = [](const std::exception& e) { return std::string(idem::detail::without_prefix(e.what())); };
     try {
         std::rethrow_exception(thrown);
     } catch (const idemctl::ToolError& e) {
@@ -39,11 +36,9 @@ std::pair<Exit, std::string> classify(const std::exception_ptr& thrown,
     } catch (const idem::lease_lost& e) {
         return {Exit::fence, "fence mismatch: " + lib(e)};
     } catch (const idem::store_unavailable& e) {
-        return {Exit::unavailable,
-                fmt::format("database unavailable ({}): {}", idemctl::redacted(conninfo), lib(e))};
+        return {Exit::unavailable, fmt::format("database unavailable ({}): {}", idemctl::redacted(conninfo), lib(e))};
     } catch (const idem::config_error& e) {
-        return {Exit::config,
-                fmt::format("configuration error ({}): {}", idemctl::redacted(conninfo), lib(e))};
+        return {Exit::config, fmt::format("configuration error ({}): {}", idemctl::redacted(conninfo), lib(e))};
     } catch (const idem::error& e) {
         return {Exit::failure, lib(e)};
     } catch (const std::exception& e) {
@@ -55,12 +50,12 @@ std::pair<Exit, std::string> classify(const std::exception_ptr& thrown,
 
 /// The exit code's name in --json errors ({"error": {"code": ...}}), indexed by its value.
 constexpr std::string_view exit_name(Exit e) noexcept {
-    constexpr std::string_view names[] = {
-        "ok", "not_found", "usage", "unavailable", "fence_mismatch", "config_error", "failure"};
+    constexpr std::string_view names[] = {"ok",           "not_found", "usage", "unavailable", "fence_mismatch",
+                                          "config_error", "failure"};
     return names[static_cast<int>(e)];
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
     // Known before parsing, so that a bad command line is answered in JSON too.
@@ -83,9 +78,7 @@ int main(int argc, char** argv) {
         std::cerr << "idemctl: " << message << '\n';
         if (json) {
             idemctl::Json error = idemctl::Json::object();
-            error.set("code", exit_name(code))
-                .set("exit", static_cast<int>(code))
-                .set("message", message);
+            error.set("code", exit_name(code)).set("exit", static_cast<int>(code)).set("message", message);
             std::cout << idemctl::Json::object().set("error", std::move(error)).dump() << '\n';
         }
         return static_cast<int>(code);

@@ -33,8 +33,7 @@ using TimePoint = std::chrono::system_clock::time_point;
 void set_bytes(Json& obj, const std::string& name, std::string_view bytes);
 
 /// set_bytes() for a value that may be absent (obj[name] = null then).
-void set_optional_bytes(Json& obj, const std::string& name,
-                        const std::optional<std::string>& bytes);
+void set_optional_bytes(Json& obj, const std::string& name, const std::optional<std::string>& bytes);
 
 /// "2026-12-02T02:40:00.123Z".
 [[nodiscard]] std::string format_time(TimePoint t);
@@ -48,4 +47,4 @@ void set_optional_bytes(Json& obj, const std::string& name,
 /// Whole milliseconds from `from` to `to` (negative when `to` is earlier).
 [[nodiscard]] std::int64_t millis_between(TimePoint from, TimePoint to) noexcept;
 
-} // namespace idemctl
+}  // namespace idemctl

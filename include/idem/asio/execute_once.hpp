@@ -5,8 +5,8 @@
 //       store, key, fp, [&]() -> boost::asio::awaitable<idem::Response> { co_return co_await charge(); },
 //       boost::asio::use_awaitable);
 //   // a callback, or a future:
-//   idem::asio::async_execute_once(store, key, fp, effect, [](std::exception_ptr e, idem::Result<idem::Response> r) {...});
-//   auto f = idem::asio::async_execute_once(store, key, fp, effect, boost::asio::use_future);
+//   idem::asio::async_execute_once(store, key, fp, effect, [](std::exception_ptr e, idem::Result<idem::Response> r)
+//   {...}); auto f = idem::asio::async_execute_once(store, key, fp, effect, boost::asio::use_future);
 //
 // The same call as idem::execute_once (execute_once.hpp), outcome for outcome and error for error —
 // the steps that decide are the same code (idem::detail::lost_claim, encode_result,
@@ -146,7 +146,8 @@ decltype(auto) invoke_async_effect(F& fn, AsyncContext& context) {
 
 template <class F>
 struct async_effect {
-    using returned = std::remove_cvref_t<decltype(invoke_async_effect(std::declval<F&>(), std::declval<AsyncContext&>()))>;
+    using returned =
+        std::remove_cvref_t<decltype(invoke_async_effect(std::declval<F&>(), std::declval<AsyncContext&>()))>;
     static constexpr bool awaitable = awaitable_value<returned>::awaitable;
     using type = typename awaitable_value<returned>::type;
 };
@@ -257,13 +258,14 @@ auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn
         }
         if (o.deadline.count() > 0) {
             cancel->timer.expires_after(o.deadline);
-            cancel->timer.async_wait([weak = std::weak_ptr<detail::CallCancellation>(cancel)](const boost::system::error_code& ec) {
-                if (auto c = weak.lock(); c && !ec) c->signal.emit(boost::asio::cancellation_type::terminal);
-            });
+            cancel->timer.async_wait(
+                [weak = std::weak_ptr<detail::CallCancellation>(cancel)](const boost::system::error_code& ec) {
+                    if (auto c = weak.lock(); c && !ec) c->signal.emit(boost::asio::cancellation_type::terminal);
+                });
         }
         auto handler_ex = boost::asio::get_associated_executor(handler, ex);
         auto done = [handler = std::move(handler), cancel, slot](std::exception_ptr e,
-                                                                   std::optional<Result<R>> result) mutable {
+                                                                 std::optional<Result<R>> result) mutable {
             cancel->timer.cancel();
             if (slot.is_connected()) slot.clear();
             if (e || !result) {
@@ -274,8 +276,8 @@ auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn
             }
         };
         boost::asio::co_spawn(ex, detail::execute<R, Fn>(store, std::move(k), std::move(f), std::move(effect), o.claim),
-                              boost::asio::bind_cancellation_slot(cancel->signal.slot(),
-                                                                  boost::asio::bind_executor(handler_ex, std::move(done))));
+                              boost::asio::bind_cancellation_slot(
+                                  cancel->signal.slot(), boost::asio::bind_executor(handler_ex, std::move(done))));
     };
     return boost::asio::async_initiate<Token, Signature>(std::move(initiation), token, std::move(key), std::move(fp),
                                                          std::move(fn), options);

@@ -23,9 +23,9 @@
 //     2 × pool_size claim transactions, and as many save transactions, are in flight; the first
 //     attempts that arrive meanwhile go out together as one transaction (up to 256 rows and, for
 //     saves, 4 MiB of results; the batch statements) when one of them ends. A lone request never
-//     waits: below the bound it goes at once with the single-key statements. A group's failure reaches each member as its own call's
-//     would (a member whose row failed goes alone with its fence). Not on a Citus coordinator:
-//     there every request goes alone. stats() counts the groups.
+//     waits: below the bound it goes at once with the single-key statements. A group's failure reaches each member as
+//     its own call's would (a member whose row failed goes alone with its fence). Not on a Citus coordinator: there
+//     every request goes alone. stats() counts the groups.
 //   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
 //     timer per connection: a connection that does not answer in time fails every request on it
 //     (each is retried or reported as the blocking store would).
@@ -118,7 +118,8 @@ public:
     /// Completes with void(std::exception_ptr).
     template <class Token>
     auto async_record_phase(Key key, Fence fence, std::string phase, std::string data, Token&& token) {
-        return boost::asio::co_spawn(get_executor(), co_record_phase(std::move(key), fence, std::move(phase), std::move(data)),
+        return boost::asio::co_spawn(get_executor(),
+                                     co_record_phase(std::move(key), fence, std::move(phase), std::move(data)),
                                      std::forward<Token>(token));
     }
     /// Completes with void(std::exception_ptr, std::optional<Fence>).
@@ -146,8 +147,8 @@ public:
     /// record_phase() as a coroutine.
     boost::asio::awaitable<void> co_record_phase(Key key, Fence fence, std::string phase, std::string data);
     /// take_over() as a coroutine.
-    boost::asio::awaitable<std::optional<Fence>> co_take_over(Key key, Fence stale_fence, std::chrono::milliseconds lease,
-                                                              bool new_attempt);
+    boost::asio::awaitable<std::optional<Fence>> co_take_over(Key key, Fence stale_fence,
+                                                              std::chrono::milliseconds lease, bool new_attempt);
     /// read() as a coroutine.
     boost::asio::awaitable<std::optional<Record>> co_read(Key key);
 
@@ -160,7 +161,8 @@ public:
     [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
                                                  bool new_attempt) override;
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
-    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit, const ScopeFilter& scopes = ScopeFilter::all()) override;
+    [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
+                                                   const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     /// This store's own counters (its asynchronous connections), plus blocking()'s if it was made.
     [[nodiscard]] StoreStats stats() const override;

@@ -60,7 +60,8 @@ inline std::string_view sv(boost::beast::string_view s) noexcept { return {s.dat
     out.result(static_cast<unsigned>(response.status));
     for (const auto& [name, value] : response.headers) {
         const auto field = boost::beast::http::string_to_field(name);
-        if (field == boost::beast::http::field::content_length || field == boost::beast::http::field::transfer_encoding) {
+        if (field == boost::beast::http::field::content_length ||
+            field == boost::beast::http::field::transfer_encoding) {
             continue;
         }
         out.insert(name, value);

@@ -17,9 +17,9 @@
 //   is set, when it answers 409 + Retry-After at once: no server thread or pooled connection is
 //   held by a burst of duplicates;
 // * anything the handler throws rolls everything back and frees the key: http::not_performed sends
-//   its response, store_unavailable (the connection lost) is 503, any other exception is 500; a response over max_result_bytes is rolled back, 500;
-//   "unknown" from the storage policy rolls back too (in-transaction mode has no unknown outcome)
-//   and the handler's response is sent;
+//   its response, store_unavailable (the connection lost) is 503, any other exception is 500; a response over
+//   max_result_bytes is rolled back, 500; "unknown" from the storage policy rolls back too (in-transaction mode has no
+//   unknown outcome) and the handler's response is sent;
 // * the COMMIT's answer lost → 503 outcome_unknown: a retry with the same key learns the outcome.
 //
 // Thread-safety: as respond().
