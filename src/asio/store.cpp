@@ -19,6 +19,7 @@
 
 #include "../common.hpp"
 #include "../postgres/machine.hpp"
+#include "../postgres/ops.hpp"
 #include "../postgres/record.hpp"
 #include "../postgres/rows.hpp"
 #include "../postgres/sql.hpp"
@@ -41,11 +42,6 @@ net::awaitable<void> pause_for(std::chrono::milliseconds d) {
     boost::system::error_code ec;
     co_await timer.async_wait(
         net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
-}
-
-std::string notify_payload(const pg::TableName& t, const Key& key) {
-    // \x1f cannot occur in a key (control characters are refused), so the payload is unambiguous.
-    return (t.schema.empty() ? t.table : t.schema + "." + t.table) + '\x1f' + key.scope() + '\x1f' + key.value();
 }
 
 PostgresOptions blocking_options(PostgresOptions o) {
@@ -200,13 +196,27 @@ struct AsyncPostgresStore::Impl {
         co_return co_await run(conn, std::span(&step, 1));
     }
 
-    net::awaitable<std::optional<Record>> select(AsyncConnection& conn, const Key& key) {
-        Params p;
-        p.text(key.scope()).text(key.value());
-        auto res = co_await run_one(conn, pg::kSelect, p);
-        if (!res[0].ok()) pg::throw_statement_error(res[0], "read");
-        if (res[0].rows() == 0) co_return std::nullopt;
-        co_return pg::parse_record(res[0].result.get(), 0);
+    // Runs one attempt of an operation of ops.hpp on `conn`: its statements, one at a time.
+    template <class Op>
+    net::awaitable<void> run_op(AsyncConnection& conn, Op& op, int attempt) {
+        op.start(attempt);
+        for (;;) {
+            Params p;
+            op.bind(p);
+            if (op.feed(co_await run_one(conn, op.statement(), p))) co_return;
+        }
+    }
+
+    // Runs an operation with the store's retries (with_connection); `op` is done after it.
+    template <class Op>
+    net::awaitable<void> drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero()) {
+        co_await with_connection<bool>(
+            what,
+            [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
+                co_await run_op(conn, op, attempt);
+                co_return true;
+            },
+            keep_trying);
     }
 
     // Runs f(conn, attempt) -> awaitable<T> on a connection; retried as PostgresStore's
@@ -554,24 +564,9 @@ struct AsyncPostgresStore::Impl {
 
     net::awaitable<std::optional<Record>> take_over(const Key& key, Fence stale, Fence fresh,
                                                     std::chrono::milliseconds lease, bool new_attempt) {
-        co_return co_await with_connection<std::optional<Record>>(
-            "take_over", [&](AsyncConnection& conn, int attempt) -> net::awaitable<std::optional<Record>> {
-                Params p;
-                p.text(key.scope())
-                    .text(key.value())
-                    .int8(stale)
-                    .int8(fresh)
-                    .int8(lease.count())
-                    .int4(new_attempt ? 1 : 0);
-                auto res = co_await run_one(conn, pg::kTakeOver, p);
-                if (auto taken = pg::take_over_answer(res, lease)) co_return taken;
-                if (attempt > 1) {
-                    // Reconnect-safe: after a lost answer, finding `fresh` in place means we won.
-                    auto record = co_await select(conn, key);
-                    if (record && record->fence == fresh) co_return record;
-                }
-                co_return std::nullopt;
-            });
+        pg::TakeOverOp op(key, stale, fresh, lease, new_attempt);
+        co_await drive("take_over", op);
+        co_return std::move(op.taken());
     }
 
     net::awaitable<void> save(const Key& key, Fence fence, std::string_view result) {
@@ -604,74 +599,28 @@ struct AsyncPostgresStore::Impl {
                 m.launch_groups();
             }
         } done{*this};
-        co_return co_await with_connection<bool>(
-            "save",
-            [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
-                Params p;
-                p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
-                auto res = co_await run_one(conn, pg::kSave, p);
-                bool notify = false;
-                switch (pg::save_answer(res, attempt > 1 || resent, notify)) {
-                    case pg::SaveAnswer::saved: co_return notify;
-                    case pg::SaveAnswer::check_record:
-                        if (pg::own_save(co_await select(conn, key), fence, result)) co_return false;
-                        break;
-                    case pg::SaveAnswer::lost: break;
-                }
-                pg::throw_save_lost(fence);
-            },
-            options.save_retry_window);
+        pg::SaveOp op(key, fence, result, resent);
+        co_await drive("save", op, options.save_retry_window);
+        co_return op.waiters();
     }
 
     // A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort — a
     // waiter also wakes at its deadline and re-reads.
     net::awaitable<void> notify_waiters(const Key& key) {
-        {
-            try {
-                co_await with_connection<bool>("notify", [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
-                    Params p;
-                    const std::string payload = notify_payload(table, key);
-                    p.text(payload);
-                    co_await run_one(conn, pg::kNotify, p);
-                    co_return true;
-                });
-            } catch (const error&) {
-            }
+        try {
+            pg::NotifyOp op(table, key);
+            co_await drive("notify", op);
+        } catch (const error&) {
         }
     }
 
     net::awaitable<void> release(const Key& key, Fence fence) {
         count(counters.releases);
-        co_await with_connection<bool>("release", [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
-            Params p;
-            p.text(key.scope()).text(key.value()).int8(fence);
-            auto res = co_await run_one(conn, pg::kRelease, p);
-            if (!res[0].ok()) pg::throw_statement_error(res[0], "release");
-            if (res[0].rows() == 1) co_return true;
-            if (attempt > 1) {
-                // A retry: our first DELETE may have landed (and someone may have claimed since).
-                auto record = co_await select(conn, key);
-                if (!record || record->fence != fence) co_return true;
-            }
-            throw lease_lost("idem: release refused: fence " + std::to_string(fence) + " no longer owns the key");
-        });
+        pg::ReleaseOp op(key, fence);
+        co_await drive("release", op);
     }
 
-    net::awaitable<void> owned_write(const char* what, pg::Stmt stmt, const Key& key, Fence fence,
-                                     std::optional<std::int64_t> lease_ms, std::string_view phase,
-                                     std::string_view data) {
-        co_await with_connection<bool>(what, [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
-            Params p;
-            p.text(key.scope()).text(key.value()).int8(fence);
-            if (lease_ms) {
-                p.int8(*lease_ms);
-            } else {
-                p.text(phase).bytes(data);
-            }
-            pg::expect_owned(co_await run_one(conn, stmt, p), what, fence);
-            co_return true;
-        });
-    }
+    net::awaitable<void> owned_write(pg::OwnedWriteOp op) { co_await drive(op.what(), op); }
 };
 
 // ---- AsyncPostgresStore ---------------------------------------------------------------------------------
@@ -710,13 +659,13 @@ net::awaitable<void> AsyncPostgresStore::co_release(Key key, Fence fence) {
 net::awaitable<void> AsyncPostgresStore::co_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
-    co_await impl->owned_write("extend_lease", pg::kExtendLease, key, fence, lease.count(), {}, {});
+    co_await impl->owned_write(pg::OwnedWriteOp::extend_lease(key, fence, lease));
 }
 
 net::awaitable<void> AsyncPostgresStore::co_record_phase(Key key, Fence fence, std::string phase, std::string data) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
-    co_await impl->owned_write("record_phase", pg::kRecordPhase, key, fence, std::nullopt, phase, data);
+    co_await impl->owned_write(pg::OwnedWriteOp::record_phase(key, fence, phase, data));
 }
 
 net::awaitable<std::optional<Fence>> AsyncPostgresStore::co_take_over(Key key, Fence stale_fence,
@@ -734,8 +683,9 @@ net::awaitable<std::optional<Record>> AsyncPostgresStore::co_read(Key key) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     impl->count(impl->counters.reads);
-    co_return co_await impl->with_connection<std::optional<Record>>(
-        "read", [&](AsyncConnection& conn, int) { return impl->select(conn, key); });
+    pg::ReadOp op(key);
+    co_await impl->drive("read", op);
+    co_return std::move(op.record());
 }
 
 namespace {

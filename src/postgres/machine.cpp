@@ -54,10 +54,6 @@ SaveAnswer save_answer(const StepResults& res, bool resent, bool& notify_waiters
     return resent ? SaveAnswer::check_record : SaveAnswer::lost;
 }
 
-bool own_save(const std::optional<Record>& record, Fence fence, std::string_view result) noexcept {
-    return record && record->fence == fence && record->state == RecordState::completed && record->result == result;
-}
-
 void throw_save_lost(Fence fence) {
     throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
 }
@@ -119,9 +115,9 @@ ClaimMachine::ClaimMachine(Claim& out, Fence fence, const Fingerprint& fp, const
       fence_(fence),
       fp_(fp),
       resume_stale_(options.resume_stale),
-      wait_until_(options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{}),
       claim_attempts_(claim_attempts),
-      max_retry_after_(max_retry_after) {}
+      max_retry_after_(max_retry_after),
+      polls_(options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{}) {}
 
 ClaimMachine::Next ClaimMachine::claimed(std::optional<Record> taken) {
     out_.status = ClaimStatus::claimed;
@@ -180,7 +176,7 @@ ClaimMachine::Next ClaimMachine::found() {
     out_.fence = 0;
     if (out_.status != ClaimStatus::in_progress) return Next::done;
     if (resume_stale_ && record.lease_expired) return Next::take_over;
-    if (Clock::now() < wait_until_) return Next::wait;
+    if (Clock::now() < polls_.end()) return Next::wait;
     return on_waited(false);
 }
 
@@ -222,14 +218,8 @@ ClaimMachine::Next ClaimMachine::on_polled(const StepResults& res) {
         out_.existing.reset();
         return Next::round_trip;
     }
-    if (Clock::now() < wait_until_) return Next::wait;
+    if (Clock::now() < polls_.end()) return Next::wait;
     return on_waited(false);
-}
-
-Clock::time_point ClaimMachine::next_poll() noexcept {
-    const Clock::time_point at = std::min(Clock::now() + poll_interval_, wait_until_);
-    poll_interval_ = std::min(poll_interval_ * 2, kMaxPollInterval);
-    return at;
 }
 
 }  // namespace idem::pg

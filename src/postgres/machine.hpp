@@ -12,6 +12,7 @@
 #include <optional>
 #include <string_view>
 
+#include "../poll_schedule.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
@@ -31,25 +32,23 @@ namespace idem::pg {
 void add_claim_params(Params& p, const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
                       std::chrono::seconds retention);
 
-/// A write only the fence holder of an in-progress key may make (release, extend_lease,
-/// record_phase): throws the statement's error, or lease_lost when no row was changed.
+/// A write only the fence holder of an in-progress key may make (extend_lease, record_phase):
+/// throws the statement's error, or lease_lost when no row was changed.
 void expect_owned(const StepResults& res, const char* what, Fence fence);
 
 /// What the answer to a save's UPDATE (kSave) says.
 enum class SaveAnswer {
     saved,         ///< done; notify_waiters() tells whether someone waits for it
-    check_record,  ///< not updated, after an attempt whose answer was lost: read the record (own_save)
+    check_record,  ///< not updated, after an attempt whose answer was lost: read the record (save_landed)
     lost,          ///< not updated: the fence lost the key (throw lease_lost)
 };
 /// `resent`: an earlier attempt of this very save may have landed (a retry, or a group's statement).
 /// Throws the statement's error.
 [[nodiscard]] SaveAnswer save_answer(const StepResults& res, bool resent, bool& notify_waiters);
-/// After check_record: the record read back shows this very save in place (the lost answer committed).
-[[nodiscard]] bool own_save(const std::optional<Record>& record, Fence fence, std::string_view result) noexcept;
 [[noreturn]] void throw_save_lost(Fence fence);
 
-/// A take_over's answer (kTakeOver): the record taken over, or nullopt when another taker won or the
-/// answer was lost (`resent`: then read the record and see whether `fresh` is in place).
+/// A take_over's answer (kTakeOver): the record taken over, or nullopt when another taker won or,
+/// on a resend, the first attempt's answer was lost (then read the record: take_over_landed).
 [[nodiscard]] std::optional<Record> take_over_answer(const StepResults& res, std::chrono::milliseconds lease);
 
 /// How the store goes on after a failed attempt of one operation: another attempt on a fresh
@@ -111,11 +110,9 @@ public:
     /// runs, the wait has time left), round_trip (something changed: read the record and decide
     /// again) or done (in_progress: the wait is over). Throws the statement's error.
     Next on_polled(const StepResults& res);
-    /// When the wait should read the key again (a poll): 20 ms after the first look, then twice the
-    /// last interval, at most kMaxPollInterval; never past wait_until(). Each call moves on one step.
-    [[nodiscard]] Clock::time_point next_poll() noexcept;
-    /// The longest interval between two polls: what a missed notification costs at most.
-    static constexpr std::chrono::milliseconds kMaxPollInterval{200};
+    /// When the wait should read the key again (a poll): detail::PollSchedule, never past
+    /// wait_until(). Each call moves on one step.
+    [[nodiscard]] Clock::time_point next_poll() noexcept { return polls_.next(); }
 
     /// Before the next round trip, after a conflict: a jittered pause (zero: go at once).
     [[nodiscard]] std::chrono::milliseconds pause() const noexcept { return pause_; }
@@ -125,7 +122,7 @@ public:
     [[nodiscard]] bool won() const noexcept { return out_.status == ClaimStatus::claimed; }
     [[nodiscard]] bool took_over() const noexcept { return took_over_; }
     [[nodiscard]] Fence stale_fence() const noexcept { return out_.existing ? out_.existing->fence : 0; }
-    [[nodiscard]] Clock::time_point wait_until() const noexcept { return wait_until_; }
+    [[nodiscard]] Clock::time_point wait_until() const noexcept { return polls_.end(); }
 
 private:
     void step() noexcept { retrying_ = false, pause_ = {}; }
@@ -135,14 +132,13 @@ private:
     const Fence fence_;
     const Fingerprint& fp_;
     const bool resume_stale_;
-    const Clock::time_point wait_until_;
     const int claim_attempts_;
     const std::chrono::milliseconds max_retry_after_;
     int failures_ = 0;
     std::chrono::milliseconds pause_{0};
     bool retrying_ = false;
     bool took_over_ = false;
-    std::chrono::milliseconds poll_interval_{20};
+    detail::PollSchedule polls_;  // its end: the wait's (ClaimOptions::wait), or the epoch without one
 };
 
 }  // namespace idem::pg

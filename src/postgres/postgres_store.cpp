@@ -18,9 +18,11 @@
 #include <unordered_set>
 
 #include "../common.hpp"
+#include "../resend_rules.hpp"
 #include "connection.hpp"
 #include "group.hpp"
 #include "machine.hpp"
+#include "ops.hpp"
 #include "pool.hpp"
 #include "record.hpp"
 #include "rows.hpp"
@@ -80,11 +82,6 @@ std::exception_ptr own_copy(const std::exception_ptr& e) {
     } catch (...) {
         return std::make_exception_ptr(std::runtime_error("idem: unknown exception in a claim group"));
     }
-}
-
-std::string notify_payload(const pg::TableName& t, const Key& key) {
-    // \x1f cannot occur in a key (control characters are refused), so the payload is unambiguous.
-    return (t.schema.empty() ? t.table : t.schema + "." + t.table) + '\x1f' + key.scope() + '\x1f' + key.value();
 }
 
 }  // namespace
@@ -206,13 +203,29 @@ struct PostgresStore::Impl {
         return run(conn, std::span(&step, 1));
     }
 
+    // Runs one attempt of an operation of ops.hpp on `conn`: its statements, one at a time.
+    template <class Op>
+    void run_op(pg::Connection& conn, Op& op, int attempt) {
+        op.start(attempt);
+        for (;;) {
+            Params p;
+            op.bind(p);
+            if (op.feed(run_one(conn, op.statement(), p))) return;
+        }
+    }
+
+    // Runs an operation with the store's retries (with_connection); returns it, done.
+    template <class Op>
+    Op& drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero()) {
+        with_connection(
+            what, [&](pg::Connection& conn, int attempt) { run_op(conn, op, attempt); }, keep_trying);
+        return op;
+    }
+
     std::optional<Record> select(pg::Connection& conn, const Key& key) {
-        Params p;
-        p.text(key.scope()).text(key.value());
-        auto res = run_one(conn, pg::kSelect, p);
-        if (!res[0].ok()) throw_statement_error(res[0], "read");
-        if (res[0].rows() == 0) return std::nullopt;
-        return parse_record(res[0].result.get(), 0);
+        pg::ReadOp op(key);
+        run_op(conn, op, 1);
+        return std::move(op.record());
     }
 
     // Runs `f` on a pooled connection; on a broken connection retries on a fresh one, up to
@@ -220,11 +233,12 @@ struct PostgresStore::Impl {
     // means an earlier attempt may have committed.
     //
     // Also retried: a serialization failure or deadlock (40001, 40P01) that f reports as a
-    // database_error. Every caller's f is one single-statement write or read (save, release,
-    // lease, phase, take-over, purge, read): PostgreSQL rolled that statement back whole, so it
-    // is safe to send again. Under a REPEATABLE READ or SERIALIZABLE database default even a
-    // one-row UPDATE can be chosen as the victim, and a save must not fail for it — its effect
-    // has already run. (claim handles its own conflicts; run_in_transaction does not come here.)
+    // database_error. Every caller's f sends single-statement writes and reads, each its own
+    // transaction (save, release, lease, phase, take-over, purge, read, and their read-backs):
+    // PostgreSQL rolled the failed statement back whole, so it is safe to send again. Under a
+    // REPEATABLE READ or SERIALIZABLE database default even a one-row UPDATE can be chosen as the
+    // victim, and a save must not fail for it — its effect has already run. (claim handles its own
+    // conflicts; run_in_transaction does not come here.)
     template <class F>
     auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
         pg::RetryPolicy retry(options.claim_attempts, keep_trying);
@@ -255,35 +269,18 @@ struct PostgresStore::Impl {
     // effort — a waiter also wakes at its deadline and re-reads.
     void wake_waiters(const Key& key) noexcept {
         try {
-            with_connection("notify", [&](pg::Connection& conn, int) {
-                Params p;
-                const std::string payload = notify_payload(table, key);
-                p.text(payload);
-                run_one(conn, pg::kNotify, p);
-            });
+            pg::NotifyOp op(table, key);
+            drive("notify", op);
         } catch (...) {
         }
-    }
-
-    static void expect_owned(const pg::StepResults& res, const char* what, Fence fence) {
-        pg::expect_owned(res, what, fence);
     }
 
     // Gives a stale claim (fence `stale`, lease passed) the fence `fresh`. The taken-over record on
     // success. Reconnect-safe: after a broken connection, finding `fresh` in place means we won.
     std::optional<Record> take_over(const Key& key, Fence stale, Fence fresh, std::chrono::milliseconds lease,
                                     bool new_attempt) {
-        return with_connection("take_over", [&](pg::Connection& conn, int attempt) -> std::optional<Record> {
-            Params p;
-            p.text(key.scope()).text(key.value()).int8(stale).int8(fresh).int8(lease.count()).int4(new_attempt ? 1 : 0);
-            auto res = run_one(conn, pg::kTakeOver, p);
-            if (auto taken = pg::take_over_answer(res, lease)) return taken;
-            if (attempt > 1) {
-                auto record = select(conn, key);
-                if (record && record->fence == fresh) return record;
-            }
-            return std::nullopt;
-        });
+        pg::TakeOverOp op(key, stale, fresh, lease, new_attempt);
+        return std::move(drive("take_over", op).taken());
     }
 
     // ClaimOptions::wait (docs/design.md, "Waiting instead of 409"). Until the machine's deadline:
@@ -354,7 +351,7 @@ struct PostgresStore::Impl {
         using Next = pg::ClaimMachine::Next;
         return with_connection("wait", [&](pg::Connection& conn, int) -> std::optional<Next> {
             if (!own_session(conn)) return std::nullopt;
-            const std::string payload = notify_payload(table, key);
+            const std::string payload = pg::notify_payload(table, key);
             Params none, mark;
             mark.text(key.scope()).text(key.value());
             // LISTEN first: a save committed after the mark is then certain to be heard.
@@ -862,24 +859,8 @@ struct PostgresStore::Impl {
     // A save's own round trips (today's, and what follows a group's failure): the one-row UPDATE,
     // sent again within save_retry_window. `group_sent`: a group's UPDATE may have saved it already.
     void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent) {
-        const bool waiters = with_connection(
-            "save",
-            [&](pg::Connection& conn, int attempt) {
-                Params p;
-                p.text(key.scope()).text(key.value()).int8(fence).bytes(result);
-                auto res = run_one(conn, pg::kSave, p);
-                bool notify = false;
-                switch (pg::save_answer(res, attempt > 1 || group_sent, notify)) {
-                    case pg::SaveAnswer::saved: return notify;
-                    case pg::SaveAnswer::check_record:
-                        if (pg::own_save(select(conn, key), fence, result)) return false;
-                        break;
-                    case pg::SaveAnswer::lost: break;
-                }
-                pg::throw_save_lost(fence);
-            },
-            options.save_retry_window);
-        if (waiters) wake_waiters(key);
+        pg::SaveOp op(key, fence, result, group_sent);
+        if (drive("save", op, options.save_retry_window).waiters()) wake_waiters(key);
     }
 
     // A group's leader, start to end (claims and saves alike): its answers (reading a relayed
@@ -1495,9 +1476,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
             if (attempt > 1) {  // an earlier attempt of this batch may have committed before its connection broke
                 for (auto [fence, i] : index) {
                     if (statuses[i] != SaveStatus::lease_lost) continue;
-                    auto record = m.select(conn, saves[i].key);
-                    if (record && record->fence == fence && record->state == RecordState::completed &&
-                        record->result == saves[i].result) {
+                    if (detail::save_landed(m.select(conn, saves[i].key), fence, saves[i].result)) {
                         statuses[i] = SaveStatus::saved;
                     }
                 }
@@ -1521,37 +1500,20 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
 void PostgresStore::release(const Key& key, Fence fence) {
     Impl& m = *impl_;
     m.counters().releases.fetch_add(1, std::memory_order_relaxed);
-    m.with_connection("release", [&](pg::Connection& conn, int attempt) {
-        Params p;
-        p.text(key.scope()).text(key.value()).int8(fence);
-        auto res = m.run_one(conn, pg::kRelease, p);
-        if (!res[0].ok()) throw_statement_error(res[0], "release");
-        if (res[0].rows() == 1) return;
-        if (attempt > 1) {
-            // A retry: our first DELETE may have landed (and someone may have claimed since).
-            auto record = m.select(conn, key);
-            if (!record || record->fence != fence) return;
-        }
-        throw lease_lost("idem: release refused: fence " + std::to_string(fence) + " no longer owns the key");
-    });
+    pg::ReleaseOp op(key, fence);
+    m.drive("release", op);
 }
 
 void PostgresStore::extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) {
     Impl& m = *impl_;
-    m.with_connection("extend_lease", [&](pg::Connection& conn, int) {
-        Params p;
-        p.text(key.scope()).text(key.value()).int8(fence).int8(lease.count());
-        m.expect_owned(m.run_one(conn, pg::kExtendLease, p), "extend_lease", fence);
-    });
+    auto op = pg::OwnedWriteOp::extend_lease(key, fence, lease);
+    m.drive(op.what(), op);
 }
 
 void PostgresStore::record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) {
     Impl& m = *impl_;
-    m.with_connection("record_phase", [&](pg::Connection& conn, int) {
-        Params p;
-        p.text(key.scope()).text(key.value()).int8(fence).text(phase).bytes(data);
-        m.expect_owned(m.run_one(conn, pg::kRecordPhase, p), "record_phase", fence);
-    });
+    auto op = pg::OwnedWriteOp::record_phase(key, fence, phase, data);
+    m.drive(op.what(), op);
 }
 
 std::optional<Fence> PostgresStore::take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
@@ -1565,7 +1527,8 @@ std::optional<Fence> PostgresStore::take_over(const Key& key, Fence stale_fence,
 std::optional<Record> PostgresStore::read(const Key& key) {
     Impl& m = *impl_;
     m.counters().reads.fetch_add(1, std::memory_order_relaxed);
-    return m.with_connection("read", [&](pg::Connection& conn, int) { return m.select(conn, key); });
+    pg::ReadOp op(key);
+    return std::move(m.drive("read", op).record());
 }
 
 std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {

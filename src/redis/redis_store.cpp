@@ -13,6 +13,8 @@
 #include "common.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
+#include "poll_schedule.hpp"
+#include "resend_rules.hpp"
 #include "scripts.hpp"
 
 namespace idem {
@@ -456,8 +458,7 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& fp, const ClaimOption
     Impl& m = *impl_;
     m.counters.claims.fetch_add(1, std::memory_order_relaxed);
     const Fence fence = detail::new_fence();
-    const auto wait_until = std::chrono::steady_clock::now() + options.wait;
-    auto pause = std::chrono::milliseconds(20);
+    detail::PollSchedule polls(std::chrono::steady_clock::now() + options.wait);
     for (;;) {
         Claim claim = m.with_connection("claim", [&](Connection& conn, int) {
             m.send_claim(conn, key, fp, fence, options);
@@ -468,10 +469,8 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& fp, const ClaimOption
         });
         if (claim.status != ClaimStatus::in_progress) return claim;
         // ClaimOptions::wait: poll until the running attempt saves (no notifications here).
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= wait_until) return claim;
-        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, wait_until - now));
-        pause = std::min(pause * 2, std::chrono::milliseconds(200));
+        if (std::chrono::steady_clock::now() >= polls.end()) return claim;
+        std::this_thread::sleep_until(polls.next());
     }
 }
 
@@ -597,11 +596,8 @@ void RedisStore::release(const Key& key, Fence fence) {
         Reply reply = m.script_reply(conn, "release");
         m.read_wait(conn, "release");
         if (redis::integer_of(*reply) == 1) return true;
-        if (attempt > 1) {
-            // A retry: our first delete may have landed (and someone may have claimed since).
-            auto record = m.read_record(conn, key);
-            if (!record || record->fence != fence) return true;
-        }
+        // A retry: our first delete may have landed (and someone may have claimed since).
+        if (attempt > 1 && detail::release_landed(m.read_record(conn, key), fence)) return true;
         return false;
     });
     if (!released) throw lease_lost("idem: release refused: fence " + fence_text + " no longer owns the key");

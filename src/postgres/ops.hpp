@@ -1,0 +1,153 @@
+// PostgresStore's single-key operations, apart from their I/O (internal).
+//
+// Each operation is an object that says which statement to send next and is fed what came back;
+// it does no I/O and holds no connection. A driver — the blocking store's (a pooled connection,
+// one thread) or idem::asio's (a pipelined connection, a coroutine) — runs every operation the
+// same way, inside its retry loop (RetryPolicy), once per attempt:
+//
+//     op.start(attempt);                  // 1, then 2, 3 … on a fresh connection after a failure
+//     do { Params p; op.bind(p); res = <run op.statement() with p, alone>; } while (!op.feed(res));
+//     … op's result accessor …
+//
+// feed() returns true when the operation is done, false when it wants statement() sent next (a
+// read-back after a resend), and throws the caller's error (statement failures as idem errors,
+// lease_lost). The claim is the ClaimMachine (machine.hpp); groups and batches are the plans of
+// rows.hpp. Not thread-safe; an operation refers to the key and the bytes (result, phase, data) it
+// was given, which must outlive it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "connection.hpp"
+#include "idem/key.hpp"
+#include "idem/store.hpp"
+#include "sql.hpp"
+
+namespace idem::pg {
+
+/// The record of a key (kSelect), or nullopt.
+class ReadOp {
+public:
+    explicit ReadOp(const Key& key) noexcept : key_(key) {}
+    void start(int) noexcept { record_.reset(); }
+    [[nodiscard]] Stmt statement() const noexcept { return kSelect; }
+    void bind(Params& p) const;
+    bool feed(const StepResults& res);
+    [[nodiscard]] std::optional<Record>& record() noexcept { return record_; }
+
+private:
+    const Key& key_;
+    std::optional<Record> record_;
+};
+
+/// The one-row UPDATE of a save (kSave). `resent`: an earlier statement (a group's) may already
+/// have saved it. Done: waiters() tells whether a caller waits for the key (NOTIFY it).
+class SaveOp {
+public:
+    SaveOp(const Key& key, Fence fence, std::string_view result, bool resent) noexcept
+        : key_(key), fence_(fence), result_(result), resent_(resent) {}
+    void start(int attempt) noexcept { attempt_ = attempt, reading_ = false, waiters_ = false; }
+    [[nodiscard]] Stmt statement() const noexcept { return reading_ ? kSelect : kSave; }
+    void bind(Params& p) const;
+    bool feed(const StepResults& res);
+    [[nodiscard]] bool waiters() const noexcept { return waiters_; }
+
+private:
+    const Key& key_;
+    const Fence fence_;
+    const std::string_view result_;
+    const bool resent_;
+    int attempt_ = 1;
+    bool reading_ = false;
+    bool waiters_ = false;
+};
+
+/// The delete of an in-progress key by its owner (kRelease).
+class ReleaseOp {
+public:
+    ReleaseOp(const Key& key, Fence fence) noexcept : key_(key), fence_(fence) {}
+    void start(int attempt) noexcept { attempt_ = attempt, reading_ = false; }
+    [[nodiscard]] Stmt statement() const noexcept { return reading_ ? kSelect : kRelease; }
+    void bind(Params& p) const;
+    bool feed(const StepResults& res);
+
+private:
+    const Key& key_;
+    const Fence fence_;
+    int attempt_ = 1;
+    bool reading_ = false;
+};
+
+/// A stale claim (fence `stale`, lease passed) given the fence `fresh` (kTakeOver). Done: taken()
+/// is the record taken over, or nullopt when another taker won.
+class TakeOverOp {
+public:
+    TakeOverOp(const Key& key, Fence stale, Fence fresh, std::chrono::milliseconds lease, bool new_attempt) noexcept
+        : key_(key), stale_(stale), fresh_(fresh), lease_(lease), new_attempt_(new_attempt) {}
+    void start(int attempt) noexcept { attempt_ = attempt, reading_ = false, taken_.reset(); }
+    [[nodiscard]] Stmt statement() const noexcept { return reading_ ? kSelect : kTakeOver; }
+    void bind(Params& p) const;
+    bool feed(const StepResults& res);
+    [[nodiscard]] std::optional<Record>& taken() noexcept { return taken_; }
+
+private:
+    const Key& key_;
+    const Fence stale_, fresh_;
+    const std::chrono::milliseconds lease_;
+    const bool new_attempt_;
+    int attempt_ = 1;
+    bool reading_ = false;
+    std::optional<Record> taken_;
+};
+
+/// A write only the fence holder of an in-progress key may make: extend_lease (kExtendLease) or
+/// record_phase (kRecordPhase). lease_lost when the fence no longer owns the key.
+class OwnedWriteOp {
+public:
+    static OwnedWriteOp extend_lease(const Key& key, Fence fence, std::chrono::milliseconds lease) noexcept {
+        return OwnedWriteOp(kExtendLease, "extend_lease", key, fence, lease, {}, {});
+    }
+    static OwnedWriteOp record_phase(const Key& key, Fence fence, std::string_view phase,
+                                     std::string_view data) noexcept {
+        return OwnedWriteOp(kRecordPhase, "record_phase", key, fence, {}, phase, data);
+    }
+    void start(int) noexcept {}
+    [[nodiscard]] Stmt statement() const noexcept { return stmt_; }
+    [[nodiscard]] const char* what() const noexcept { return what_; }
+    void bind(Params& p) const;
+    bool feed(const StepResults& res);
+
+private:
+    OwnedWriteOp(Stmt stmt, const char* what, const Key& key, Fence fence, std::chrono::milliseconds lease,
+                 std::string_view phase, std::string_view data) noexcept
+        : stmt_(stmt), what_(what), key_(key), fence_(fence), lease_(lease), phase_(phase), data_(data) {}
+    const Stmt stmt_;
+    const char* const what_;
+    const Key& key_;
+    const Fence fence_;
+    const std::chrono::milliseconds lease_;
+    const std::string_view phase_, data_;
+};
+
+/// The payload of the NOTIFY that wakes callers waiting for a saved key (kNotify; a waiter's LISTEN
+/// compares it): the table, the scope and the key, separated by \x1f, which a key cannot hold, so
+/// the payload is unambiguous.
+[[nodiscard]] std::string notify_payload(const TableName& table, const Key& key);
+
+/// That NOTIFY; its answer is not looked at (waiters also poll).
+class NotifyOp {
+public:
+    NotifyOp(const TableName& table, const Key& key) : payload_(notify_payload(table, key)) {}
+    void start(int) noexcept {}
+    [[nodiscard]] Stmt statement() const noexcept { return kNotify; }
+    void bind(Params& p) const { p.text(payload_); }
+    bool feed(const StepResults&) noexcept { return true; }
+
+private:
+    std::string payload_;
+};
+
+}  // namespace idem::pg
