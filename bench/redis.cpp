@@ -18,8 +18,8 @@
 #include <unistd.h>
 #include <idem/idem.hpp>
 #include <idem/postgres_store.hpp>
-#include <idem/redis_replay_cache.hpp>
-#include <idem/redis_store.hpp>
+#include <idem/redis/replay_cache.hpp>
+#include <idem/redis/store.hpp>
 
 #include <algorithm>
 #include <array>
@@ -213,7 +213,7 @@ private:
 
 std::string_view text(const redisReply& r) { return r.str ? std::string_view(r.str, r.len) : std::string_view(); }
 
-/// A key's names as RedisStore writes them under `prefix` (idem/redis_store.hpp, key_prefix).
+/// A key's names as RedisStore writes them under `prefix` (idem/redis/store.hpp, key_prefix).
 struct Names {
     std::string prefix;
     std::string record(const std::string& member) const { return prefix + "r:" + member; }

@@ -2,7 +2,7 @@
 //
 // CachedStore (idem/cached_store.hpp) asks its tiers in order before the primary store: the
 // in-process ReplayCache (idem/replay_cache.hpp) and, with the idem::redis component,
-// RedisReplayCache (idem/redis_replay_cache.hpp). Implement it to put another cache in front.
+// RedisReplayCache (idem/redis/replay_cache.hpp). Implement it to put another cache in front.
 //
 // Contract of every tier:
 // * Only completed records are kept, each for at most the retention it had left when its source

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "idem/redis_store.hpp"
+#include "idem/redis/store.hpp"
 
 struct redisContext;
 struct redisReply;

@@ -1,4 +1,4 @@
-#include "idem/redis_replay_cache.hpp"
+#include "idem/redis/replay_cache.hpp"
 
 #include <fmt/format.h>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "idem/redis_store.hpp"
+#include "idem/redis/store.hpp"
 
 #include <fmt/format.h>
 #include <algorithm>

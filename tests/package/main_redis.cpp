@@ -2,8 +2,8 @@
 // redis) and idem::redis. No server here: an unreachable Redis must come back as store_unavailable
 // without running the effect, and a Redis replay tier that cannot be reached must be a miss.
 #include <idem/idem.hpp>
-#include <idem/redis_replay_cache.hpp>
-#include <idem/redis_store.hpp>
+#include <idem/redis.hpp>
+#include <idem/redis_store.hpp>  // the former path, kept for existing code: installed and compiling
 
 #include <cstdio>
 #include <memory>

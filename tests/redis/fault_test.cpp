@@ -24,7 +24,7 @@
 #include "idem/errors.hpp"
 #include "idem/execute_once.hpp"
 #include "idem/reconciler.hpp"
-#include "idem/redis_store.hpp"
+#include "idem/redis/store.hpp"
 
 #include <netinet/in.h>
 #include <atomic>

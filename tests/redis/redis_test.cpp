@@ -5,8 +5,8 @@
 // never cached, a stopped Redis falling back to PostgreSQL. Each test case starts its own
 // redis-server(s); the tier's cases need IDEM_TEST_DATABASE_URL (scripts/with-postgres.sh).
 #include "idem/idem.hpp"
-#include "idem/redis_replay_cache.hpp"
-#include "idem/redis_store.hpp"
+#include "idem/redis/replay_cache.hpp"
+#include "idem/redis/store.hpp"
 #include "pg.hpp"
 #include "redis_server.hpp"
 #include "test_env.hpp"

@@ -2,8 +2,8 @@
 // while the bug it guards existed (the comment above it says what that was) and passes since its
 // fix. Each test case starts its own redis-server(s) (tests/support/redis_server.hpp).
 #include "idem/idem.hpp"
-#include "idem/redis_replay_cache.hpp"
-#include "idem/redis_store.hpp"
+#include "idem/redis/replay_cache.hpp"
+#include "idem/redis/store.hpp"
 #include "redis_server.hpp"
 #include "test_env.hpp"
 

@@ -29,8 +29,8 @@
 #include "pg.hpp"
 #endif
 #if defined(IDEM_CONTRACT_REDIS) || defined(IDEM_CONTRACT_TIERED)
-#include "idem/redis_replay_cache.hpp"
-#include "idem/redis_store.hpp"
+#include "idem/redis/replay_cache.hpp"
+#include "idem/redis/store.hpp"
 #include "redis_server.hpp"
 #endif
 #if defined(IDEM_CONTRACT_ASYNC)

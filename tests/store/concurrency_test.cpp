@@ -11,8 +11,8 @@
 #include "race_run.hpp"
 #include "store_env.hpp"
 #if defined(IDEM_CONCURRENCY_REDIS) || defined(IDEM_CONCURRENCY_TIERED)
-#include "idem/redis_replay_cache.hpp"
-#include "idem/redis_store.hpp"
+#include "idem/redis/replay_cache.hpp"
+#include "idem/redis/store.hpp"
 #include "redis_server.hpp"
 #endif
 

@@ -24,8 +24,8 @@
 #include "store_env.hpp"
 #if defined(IDEM_CONCURRENCY_REDIS) || defined(IDEM_CONCURRENCY_TIERED)
 #include <cstdlib>
-#include "idem/redis_replay_cache.hpp"
-#include "idem/redis_store.hpp"
+#include "idem/redis/replay_cache.hpp"
+#include "idem/redis/store.hpp"
 #endif
 
 #include <unistd.h>

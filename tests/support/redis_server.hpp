@@ -51,7 +51,7 @@
 #include <thread>
 #include <vector>
 
-#include "idem/redis_store.hpp"
+#include "idem/redis/store.hpp"
 
 #ifndef IDEM_REDIS_SERVER
 #error "IDEM_REDIS_SERVER (the path of redis-server) must be defined: see tests/redis/CMakeLists.txt"

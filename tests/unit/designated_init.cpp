@@ -12,8 +12,8 @@
 #define IDEM_CHECK_PROMETHEUS 1
 #endif
 #if defined(IDEM_CHECK_REDIS)
-#include <idem/redis_replay_cache.hpp>
-#include <idem/redis_store.hpp>
+#include <idem/redis/replay_cache.hpp>
+#include <idem/redis/store.hpp>
 #endif
 
 #include <chrono>

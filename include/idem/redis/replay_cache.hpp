@@ -1,0 +1,103 @@
+// idem/redis/replay_cache.hpp — RedisReplayCache: completed records kept in Redis, shared by every
+// instance of a service, as a ReplayTier in front of a primary store (component idem::redis).
+//
+//   idem::PostgresStore primary{conninfo};
+//   idem::RedisReplayCacheOptions cache_options;
+//   cache_options.connection.unix_socket = "/run/redis/redis.sock";
+//   idem::CachedStore store{primary, {std::make_shared<idem::ReplayCache>(),
+//                                     std::make_shared<idem::RedisReplayCache>(cache_options)}};
+//
+// * A cache, not a store: the primary (PostgreSQL) arbitrates every claim and holds every record;
+//   this tier only answers replays of completed records. An entry is written after the primary
+//   answered with a completed record (never before, never for an in-progress one), and lives in
+//   Redis with a TTL of the retention the record had left as the primary stated it
+//   (expires_at - read_at, less the time since the primary was asked), so it never outlives the
+//   record. The fingerprint is checked on every hit (by CachedStore): mismatch stays mismatch.
+// * Fails open to the primary: a Redis error, refusal or timeout (command_timeout, small by
+//   default) is a miss and the call goes to the primary, which gives the true answer — a slow or
+//   dead cache costs latency, never a second effect. After a Redis error or timeout the tier
+//   answers misses without asking Redis for pause_after_error, so a dead Redis does not add a
+//   timeout to every call (erase() still asks). An entry that cannot be decoded is a miss and is
+//   deleted (no pause); every pooled connection busy is a miss (no pause). Errors are counted
+//   (stats()), not thrown.
+// * Persistence is not needed (a lost entry is a miss): the server's durability is not checked.
+// * Staleness: an operator who deletes or edits a completed row in the primary by hand must also
+//   delete its entry here (CachedStore::forget, or DEL of `<key_prefix>c:<scope length>:<scope><key>`),
+//   or replays keep coming from the cache until the entry's TTL ends.
+//
+// Thread-safety: every member may be called from any number of threads at once (a pool of
+// connections, connection.pool_size of them).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "idem/redis/store.hpp"
+#include "idem/replay_tier.hpp"
+
+namespace idem {
+
+/// Settings of a RedisReplayCache.
+struct RedisReplayCacheOptions {
+    /// Where Redis is and how to talk to it: host / port / unix_socket, username / password,
+    /// database, key_prefix (entries are `<key_prefix>c:…`), pool_size, pool_wait, connect_timeout
+    /// and command_timeout are used; durability, wait_replicas and the record settings are not.
+    /// The defaults here are a cache's: short timeouts (a miss is cheaper than a wait).
+    RedisOptions connection = cache_connection_defaults();
+    /// After a Redis error or timeout, how long the tier answers misses without asking Redis.
+    std::chrono::milliseconds pause_after_error{std::chrono::seconds(1)};
+    /// Records larger than this (result, phase data and key together) are not kept.
+    std::size_t max_entry_bytes = 1u << 20;
+
+    /// RedisOptions with a cache's timeouts: connect 200 ms, each answer 50 ms, pool wait 50 ms.
+    [[nodiscard]] static RedisOptions cache_connection_defaults() {
+        RedisOptions o;
+        o.connect_timeout = std::chrono::milliseconds(200);
+        o.command_timeout = std::chrono::milliseconds(50);
+        o.pool_wait = std::chrono::milliseconds(50);
+        return o;
+    }
+};
+
+/// Counters since the tier was made.
+struct RedisReplayCacheStats {
+    std::uint64_t hits = 0;      ///< finds answered from Redis
+    std::uint64_t misses = 0;    ///< not there, expired, or not asked (paused after an error)
+    std::uint64_t inserts = 0;   ///< records kept
+    std::uint64_t rejected = 0;  ///< not kept: not completed, no read_at, no retention left, too large
+    std::uint64_t errors = 0;    ///< Redis errors and timeouts, and entries that could not be decoded
+    std::uint64_t skipped = 0;   ///< calls answered as misses during a pause after an error
+};
+
+/// A ReplayTier in Redis (see the top of this header).
+class RedisReplayCache final : public ReplayTier {
+public:
+    /// Checks the options (config_error) and connects nothing yet.
+    explicit RedisReplayCache(RedisReplayCacheOptions options = {});
+    ~RedisReplayCache() override;
+    RedisReplayCache(const RedisReplayCache&) = delete;
+    RedisReplayCache& operator=(const RedisReplayCache&) = delete;
+
+    /// GET and PTTL of the entry in one round trip; nullptr on a miss or any failure.
+    [[nodiscard]] std::shared_ptr<const Record> find(const Key& key) override;
+    /// SET with PX of the retention left; false when not kept or on any failure.
+    bool insert(const Key& key, const Record& record, time_point asked_at) override;
+    /// DEL of the entry, also during a pause after an error; false when there was none or on a
+    /// failure (stats().errors tells them apart).
+    bool erase(const Key& key) override;
+    /// std::chrono::steady_clock::now().
+    [[nodiscard]] time_point now() const override;
+    /// true: a hit's read_at is set from the entry's TTL.
+    [[nodiscard]] bool states_time_left() const noexcept override { return true; }
+
+    /// Counters since the tier was made.
+    [[nodiscard]] RedisReplayCacheStats stats() const noexcept;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem
