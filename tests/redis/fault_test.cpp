@@ -687,19 +687,26 @@ TEST_CASE("wait_replicas = 1: writes succeed; with the replica paused store_unav
     RedisServer& primary = pair.primary;
     RedisServer& replica = pair.replica;
 
+    // Writes that must succeed go through `patient`: on a loaded machine the replica's
+    // acknowledgement can take longer than the 500 ms bound that `store`, the store under test
+    // with the replica paused, must keep.
     auto options = primary.store_options();
     options.wait_replicas = 1;
+    options.wait_replicas_timeout = 60s;
+    options.command_timeout = 70s;
+    idem::RedisStore patient(options);
     options.wait_replicas_timeout = 500ms;
     options.command_timeout = 2s;
     idem::RedisStore store(options);
     CountedCalls call{"wait"};
-    call.warm_up(store);
+    call.warm_up(patient);
     // The record reached the replica before the answer.
     CHECK(replica.command({"EXISTS", "idem:r:4:waitwarm"}) == ":1");
+    REQUIRE(store.read(idem::Key("wait", "warm")).has_value());  // its connection (a read does not WAIT)
 
     SECTION("the replica paused between the claim and the save: the save is store_unavailable") {
         const idem::Key key("wait", "b");
-        const auto claim = store.claim(key, idem::fingerprint("b"));
+        const auto claim = patient.claim(key, idem::fingerprint("b"));
         REQUIRE(claim.status == idem::ClaimStatus::claimed);
         replica.pause();
         const auto t0 = Clock::now();

@@ -73,7 +73,9 @@ TEST_CASE("RedisStore: with wait_replicas an error reply leaves no answer unread
     RedisServer& primary = pair.primary;
     auto options = primary.store_options();
     options.wait_replicas = 1;
-    options.wait_replicas_timeout = 1s;
+    // Generous: every write here must be acknowledged, also on a loaded machine.
+    options.wait_replicas_timeout = 60s;
+    options.command_timeout = 70s;
     options.pool_size = 1;  // one connection: the next call gets the same one
     idem::RedisStore store(options);
     REQUIRE_FALSE(store.read(idem::Key("review", "warm")).has_value());
