@@ -1,0 +1,304 @@
+// PostgresStore's administration: the schema (ensure_schema, schema_sql), a Citus distribution
+// (distribute), what is deployed (inspect), stale keys for the Reconciler (list_stale) and the
+// purge of expired keys (purge_expired).
+#include "idem/postgres_store.hpp"
+
+#include "store_impl.hpp"
+
+namespace idem {
+
+int PostgresStore::schema_version() noexcept { return pg::kSchemaVersion; }
+
+std::string PostgresStore::schema_sql(const std::string& table) { return pg::schema_sql(pg::TableName::parse(table)); }
+
+namespace {
+
+// A plain (non-pipelined) connection of its own for DDL and catalog questions: simple-protocol
+// statements, one at a time, each failure a typed idem error.
+class AdminSession {
+public:
+    AdminSession(const pg::ConnectSettings& settings, const char* what) : what_(what) {
+        const std::string timeout =
+            std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));
+        const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
+        const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(), nullptr};
+        conn_.reset(PQconnectdbParams(keys, values, 1));
+        if (!conn_)
+            throw store_unavailable(std::string("idem: ") + what + ": out of memory creating a PostgreSQL connection");
+        if (PQstatus(conn_.get()) != CONNECTION_OK) pg::throw_connect_error(PQerrorMessage(conn_.get()));
+        pg::quiet_notices(conn_.get());
+    }
+
+    /// Runs one statement (text parameters $1..$n); throws config_error / store_unavailable /
+    /// database_error as the SQLSTATE says.
+    pg::ResultPtr exec(const std::string& sql, const std::vector<std::string>& params = {}) {
+        std::vector<const char*> args;
+        for (const auto& p : params) args.push_back(p.c_str());
+        pg::ResultPtr r(params.empty() ? PQexec(conn_.get(), sql.c_str())
+                                       : PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(args.size()), nullptr,
+                                                      args.data(), nullptr, nullptr, 0));
+        const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+        if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+            const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
+            const std::string sqlstate = state ? state : "";
+            std::string msg = std::string("idem: ") + what_ + " failed: " + PQerrorMessage(conn_.get());
+            while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+            if (sqlstate.empty()) throw store_unavailable(msg);  // the connection failed
+            pg::throw_database_error(std::move(msg), sqlstate);
+        }
+        return r;
+    }
+
+    /// The first column of the first row, or nullopt for no row or NULL.
+    std::optional<std::string> value(const std::string& sql, const std::vector<std::string>& params = {}) {
+        auto r = exec(sql, params);
+        if (PQntuples(r.get()) < 1 || PQgetisnull(r.get(), 0, 0)) return std::nullopt;
+        return std::string(PQgetvalue(r.get(), 0, 0));
+    }
+
+    /// The citus extension's version in this database, or nullopt.
+    std::optional<std::string> citus_version() {
+        return value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'");
+    }
+    /// On a Citus node: whether it is a worker (its group is not the coordinator's, 0).
+    bool citus_worker() { return value("SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group") == "t"; }
+    /// On a Citus node: the table's distribution column, or nullopt (not distributed, or a
+    /// reference / single-shard table, whose partkey is NULL).
+    std::optional<std::string> distribution_column(const std::string& qualified) {
+        return value(
+            "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) FROM pg_catalog.pg_dist_partition "
+            "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
+            {qualified});
+    }
+    void refuse_worker() {
+        if (citus_version() && citus_worker()) {
+            throw config_error(std::string("idem: ") + what_ +
+                               ": connected to a Citus worker node; run it against the coordinator (DDL on a "
+                               "worker would create tables that only that node sees)");
+        }
+    }
+
+private:
+    const char* what_;
+    pg::ConnPtr conn_;
+};
+
+std::string table_literal(const pg::TableName& t) { return t.schema.empty() ? t.table : t.schema + "." + t.table; }
+
+}  // namespace
+
+void PostgresStore::ensure_schema() {
+    Impl& m = *impl_;
+    m.check_process();
+    AdminSession db(m.settings, "ensure_schema");
+    db.refuse_worker();
+    const std::string literal = table_literal(m.table);
+    db.exec("BEGIN");
+    // Waits as long as it takes for a concurrent ensure_schema() (the lock below) and for the
+    // table's locks, whatever lock_timeout the role carries (docs/scale-out.md has operators set
+    // one for idem's statements: eight instances starting at once timed out on it).
+    db.exec("SET LOCAL lock_timeout = 0");
+    // Serialises concurrent ensure_schema() calls (several instances starting at once): without it,
+    // two CREATE TABLE IF NOT EXISTS can still collide on the catalog's unique index. One lock for
+    // every table: stores of different tables share the schema's idem_schema_version table.
+    db.exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"});
+    if (!m.table.schema.empty()) db.exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
+    // One statement at a time (Citus refuses multi-statement strings that carry DDL).
+    for (const std::string& statement : pg::schema_statements(m.table)) db.exec(statement);
+    auto r = db.exec("SELECT version FROM " + m.table.version_table + " WHERE table_name = $1", {literal});
+    const int found = PQntuples(r.get()) == 1 ? std::stoi(PQgetvalue(r.get(), 0, 0)) : 0;
+    if (found > pg::kSchemaVersion) {
+        db.exec("ROLLBACK");
+        throw config_error("idem: table " + literal + " has schema version " + std::to_string(found) +
+                           ", newer than this idem (" + std::to_string(pg::kSchemaVersion) + ")");
+    }
+    db.exec("COMMIT");
+}
+
+void PostgresStore::distribute(DistributeBy by) {
+    Impl& m = *impl_;
+    m.check_process();
+    AdminSession db(m.settings, "distribute");
+    const auto version = db.citus_version();
+    if (!version) {
+        throw config_error(
+            "idem: distribute: the citus extension is not installed in this database "
+            "(CREATE EXTENSION citus on the coordinator)");
+    }
+    db.refuse_worker();
+    const std::string column = by == DistributeBy::scope ? "scope" : "key";
+    if (!db.value("SELECT pg_catalog.to_regclass($1)", {m.table.qualified})) {
+        throw config_error(
+            "idem: distribute: table " + table_literal(m.table) + " does not exist (call ensure_schema() first)",
+            "42P01");
+    }
+    if (const auto current = db.distribution_column(m.table.qualified)) {
+        if (*current == column) return;  // already done: idempotent
+        throw config_error("idem: distribute: table " + table_literal(m.table) + " is already distributed by " +
+                           *current + ", not " + column + " (undistribute_table() first to change it)");
+    }
+    // create_distributed_table copies existing rows into the shards; concurrent calls serialise on
+    // Citus's own lock, and the loser finds the table distributed (checked again below).
+    try {
+        db.exec("SELECT pg_catalog.create_distributed_table($1::regclass, $2)", {m.table.qualified, column});
+        // The rows were copied into the shards; their old copies stay in the coordinator's table
+        // (unseen, but on disk) until this.
+        db.exec("SELECT pg_catalog.truncate_local_data_after_distributing_table($1::regclass)", {m.table.qualified});
+    } catch (const database_error&) {
+        if (db.distribution_column(m.table.qualified) != column) throw;
+    }
+    m.citus.store(true, std::memory_order_relaxed);
+    m.distribution.store(by == DistributeBy::scope ? Impl::kByScope : Impl::kByKey, std::memory_order_relaxed);
+}
+
+Deployment PostgresStore::inspect() {
+    Impl& m = *impl_;
+    m.check_process();
+    AdminSession db(m.settings, "inspect");
+    Deployment d;
+    const auto version = db.citus_version();
+    if (!version) {
+        m.citus.store(false, std::memory_order_relaxed);
+        m.distribution.store(Impl::kPlain, std::memory_order_relaxed);
+        return d;
+    }
+    d.citus = true;
+    d.citus_version = *version;
+    m.citus.store(true, std::memory_order_relaxed);
+    d.coordinator = !db.citus_worker();
+    const auto column = db.distribution_column(m.table.qualified);
+    if (column == "scope") d.distributed_by = DistributeBy::scope;
+    if (column == "key") d.distributed_by = DistributeBy::key;
+    m.distribution.store(!d.distributed_by                          ? Impl::kPlain
+                         : *d.distributed_by == DistributeBy::scope ? Impl::kByScope
+                                                                    : Impl::kByKey,
+                         std::memory_order_relaxed);
+    if (!d.coordinator) {
+        d.warnings.push_back(
+            "connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "
+            "ClaimOptions::wait only hears saves made through the same node");
+    }
+    if (!column &&
+        db.value("SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)",
+                 {m.table.qualified})) {
+        d.warnings.push_back("table " + table_literal(m.table) +
+                             " is a Citus reference or single-shard table: idem supports a table distributed by "
+                             "scope or key (distribute()), or a local one");
+    }
+    if (column && !d.distributed_by) {
+        d.warnings.push_back("table " + table_literal(m.table) + " is distributed by '" + *column +
+                             "', which is neither scope nor key");
+    }
+    if (!d.distributed_by) return d;
+    // idem's session settings (startup options) stay on the coordinator: the shards' statements run
+    // with the settings of the worker sessions Citus opens, i.e. the role's and the database's.
+    struct Wanted {
+        const char* name;
+        std::string value;
+        const char* why;
+    };
+    const Wanted wanted[] = {
+        {"lock_timeout", std::to_string(m.options.lock_timeout.count()),
+         "a claim meeting an uncommitted claim of its key waits on the shard up to statement_timeout and fails "
+         "as store_unavailable instead of answering in_progress"},
+        {"enable_seqscan", "off",
+         "cached plans of idem's key lookups on the shards may become sequential scans after an ANALYZE of "
+         "a nearly empty table"},
+    };
+    const std::string role = db.value("SELECT current_user").value_or("<role>");
+    for (const Wanted& w : wanted) {
+        try {
+            auto r = db.exec("SELECT nodename, nodeport, success, result FROM pg_catalog.run_command_on_workers($1)",
+                             {std::string("SELECT setting FROM pg_catalog.pg_settings WHERE name = '") + w.name + "'"});
+            for (int row = 0; row < PQntuples(r.get()); ++row) {
+                const std::string node = std::string(PQgetvalue(r.get(), row, 0)) + ":" + PQgetvalue(r.get(), row, 1);
+                const std::string got = PQgetvalue(r.get(), row, 3);
+                if (std::string_view(PQgetvalue(r.get(), row, 2)) != "t") {
+                    d.warnings.push_back("could not read " + std::string(w.name) + " on worker " + node + ": " + got);
+                } else if (got != w.value) {
+                    const std::string unit = std::string(w.name) == "lock_timeout" ? "ms" : "";
+                    d.warnings.push_back("worker " + node + " runs idem's statements with " + w.name + " = " + got +
+                                         unit + " (idem asks for " + w.value + unit + "): " + w.why +
+                                         ". Fix, on the coordinator (Citus propagates it to the workers): "
+                                         "ALTER ROLE \"" +
+                                         role + "\" SET " + w.name + " = '" + w.value + unit + "'");
+                }
+            }
+        } catch (const error& e) {
+            d.warnings.push_back(std::string("could not read the workers' ") + w.name + ": " + e.what());
+        }
+    }
+    return d;
+}
+
+std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
+    Impl& m = *impl_;
+    m.counters().reads.fetch_add(1, std::memory_order_relaxed);
+    const pg::Stmt stmt = scopes.kind() == ScopeFilter::Kind::exact    ? pg::kListStaleInScope
+                          : scopes.kind() == ScopeFilter::Kind::prefix ? pg::kListStaleScopePrefix
+                                                                       : pg::kListStale;
+    return m.with_connection("list_stale", [&](pg::Connection& conn, int) {
+        Params p;
+        p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
+        if (stmt != pg::kListStale) p.text(scopes.text());
+        // list_stale must scan (no index separates in-progress keys): seqscan back on for it, each
+        // step under its own Sync so that the reset runs even if the scan fails. Sessions without
+        // idem's options (poolers) never turned it off.
+        Params none;
+        const bool toggle = m.options.session_options;
+        const Step with_toggle[] = {
+            {&m.defs[pg::kSeqscanOn], &none}, {&m.defs[stmt], &p}, {&m.defs[pg::kSeqscanDefault], &none}};
+        auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, stmt, p);
+        const StepResult& listed = res[toggle ? 1 : 0];
+        if (toggle && (!res[0].ok() || !res[2].ok())) conn.mark_broken();  // session state unknown
+        if (!listed.ok()) throw_statement_error(listed, "list_stale");
+        std::vector<StaleKey> out;
+        const PGresult* r = listed.result.get();
+        for (int row = 0; row < PQntuples(r); ++row) {
+            Key key(std::string(pg::get_bytes(r, row, pg::kRecordColumns)),
+                    std::string(pg::get_bytes(r, row, pg::kRecordColumns + 1)));
+            // One row that cannot be decoded (written by a newer idem, or damaged) must not stop
+            // every other stale key from being listed — and so resolved. It is left out and
+            // reported with its key; its clients get corrupt_record from their own claims.
+            try {
+                Record record = parse_record(r, row);
+                out.push_back(StaleKey{std::move(key), std::move(record)});
+            } catch (const corrupt_record& e) {
+                const std::string detail =
+                    "list_stale: corrupt_record: " + std::string(detail::without_prefix(e.what())) +
+                    " (left out of the listing)";
+                emit(Event::reconcile_failed, &key, {}, 1, detail);
+            }
+        }
+        return out;
+    });
+}
+
+std::size_t PostgresStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
+    Impl& m = *impl_;
+    if (batch_size == 0) throw config_error("idem: purge_expired batch_size must be at least 1");
+    std::size_t total = 0;
+    for (std::size_t batch = 0; batch < max_batches; ++batch) {
+        // Each batch its own short transaction: locks are held for one batch only.
+        const std::size_t deleted = m.with_connection("purge_expired", [&](pg::Connection& conn, int) {
+            Params p;
+            p.int8(static_cast<std::int64_t>(std::min<std::size_t>(batch_size, INT64_MAX)));
+            const bool distributed = m.purge_distributed.load(std::memory_order_relaxed);
+            auto res = m.run_one(conn, distributed ? pg::kPurgeDistributed : pg::kPurge, p);
+            if (!distributed && res[0].failed && res[0].sqlstate() == "0A000") {
+                // Citus refuses FOR UPDATE on a statement that spans shards: this table is
+                // distributed. Its form without SKIP LOCKED, from now on (nothing was deleted).
+                m.purge_distributed.store(true, std::memory_order_relaxed);
+                res = m.run_one(conn, pg::kPurgeDistributed, p);
+            }
+            if (!res[0].ok()) throw_statement_error(res[0], "purge_expired");
+            return static_cast<std::size_t>(std::strtoull(PQcmdTuples(res[0].result.get()), nullptr, 10));
+        });
+        total += deleted;
+        if (deleted < batch_size) break;
+    }
+    if (total > 0) emit(Event::purged, nullptr, {}, total);
+    return total;
+}
+
+}  // namespace idem

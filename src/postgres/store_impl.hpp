@@ -1,0 +1,919 @@
+// PostgresStore's state and its drivers (internal): the connections, the retry loop that runs
+// the operations of ops.hpp, LISTEN/NOTIFY waiting, the layout of a distributed table and group
+// commit. Shared by the files that implement PostgresStore: postgres_store.cpp (the single-key
+// calls), admin.cpp (schema, distribution, inspection, stale keys, purge), batch.cpp (claim_batch,
+// save_batch) and in_transaction.cpp (run_in_transaction).
+#pragma once
+
+#include "idem/postgres_store.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <map>
+#include <new>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../common.hpp"
+#include "../resend_rules.hpp"
+#include "connection.hpp"
+#include "group.hpp"
+#include "machine.hpp"
+#include "ops.hpp"
+#include "pool.hpp"
+#include "record.hpp"
+#include "rows.hpp"
+#include "sql.hpp"
+
+namespace idem {
+
+using pg::Clock;
+using pg::Params;
+using pg::parse_record;
+using pg::Step;
+using pg::StepResult;
+
+using pg::add_claim_params;
+using pg::claim_retryable;
+using pg::throw_statement_error;
+
+namespace pgstore {
+
+// The store whose in-transaction effect runs on this thread (if any): a call to that store from
+// inside the effect needs a second connection while the effect's transaction holds one.
+inline thread_local const void* in_effect_of = nullptr;
+
+// A member's own copy of a group's exception, message and all. Each member rethrows, catches and
+// destroys its exception on its own thread; an exception object, or a std::runtime_error message,
+// shared between threads is reference-counted inside libstdc++, out of ThreadSanitizer's sight.
+template <class E>
+inline std::exception_ptr fresh(const E& x) {
+    return std::make_exception_ptr(E(std::string(x.what()), std::string(x.sqlstate())));
+}
+
+inline std::exception_ptr own_copy(const std::exception_ptr& e) {
+    if (!e) return e;
+    try {
+        std::rethrow_exception(e);
+    } catch (const pg::connection_broken& x) {
+        return fresh(x);
+    } catch (const pool_timeout& x) {
+        return fresh(x);
+    } catch (const store_unavailable& x) {
+        return fresh(x);
+    } catch (const config_error& x) {
+        return fresh(x);
+    } catch (const database_error& x) {
+        return fresh(x);
+    } catch (const corrupt_record& x) {
+        return fresh(x);
+    } catch (const lease_lost& x) {
+        return fresh(x);
+    } catch (const error& x) {
+        return fresh(x);
+    } catch (const std::bad_alloc&) {
+        return std::make_exception_ptr(std::bad_alloc());
+    } catch (const std::exception& x) {
+        return std::make_exception_ptr(std::runtime_error(std::string(x.what())));
+    } catch (...) {
+        return std::make_exception_ptr(std::runtime_error("idem: unknown exception in a claim group"));
+    }
+}
+
+}  // namespace pgstore
+
+using pgstore::in_effect_of;
+using pgstore::own_copy;
+
+struct PostgresStore::Impl {
+    PostgresOptions options;
+    pg::ConnectSettings settings;
+    pg::TableName table;
+    std::vector<pg::StatementDef> defs;
+    // Before the pool: connections forget() it as they close, so it must outlive them.
+    std::unique_ptr<pg::Watchdog> watchdog;
+    std::unique_ptr<pg::Pool> pool;
+
+    std::atomic<std::size_t> waiting{0};  // callers listening inside wait_for_save
+    // Are this store's connections sessions of their own (LISTEN heard)? See own_session().
+    enum Session : int { kSessionUnknown, kSessionOwn, kSessionPooled };
+    std::atomic<int> session{kSessionUnknown};
+    // The process generation this store belongs to (see detail::fork_generation).
+    const std::uint64_t generation = detail::fork_generation();
+
+    ~Impl() {
+        if (detail::fork_generation() == generation) return;  // the owner: the members close everything
+        // A fork()ed child. The pooled connections are the parent's sessions, and the watchdog's
+        // thread does not exist here (joining it, or destroying a condition variable it waited on,
+        // never returns). Close this process's copies of the sockets and leak the rest, so that
+        // nothing is said to the server on the parent's behalf.
+        if (pool) pool->abandon_in_child();
+        (void)pool.release();
+        (void)watchdog.release();
+    }
+
+    /// Throws config_error when called in a fork()ed child of the process that made the store.
+    void check_process() const {
+        if (detail::fork_generation() != generation) {
+            throw config_error(
+                "idem: this PostgresStore belongs to the process that created it and cannot be used in a fork()ed "
+                "child (its connections are the parent's sessions): create a new store in the child");
+        }
+    }
+
+    /// A pooled connection for this store's own statements.
+    pg::Lease acquire() {
+        check_process();
+        if (in_effect_of == this) {
+            // Called from inside our own in-transaction effect, which holds a connection itself.
+            if (options.pool_size == 1) {
+                throw config_error(
+                    "idem: PostgresStore called from inside its own in-transaction effect, whose open transaction "
+                    "holds the pool's only connection (pool_size 1): run the effect's statements through its "
+                    "Transaction, or give the store pool_size >= 2");
+            }
+            try {
+                return pool->acquire();
+            } catch (const pool_timeout& e) {
+                throw pool_timeout(std::string(e.what()) +
+                                   "; called from inside an in-transaction effect, which holds one connection itself");
+            }
+        }
+        return pool->acquire();
+    }
+
+    // Statistics, sharded by thread: every call bumps a counter or two, and a single shared cache
+    // line would bounce between the cores on each of them. stats() adds the shards up (unsigned
+    // arithmetic: a shard's fetch_sub of another shard's add still sums exactly).
+    struct alignas(64) Counters {
+        std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
+            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, save_groups{0}, grouped_saves{0};
+    };
+    std::atomic<std::uint64_t> largest_claim_group{0}, largest_save_group{0};
+    // purge_expired met a Citus-distributed table (sql.cpp, kPurgeDistributed).
+    std::atomic<bool> purge_distributed{false};
+    // How the table is laid out, as far as this store knows: shapes the batch and group statements
+    // (docs/scale-out.md). Found on the first batch or group (one catalog query), or by inspect()
+    // and distribute(); kUnknown until then.
+    enum Distribution : int { kUnknown, kPlain, kByScope, kByKey };
+    std::atomic<int> distribution{kUnknown};
+    std::atomic<bool> citus{false};                // the citus extension is installed
+    std::atomic<Clock::rep> recheck_layout_at{0};  // kPlain with Citus: ask again from then on
+    std::array<Counters, 16> counter_shards;
+    Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
+
+    Clock::time_point deadline() const {
+        return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
+    }
+
+    pg::StepResults run(pg::Connection& conn, std::span<const Step> steps) {
+        counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+        return conn.run(steps, deadline());
+    }
+    // One round trip of `segments` independent transactions, each of which may wait up to
+    // lock_timeout on its own (one-shard segments on Citus): the wait for the answers grows with them.
+    pg::StepResults run(pg::Connection& conn, std::span<const Step> steps, std::size_t segments) {
+        counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+        const auto extra = options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
+        return conn.run(steps, deadline() + extra);
+    }
+
+    // Steps that open a transaction block of their own ([BEGIN, …, COMMIT | Sync]). After a failed
+    // statement, the Sync leaves an explicit block open in the failed state (unlike an implicit
+    // transaction, which it ends): roll it back, or the pooled connection would answer 25P02 to
+    // whoever uses it next. A connection where even that fails is discarded.
+    pg::StepResults run_block(pg::Connection& conn, std::span<const Step> steps, std::size_t segments = 1) {
+        pg::StepResults res = run(conn, steps, segments);
+        if (PQtransactionStatus(conn.native()) != PQTRANS_IDLE) {
+            Params none;
+            const Step rollback{&defs[pg::kRollback], &none};
+            try {
+                if (!conn.run(std::span(&rollback, 1), deadline())[0].ok()) conn.mark_broken();
+            } catch (const pg::connection_broken&) {
+                conn.mark_broken();
+            }
+            if (PQtransactionStatus(conn.native()) != PQTRANS_IDLE) conn.mark_broken();
+        }
+        return res;
+    }
+
+    pg::StepResults run_one(pg::Connection& conn, pg::Stmt stmt, Params& params) {
+        const Step step{&defs[stmt], &params};
+        return run(conn, std::span(&step, 1));
+    }
+
+    // Runs one attempt of an operation of ops.hpp on `conn`: its statements, one at a time.
+    template <class Op>
+    void run_op(pg::Connection& conn, Op& op, int attempt) {
+        op.start(attempt);
+        for (;;) {
+            Params p;
+            op.bind(p);
+            if (op.feed(run_one(conn, op.statement(), p))) return;
+        }
+    }
+
+    // Runs an operation with the store's retries (with_connection); returns it, done.
+    template <class Op>
+    Op& drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero()) {
+        with_connection(
+            what, [&](pg::Connection& conn, int attempt) { run_op(conn, op, attempt); }, keep_trying);
+        return op;
+    }
+
+    std::optional<Record> select(pg::Connection& conn, const Key& key) {
+        pg::ReadOp op(key);
+        run_op(conn, op, 1);
+        return std::move(op.record());
+    }
+
+    // Runs `f` on a pooled connection; on a broken connection retries on a fresh one, up to
+    // claim_attempts times in all. f(conn, attempt) gets the 1-based attempt number; attempt > 1
+    // means an earlier attempt may have committed.
+    //
+    // Also retried: a serialization failure or deadlock (40001, 40P01) that f reports as a
+    // database_error. Every caller's f sends single-statement writes and reads, each its own
+    // transaction (save, release, lease, phase, take-over, purge, read, and their read-backs):
+    // PostgreSQL rolled the failed statement back whole, so it is safe to send again. Under a
+    // REPEATABLE READ or SERIALIZABLE database default even a one-row UPDATE can be chosen as the
+    // victim, and a save must not fail for it — its effect has already run. (claim handles its own
+    // conflicts; run_in_transaction does not come here.)
+    template <class F>
+    auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
+        pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        for (;;) {
+            try {
+                pg::Lease lease = acquire();
+                if constexpr (std::is_invocable_v<F, pg::Lease&, int>) {
+                    return f(lease, retry.attempt());  // f may keep the connection (group commit's relay)
+                } else {
+                    return f(*lease, retry.attempt());
+                }
+            } catch (const store_unavailable& e) {
+                // The retry must not pick another dead idle connection (nor the next call, when
+                // this was the last attempt): before the verdict, which may throw.
+                if (dynamic_cast<const pg::connection_broken*>(&e) != nullptr) pool->suspect_idle();
+                const auto next = retry.after_failure(std::current_exception(), what);
+                counters().retries.fetch_add(1, std::memory_order_relaxed);
+                if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
+            } catch (const database_error&) {
+                const auto next = retry.after_failure(std::current_exception(), what);
+                counters().retries.fetch_add(1, std::memory_order_relaxed);
+                if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
+            }
+        }
+    }
+
+    // A saved key had waiters (ClaimOptions::wait): NOTIFY them from our own connection. Best
+    // effort — a waiter also wakes at its deadline and re-reads.
+    void wake_waiters(const Key& key) noexcept {
+        try {
+            pg::NotifyOp op(table, key);
+            drive("notify", op);
+        } catch (...) {
+        }
+    }
+
+    // Gives a stale claim (fence `stale`, lease passed) the fence `fresh`. The taken-over record on
+    // success. Reconnect-safe: after a broken connection, finding `fresh` in place means we won.
+    std::optional<Record> take_over(const Key& key, Fence stale, Fence fresh, std::chrono::milliseconds lease,
+                                    bool new_attempt) {
+        pg::TakeOverOp op(key, stale, fresh, lease, new_attempt);
+        return std::move(drive("take_over", op).taken());
+    }
+
+    // ClaimOptions::wait (docs/design.md, "Waiting instead of 409"). Until the machine's deadline:
+    // read the key again now and then (a poll, kWaitPoll: one primary-key SELECT) and, where LISTEN
+    // works, wake at once on the saver's NOTIFY. Polling is what makes waiting work everywhere: a
+    // pooler in transaction mode (PgBouncer) runs LISTEN on a server connection it then hands to
+    // other clients, and the NOTIFY never reaches the waiter — found behind PgBouncer 1.18, where a
+    // wait slept to its end. With LISTEN too, polls are the backstop: a notification that does not
+    // come (a failed best-effort NOTIFY, a save through another Citus node) costs one interval at
+    // most, instead of the rest of the wait. Returns what the machine decided next.
+    pg::ClaimMachine::Next wait_for_save(const Key& key, pg::ClaimMachine& machine) {
+        using Strategy = PostgresOptions::WaitStrategy;
+        const Fence waited_for = machine.stale_fence();
+        const bool pooled = session.load(std::memory_order_relaxed) == kSessionPooled;
+        if (options.wait_strategy != Strategy::poll && !pooled) {
+            // Listeners hold a connection while they wait: never more than pool_size - 1 of them,
+            // so the owner's save always finds one. Past that, wait by polling (notify: in_progress).
+            if (waiting.fetch_add(1) + 1 < options.pool_size) {
+                struct Done {
+                    std::atomic<std::size_t>& n;
+                    ~Done() { n.fetch_sub(1); }
+                } leave{waiting};
+                if (auto next = listen_for_save(key, machine, waited_for)) return *next;
+            } else {
+                waiting.fetch_sub(1);
+                if (options.wait_strategy == Strategy::notify) return machine.on_waited(false);
+            }
+        }
+        // Polling: the connection goes back to the pool between polls.
+        std::this_thread::sleep_until(machine.next_poll());
+        try {
+            return with_connection("wait", [&](pg::Connection& conn, int) {
+                return machine.on_polled(poll_waited(conn, key, waited_for));
+            });
+        } catch (const pool_timeout&) {
+            return machine.on_waited(false);  // no connection to look with: the key was in progress
+        }
+    }
+
+    pg::StepResults poll_waited(pg::Connection& conn, const Key& key, Fence waited_for) {
+        Params p;
+        p.text(key.scope()).text(key.value()).int8(waited_for);
+        return run_one(conn, pg::kWaitPoll, p);
+    }
+
+    // Whether LISTEN on `conn` would be heard (wait_strategy automatic): not through a pooler. The
+    // server's backend pid differs from the one libpq got at connect when a pooler (PgBouncer, any
+    // pool mode) made that up; a direct session, a TCP proxy or a Citus coordinator keeps it. Asked
+    // once per store (one round trip on its first wait): every connection goes the same way.
+    bool own_session(pg::Connection& conn) {
+        if (options.wait_strategy == PostgresOptions::WaitStrategy::notify) return true;
+        int known = session.load(std::memory_order_relaxed);
+        if (known == kSessionUnknown) {
+            Params pid;
+            pid.int4(PQbackendPID(conn.native()));
+            auto res = run_one(conn, pg::kOwnSession, pid);
+            if (!res[0].ok()) throw_statement_error(res[0], "wait");
+            known = pg::get_bool(res[0].result.get(), 0, 0) ? kSessionOwn : kSessionPooled;
+            session.store(known, std::memory_order_relaxed);
+        }
+        return known == kSessionOwn;
+    }
+
+    // The listening wait, on one pooled connection held throughout: LISTEN, flag the row as waited
+    // for, then wake on the saver's NOTIFY, on a poll that is due (automatic; notify polls at the
+    // deadline only), or at the deadline. nullopt: LISTEN is not usable here (a pooler): poll.
+    std::optional<pg::ClaimMachine::Next> listen_for_save(const Key& key, pg::ClaimMachine& machine, Fence waited_for) {
+        using Next = pg::ClaimMachine::Next;
+        return with_connection("wait", [&](pg::Connection& conn, int) -> std::optional<Next> {
+            if (!own_session(conn)) return std::nullopt;
+            const std::string payload = pg::notify_payload(table, key);
+            Params none, mark;
+            mark.text(key.scope()).text(key.value());
+            // LISTEN first: a save committed after the mark is then certain to be heard.
+            const Step steps[] = {{&defs[pg::kListen], &none}, {&defs[pg::kMarkWaiter], &mark}};
+            const bool polls = options.wait_strategy != PostgresOptions::WaitStrategy::notify;
+            std::optional<Next> next;
+            try {
+                auto res = run(conn, steps);
+                if (!res[0].ok()) throw_statement_error(res[0], "listen");
+                if (!res[1].ok()) throw_statement_error(res[1], "wait");
+                if (res[1].rows() == 0) next = machine.on_waited(true);  // no longer in progress: read it
+                while (!next) {
+                    const Clock::time_point until = polls ? machine.next_poll() : machine.wait_until();
+                    if (conn.wait_notification(pg::kChannel, payload, until)) {
+                        next = machine.on_waited(true);
+                        break;
+                    }
+                    const Next polled = machine.on_polled(poll_waited(conn, key, waited_for));
+                    if (polled != Next::wait) next = polled;
+                }
+            } catch (...) {
+                conn.mark_broken();  // may still be listening: never pool it again
+                throw;
+            }
+            // The answer stands whatever happens now: a connection that cannot stop listening is
+            // discarded, not retried with (that would wait again).
+            try {
+                auto done = run_one(conn, pg::kUnlisten, none);
+                if (!done[0].ok()) conn.mark_broken();
+                // Drop notifications that arrived meanwhile, so the pooled connection is clean.
+                conn.wait_notification(pg::kChannel, "", Clock::now());
+            } catch (...) {
+                conn.mark_broken();
+            }
+            return next;
+        });
+    }
+
+    // ---- Statements for many keys: claim_batch, save_batch and groups share them ----
+    // Plain PostgreSQL: one array statement for all rows. A Citus-distributed table: statements that
+    // each stay on one shard (an array statement joins the table with unnest() and spans every
+    // shard; measured 10-20x slower), the writes inside BEGIN/COMMIT so that they commit together.
+
+    // The table's layout (see `distribution`); asked once per store, on a pooled connection, and
+    // like a connection's set-up not counted in stats().round_trips. A failed question is not
+    // remembered: the batch goes with arrays, which work everywhere, and asks next time.
+    int layout(pg::Connection& conn) {
+        switch (options.statement_shape) {
+            case PostgresOptions::StatementShape::arrays: return kPlain;
+            case PostgresOptions::StatementShape::per_scope: return kByScope;
+            case PostgresOptions::StatementShape::per_key: return kByKey;
+            case PostgresOptions::StatementShape::automatic: break;
+        }
+        const int known = distribution.load(std::memory_order_relaxed);
+        // Not distributed, but Citus is there: asked again now and then (the table may be
+        // distributed later, by distribute() in another process or by hand).
+        if (known != kUnknown &&
+            (known != kPlain || !citus.load(std::memory_order_relaxed) ||
+             Clock::now().time_since_epoch().count() < recheck_layout_at.load(std::memory_order_relaxed))) {
+            return known;
+        }
+        const auto ask = [&](pg::Stmt stmt, Params& p) {
+            const Step step{&defs[stmt], &p};
+            return conn.run(std::span(&step, 1), deadline());
+        };
+        Params none;
+        auto installed = ask(pg::kCitusInstalled, none);
+        if (!installed[0].ok() || installed[0].rows() != 1) return kPlain;
+        int found = kPlain;
+        const bool with_citus = pg::get_bool(installed[0].result.get(), 0, 0);
+        if (with_citus) {
+            Params p;
+            p.text(table.qualified);
+            auto column = ask(pg::kDistributionColumn, p);
+            if (!column[0].ok()) return kPlain;
+            if (column[0].rows() == 1) {
+                const std::string_view c = pg::get_bytes(column[0].result.get(), 0, 0);
+                found = c == "scope" ? kByScope : c == "key" ? kByKey : kPlain;
+            }
+        }
+        citus.store(with_citus, std::memory_order_relaxed);
+        recheck_layout_at.store((Clock::now() + std::chrono::seconds(60)).time_since_epoch().count(),
+                                std::memory_order_relaxed);
+        distribution.store(found, std::memory_order_relaxed);
+        return found;
+    }
+
+    using ClaimRow = pg::ClaimRow;
+    using ClaimAnswers = pg::ClaimAnswers;
+    using KeyRef = pg::KeyRef;
+    using SaveRow = pg::SaveRow;
+    using SaveAnswers = pg::SaveAnswers;
+
+    pg::Layout layout_of(int shape) const noexcept {
+        return shape == kByScope ? pg::Layout::by_scope : shape == kByKey ? pg::Layout::by_key : pg::Layout::plain;
+    }
+
+    // The claims of a batch or a group in one round trip (pg::ClaimRowsPlan). Throws connection_broken.
+    ClaimAnswers claim_rows(pg::Connection& conn, std::span<const ClaimRow> rows) {
+        const pg::ClaimRowsPlan plan(defs, layout_of(layout(conn)), rows);
+        return plan.read(plan.blocks() ? run_block(conn, plan.steps(), plan.segments())
+                                       : run(conn, plan.steps(), plan.segments()));
+    }
+
+    // The saves of a batch or a group in one round trip (pg::SaveRowsPlan). Throws connection_broken.
+    SaveAnswers save_rows(pg::Connection& conn, std::span<const SaveRow> rows) {
+        const pg::SaveRowsPlan plan(defs, layout_of(layout(conn)), rows);
+        return plan.read(run(conn, plan.steps(), plan.segments()));
+    }
+
+    // ---- Group commit (docs/design.md, "Group commit") ----
+    // How many groups may be in flight at once, per kind (claims, saves): one, relayed (docs/design.md
+    // and docs/benchmarks.md have the figures behind the choice; pool_size is at least 1).
+    static constexpr std::size_t kGroupsInFlight = 1;
+    std::unique_ptr<pg::Combiner> claim_groups, save_groups;
+
+    static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
+                           std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
+        groups.fetch_add(1, std::memory_order_relaxed);
+        members.fetch_add(n, std::memory_order_relaxed);
+        for (auto seen = largest.load(std::memory_order_relaxed);
+             n > seen && !largest.compare_exchange_weak(seen, n, std::memory_order_relaxed);) {
+        }
+    }
+
+    struct ClaimFlight;
+    struct SaveFlight;
+
+    // One claim() caller in a group. The leader writes `got` (and what goes with it) for every member
+    // before Combiner::answered; the member reads it after join() returns.
+    struct ClaimMember : pg::Combiner::Member {
+        const Key* key;
+        const Fingerprint* fp;
+        Fence fence;
+        std::chrono::milliseconds lease;
+        std::chrono::seconds retention;
+        Claim* out;  // `found`: the record read is decoded into out->existing
+        enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
+        pg::StepResults plain;     // plain: a group of one ran today's round trip; these are its answers
+        std::exception_ptr error;  // error: what the member's own call throws
+        // As the leader of a relayed group: the previous leader sent it (`flight`: its answers are to
+        // be read), or tried to (no flight: every member's answer is written already).
+        bool relayed = false;
+        std::unique_ptr<ClaimFlight> flight;
+    };
+
+    // Today's claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim. `keep`: on one
+    // plain node, the connection is kept there after the round trip (group commit relays the next
+    // group on it) instead of going back to the pool.
+    pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence,
+                                     std::chrono::milliseconds lease, std::chrono::seconds retention,
+                                     std::optional<pg::Lease>* keep = nullptr) {
+        return with_connection("claim", [&](pg::Lease& leased, int) {
+            pg::Connection& conn = *leased;
+            Params ins;
+            add_claim_params(ins, key, fp, fence, lease, retention);
+            Params sel;
+            sel.text(key.scope()).text(key.value());
+            // [INSERT, SELECT | Sync]: one round trip, one implicit transaction; the claim is
+            // committed when the Sync's answer arrives, which run() waits for. The SELECT is its own
+            // statement, so under READ COMMITTED it takes a new snapshot and sees a conflicting
+            // claim that committed while the INSERT waited for it (one statement could not: see
+            // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
+            // One Sync instead of one per statement: one send() and one transaction fewer per claim.
+            // (with Citus installed, also for a table not known to be distributed: it may be by now)
+            if (relay_possible(conn)) {
+                const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
+                pg::StepResults res = run(conn, steps);
+                if (keep) keep->emplace(std::move(leased));
+                return res;
+            }
+            // A distributed table: Citus does not take a pipeline's implicit transaction for a
+            // transaction block, and commits the INSERT on its shard at once (seen: a claim whose
+            // read failed left its row behind). BEGIN … COMMIT makes the INSERT commit or roll back
+            // with the read, as on one node. The answers are mapped back to [INSERT, SELECT], a
+            // failed BEGIN onto the INSERT, a failed COMMIT onto the SELECT (as Connection::run does).
+            Params none;
+            const Step steps[] = {{&defs[pg::kBegin], &none, false},
+                                  {&defs[pg::kClaimInsert], &ins, false},
+                                  {&defs[pg::kSelect], &sel, false},
+                                  {&defs[pg::kCommit], &none, true}};
+            pg::StepResults all = run_block(conn, steps);
+            pg::StepResults two(2);
+            two[0] = std::move(all[0].failed ? all[0] : all[1]);
+            two[1] = std::move(all[3].failed ? all[3] : all[2]);
+            return two;
+        });
+    }
+
+    // A group's statements on their way: sent on a connection, answers not read yet. Sent by the
+    // group's own leader, or relayed: by the previous group's leader, on the connection it just read
+    // its own answers from, so that the server starts on this group while its leader's thread wakes
+    // up. Views into the members (who wait for their answers) and into itself: never moved once sent.
+    struct Flight {
+        std::span<const Step> steps;
+        Clock::time_point deadline;
+        std::optional<pg::Lease> conn;  // while its answers are unread
+
+        Flight() = default;
+        Flight(const Flight&) = delete;
+        Flight& operator=(const Flight&) = delete;
+        ~Flight() {
+            if (conn) (*conn)->abandon_exchange();  // unread answers: the connection is never reused
+        }
+        // Throws connection_broken (then nothing is in flight: `lease` is discarded, broken).
+        void send(pg::Lease lease) {
+            lease->send_pipeline(steps, deadline);
+            conn.emplace(std::move(lease));
+        }
+        // The answers; `lease` gets the connection back (for the next group: it is marked broken
+        // when receiving failed). Throws what receive_pipeline throws.
+        pg::StepResults receive(std::optional<pg::Lease>& lease) {
+            lease.emplace(std::move(*conn));
+            conn.reset();
+            return (*lease)->receive_pipeline(steps, deadline);
+        }
+    };
+    struct ClaimFlight : Flight {
+        std::vector<ClaimMember*> ms;  // by key: concurrent groups (and batches) lock shared keys in one order
+        std::vector<ClaimRow> rows;
+        std::optional<pg::ClaimRowsPlan> plan;  // two members or more: the batch statements
+        Params ins, sel;                        // one member: today's [INSERT, SELECT | Sync]
+        std::array<Step, 2> one;
+    };
+
+    // Whether the next group may be sent by the leader that relays it: on one plain node. A
+    // distributed table's claims go in explicit blocks that may need a ROLLBACK after their answers
+    // (run_block): the group's own leader sends those.
+    bool relay_possible(pg::Connection& conn) {
+        return layout(conn) == kPlain && !citus.load(std::memory_order_relaxed);
+    }
+
+    static void every_claim(const std::vector<pg::Combiner::Member*>& group, ClaimMember::Got got,
+                            const std::exception_ptr& e = nullptr) {
+        for (pg::Combiner::Member* m : group) {
+            auto& c = static_cast<ClaimMember&>(*m);
+            c.got = got, c.error = own_copy(e);
+        }
+    }
+
+    // The members of a group in key order: concurrent groups (and batches) lock shared keys in one
+    // order. Their rows, for pg::ClaimRowsPlan (views into the members).
+    static std::vector<ClaimMember*> by_key(const std::vector<pg::Combiner::Member*>& group) {
+        std::vector<ClaimMember*> ms;
+        ms.reserve(group.size());
+        for (pg::Combiner::Member* m : group) ms.push_back(static_cast<ClaimMember*>(m));
+        std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
+        return ms;
+    }
+    static std::vector<ClaimRow> rows_of(const std::vector<ClaimMember*>& ms) {
+        std::vector<ClaimRow> rows;
+        rows.reserve(ms.size());
+        for (const ClaimMember* c : ms) {
+            rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                            static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                            c->retention.count()});
+        }
+        return rows;
+    }
+    // Writes every member's answer from the group's (row j: ms[j]).
+    static void answer_members(const ClaimAnswers& a, const std::vector<ClaimMember*>& ms) {
+        for (std::size_t j = 0; j < ms.size(); ++j) {
+            ClaimMember* c = ms[j];
+            std::exception_ptr error;
+            switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
+                case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
+                case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
+                case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
+                case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
+                case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
+            }
+        }
+    }
+
+    // Sends the claims of `group` on `conn` (one plain node). On failure every member's answer is
+    // written (alone: the statements may have reached the server; each member's retry with its own
+    // fence recognises whatever committed) and null is returned. Never throws.
+    std::unique_ptr<ClaimFlight> send_claims(const std::vector<pg::Combiner::Member*>& group, pg::Lease conn) noexcept {
+        try {
+            note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+            auto f = std::make_unique<ClaimFlight>();
+            f->ms = by_key(group);
+            if (f->ms.size() == 1) {  // exactly today's statements
+                const ClaimMember& c = *f->ms[0];
+                add_claim_params(f->ins, *c.key, *c.fp, c.fence, c.lease, c.retention);
+                f->sel.text(c.key->scope()).text(c.key->value());
+                f->one = {Step{&defs[pg::kClaimInsert], &f->ins, false}, Step{&defs[pg::kSelect], &f->sel}};
+                f->steps = f->one;
+            } else {
+                f->rows = rows_of(f->ms);
+                // [claims | Sync | read | Sync]: the claims commit at the first Sync, the read takes
+                // its own snapshot (as the single-key path's does).
+                f->plan.emplace(defs, pg::Layout::plain, f->rows);
+                f->steps = f->plan->steps();
+            }
+            f->deadline = deadline();
+            counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+            f->send(std::move(conn));
+            return f;
+        } catch (const pg::connection_broken&) {
+            pool->suspect_idle();
+        } catch (...) {
+        }
+        every_claim(group, ClaimMember::Got::alone);
+        return nullptr;
+    }
+
+    // Reads the answers of a flight and writes every member's. Returns the connection, for the next
+    // group, unless it broke. Never throws.
+    std::optional<pg::Lease> land_claims(ClaimFlight& f) noexcept {
+        std::optional<pg::Lease> conn;
+        try {
+            pg::StepResults res = f.receive(conn);
+            if (!f.plan) {
+                f.ms[0]->plain = std::move(res);
+                f.ms[0]->got = ClaimMember::Got::plain;
+                return conn;
+            }
+            answer_members(f.plan->read(std::move(res)), f.ms);
+            return conn;
+        } catch (const pg::connection_broken&) {
+            // The group may have committed before its answer was lost: each member goes again alone
+            // with its own fence and recognises its row (today's reconnect-safe retry).
+            pool->suspect_idle();
+        } catch (...) {
+        }
+        for (ClaimMember* c : f.ms) c->got = ClaimMember::Got::alone, c->error = nullptr;
+        return std::nullopt;
+    }
+
+    // A group's own leader sends and reads its statements. Returns the connection when the next
+    // group may be relayed on it. Never throws: should anything throw all the same (out of memory),
+    // every member goes alone with its fence, a retry of its own that recognises whatever the group
+    // committed for it.
+    std::optional<pg::Lease> answer_claim_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        try {
+            if (group.size() == 1) {  // alone: exactly today's round trip
+                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, 1);
+                ClaimMember& c = static_cast<ClaimMember&>(*group[0]);
+                std::optional<pg::Lease> kept;
+                try {
+                    c.plain = claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention, &kept);
+                    c.got = ClaimMember::Got::plain;
+                } catch (...) {
+                    c.got = ClaimMember::Got::error, c.error = own_copy(std::current_exception());
+                }
+                return kept;
+            }
+            std::optional<pg::Lease> conn;
+            try {
+                conn.emplace(acquire());
+            } catch (...) {
+                // Nothing was sent: each member gets what its own call would have (pool_timeout,
+                // store_unavailable, config_error), without waiting for a connection once more.
+                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+                every_claim(group, ClaimMember::Got::error, std::current_exception());
+                return std::nullopt;
+            }
+            bool plain = false;
+            try {
+                plain = relay_possible(**conn);
+            } catch (const pg::connection_broken&) {
+                // the layout's question met a dead connection: nothing of the group was sent
+                pool->suspect_idle();
+                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+                every_claim(group, ClaimMember::Got::alone);
+                return std::nullopt;
+            }
+            if (plain) {
+                auto f = send_claims(group, std::move(*conn));
+                return f ? land_claims(*f) : std::nullopt;
+            }
+            note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
+            const std::vector<ClaimMember*> ms = by_key(group);
+            try {
+                // A distributed table: one-shard segments (pg::ClaimRowsPlan), in blocks where needed.
+                const std::vector<ClaimRow> rows = rows_of(ms);
+                answer_members(claim_rows(**conn, rows), ms);
+            } catch (const pg::connection_broken&) {
+                pool->suspect_idle();
+                every_claim(group, ClaimMember::Got::alone);
+            }
+            return std::nullopt;
+        } catch (...) {
+            every_claim(group, ClaimMember::Got::alone);
+            return std::nullopt;
+        }
+    }
+
+    // One save() caller in a group.
+    struct SaveMember : pg::Combiner::Member {
+        const Key* key;
+        Fence fence;
+        std::string_view result;
+        enum class Got { alone, saved, lost } got = Got::alone;
+        bool waiters = false;  // saved: someone LISTENs for this key
+        bool sent = false;     // alone: the group's statement may have committed this save
+        bool relayed = false;  // as for ClaimMember
+        std::unique_ptr<SaveFlight> flight;
+    };
+
+    // As ClaimFlight, for saves: one UPDATE for the rows (pg::SaveRowsPlan), or today's one-row UPDATE.
+    struct SaveFlight : Flight {
+        std::vector<SaveMember*> sent;  // by key; a key or fence twice goes alone instead
+        std::vector<SaveRow> rows;
+        std::optional<pg::SaveRowsPlan> plan;
+        Params one_params;
+        Step one;
+    };
+
+    // Sends the saves of `group` on `conn` (any layout: a save is one statement per segment, never a
+    // block). Members not sent (a key or fence twice, or a failure) are answered alone, and null is
+    // returned when nothing is in flight. Never throws.
+    std::unique_ptr<SaveFlight> send_saves(const std::vector<pg::Combiner::Member*>& group, pg::Lease conn) noexcept {
+        std::vector<SaveMember*> ms;
+        try {
+            note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
+            ms.reserve(group.size());
+            for (pg::Combiner::Member* m : group) {
+                auto* v = static_cast<SaveMember*>(m);
+                v->got = SaveMember::Got::alone;
+                ms.push_back(v);
+            }
+            std::sort(ms.begin(), ms.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
+            auto f = std::make_unique<SaveFlight>();
+            // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
+            // goes alone, after the group, exactly as a concurrent save of it does today.
+            std::unordered_set<Fence> fences;
+            for (std::size_t j = 0; j < ms.size(); ++j) {
+                if ((j > 0 && *ms[j]->key == *ms[j - 1]->key) || !fences.insert(ms[j]->fence).second) continue;
+                f->sent.push_back(ms[j]);
+            }
+            if (f->sent.size() == 1) {  // alone: today's statement
+                const SaveMember& v = *f->sent[0];
+                f->one_params.text(v.key->scope()).text(v.key->value()).int8(v.fence).bytes(v.result);
+                f->one = Step{&defs[pg::kSave], &f->one_params};
+                f->steps = std::span(&f->one, 1);
+                f->deadline = deadline();
+            } else {
+                f->rows.reserve(f->sent.size());
+                for (const SaveMember* v : f->sent)
+                    f->rows.push_back({v->key->scope(), v->key->value(), v->result, v->fence});
+                f->plan.emplace(defs, layout_of(layout(*conn)), f->rows);
+                f->steps = f->plan->steps();
+                const auto segments = f->plan->segments();
+                f->deadline =
+                    deadline() + options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
+            }
+            for (SaveMember* v : f->sent) v->sent = true;
+            counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+            f->send(std::move(conn));
+            return f;
+        } catch (const pg::connection_broken&) {
+            pool->suspect_idle();
+        } catch (...) {
+        }
+        for (SaveMember* v : ms) v->got = SaveMember::Got::alone;  // `sent` says whether it may have been saved
+        return nullptr;
+    }
+
+    std::optional<pg::Lease> land_saves(SaveFlight& f) noexcept {
+        std::optional<pg::Lease> conn;
+        try {
+            pg::StepResults res = f.receive(conn);
+            if (!f.plan) {
+                SaveMember& v = *f.sent[0];
+                if (!res[0].ok()) return conn;  // it goes alone (40001 retried there, ...)
+                v.got = SaveMember::Got::lost;  // its fence no longer owns the key
+                const PGresult* r = res[0].result.get();
+                if (PQntuples(r) == 1) v.got = SaveMember::Got::saved, v.waiters = pg::get_bool(r, 0, 0);
+                return conn;
+            }
+            SaveAnswers a = f.plan->read(std::move(res));
+            for (std::size_t j = 0; j < f.sent.size(); ++j) {
+                SaveMember* v = f.sent[j];
+                // its statement failed (nothing of it committed): it goes alone (40001 retried there, ...)
+                if (a.row_failed[j]) continue;
+                const auto it = a.saved.find(v->fence);
+                v->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
+                if (it != a.saved.end()) v->waiters = it->second;
+            }
+            return conn;
+        } catch (const pg::connection_broken&) {
+            pool->suspect_idle();
+        } catch (...) {
+        }
+        for (SaveMember* v : f.sent) v->got = SaveMember::Got::alone;
+        return std::nullopt;
+    }
+
+    // A save group's own leader sends and reads its statement. Returns the connection for the next
+    // group. Never throws.
+    std::optional<pg::Lease> answer_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
+        std::unique_ptr<SaveFlight> f;
+        try {
+            f = send_saves(group, acquire());
+        } catch (...) {
+            // nothing sent: each goes alone (and keeps trying for its save_retry_window)
+            note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
+            for (pg::Combiner::Member* m : group) static_cast<SaveMember*>(m)->got = SaveMember::Got::alone;
+        }
+        return f ? land_saves(*f) : std::nullopt;
+    }
+
+    // A save's own round trips (today's, and what follows a group's failure): the one-row UPDATE,
+    // sent again within save_retry_window. `group_sent`: a group's UPDATE may have saved it already.
+    void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent) {
+        pg::SaveOp op(key, fence, result, group_sent);
+        if (drive("save", op, options.save_retry_window).waiters()) wake_waiters(key);
+    }
+
+    // A group's leader, start to end (claims and saves alike): its answers (reading a relayed
+    // flight, or sending and reading its own statements), then the relay of the next group, then
+    // its members woken. Never throws.
+    template <class M>
+    void lead(pg::Combiner& groups, M& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
+        constexpr bool claims = std::is_same_v<M, ClaimMember>;
+        std::optional<pg::Lease> conn = me.flight    ? land(*me.flight)
+                                        : me.relayed ? std::nullopt  // answered by the relay's failure
+                                        : claims     ? answer_claim_group(group)
+                                                     : answer_save_group(group);
+        me.flight.reset();
+        std::vector<pg::Combiner::Member*> next;
+        if (groups.take_next(next)) {
+            auto& lead = static_cast<M&>(*next.front());
+            // Not while another caller waits for a pooled connection: the chain would keep this one
+            // for as long as callers queue.
+            if (conn && !(*conn)->broken() && !pool->has_waiters() && may_relay<M>(**conn)) {
+                lead.relayed = true;
+                if constexpr (claims) {
+                    lead.flight = send_claims(next, std::move(*conn));
+                } else {
+                    lead.flight = send_saves(next, std::move(*conn));
+                }
+            }
+            conn.reset();
+            groups.hand_over(std::move(next));
+        }
+        conn.reset();
+        groups.answered(group);
+    }
+    std::optional<pg::Lease> land(ClaimFlight& f) noexcept { return land_claims(f); }
+    std::optional<pg::Lease> land(SaveFlight& f) noexcept { return land_saves(f); }
+    template <class M>
+    bool may_relay(pg::Connection& conn) noexcept {
+        if constexpr (!std::is_same_v<M, ClaimMember>) {
+            return true;  // a save group is single statements, never a block: any layout
+        } else {
+            try {
+                return relay_possible(conn);
+            } catch (...) {
+                return false;  // the layout's question failed: the group's own leader sends it
+            }
+        }
+    }
+};
+
+}  // namespace idem
