@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../common.hpp"
+#include "../postgres/group_plan.hpp"
 #include "../postgres/machine.hpp"
 #include "../postgres/ops.hpp"
 #include "../postgres/record.hpp"
@@ -264,25 +265,11 @@ struct AsyncPostgresStore::Impl {
     // copies from an lvalue and recurses without end)
     using Wake = std::optional<net::any_completion_handler<void()>>;
 
-    struct ClaimMember {
-        const Key* key;
-        const Fingerprint* fp;
-        Fence fence;
-        std::chrono::milliseconds lease;
-        std::chrono::seconds retention;
-        Claim* out;  // found: the record is decoded into out->existing
-        enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
-        pg::StepResults plain;     // plain: its own [INSERT, SELECT] answers
-        std::exception_ptr error;  // error: what its call throws
+    // A member: the plan's slot, and how to wake its call's coroutine.
+    struct ClaimMember : pg::ClaimSlot {
         Wake wake;
     };
-    struct SaveMember {
-        const Key* key;
-        Fence fence;
-        std::string_view result;
-        enum class Got { alone, saved, lost } got = Got::alone;
-        bool waiters = false;  // saved: a blocking store's caller waits for it
-        bool sent = false;     // alone: the group's statement may have committed it
+    struct SaveMember : pg::SaveSlot {
         Wake wake;
     };
     std::vector<ClaimMember*> claim_queue;
@@ -359,12 +346,22 @@ struct AsyncPostgresStore::Impl {
         co_await wait_in(claim_queue, me);
     }
 
+    static void all_alone(const std::optional<pg::ClaimGroupPlan>& plan, std::span<pg::ClaimSlot* const> slots) {
+        if (plan) {
+            plan->all_alone();
+        } else {
+            pg::answer_all(slots, pg::ClaimSlot::Got::alone);
+        }
+    }
+
+    template <class Slot, class Member>
+    static std::vector<Slot*> slots_of(const std::vector<Member*>& group) {
+        return std::vector<Slot*>(group.begin(), group.end());
+    }
+
     // Never throws: every member leaves with an answer, an error, or "alone" (its own call then
     // sends its own statements, with its fence, and recognises whatever the group committed).
     net::awaitable<void> run_claim_group(std::vector<ClaimMember*> group) {
-        // Rows in key order: concurrent groups lock shared keys in one order.
-        std::sort(group.begin(), group.end(),
-                  [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
         for (ClaimMember* c : group) c->got = ClaimMember::Got::alone;
         std::shared_ptr<AsyncConnection> conn;
         std::exception_ptr unreachable;
@@ -373,40 +370,25 @@ struct AsyncPostgresStore::Impl {
         } catch (...) {
             unreachable = std::current_exception();  // nothing sent: each gets what its own call would
         }
+        const std::vector<pg::ClaimSlot*> slots = slots_of<pg::ClaimSlot>(group);
         if (unreachable) {
-            for (ClaimMember* c : group) c->got = ClaimMember::Got::error, c->error = unreachable;
+            pg::answer_all(slots, ClaimMember::Got::error, unreachable);
         } else if (conn->citus()) {
             citus_seen = true;  // each goes alone: the single-key statements know Citus
         } else {
+            std::optional<pg::ClaimGroupPlan> plan;
             try {
-                std::vector<pg::ClaimRow> rows;
-                rows.reserve(group.size());
-                for (const ClaimMember* c : group) {
-                    rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
-                                    static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
-                                    c->retention.count()});
-                }
-                const pg::ClaimRowsPlan plan(defs, pg::Layout::plain, rows);
+                plan.emplace(defs, pg::Layout::plain, slots);
                 note_group(counters.claim_groups, counters.grouped_claims, counters.largest_claim_group, group.size());
                 count(counters.round_trips);
-                const pg::ClaimAnswers a = plan.read(co_await conn->run(plan.steps(), deadline()));
-                for (std::size_t j = 0; j < group.size(); ++j) {
-                    ClaimMember* c = group[j];
-                    switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, c->error)) {
-                        case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
-                        case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
-                        case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
-                        case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
-                        case pg::MemberAnswer::error: c->got = ClaimMember::Got::error; break;
-                    }
-                }
+                plan->read(co_await conn->run(plan->steps(), deadline()));
             } catch (const pg::connection_broken&) {
                 // The group may have committed before its answer was lost: each goes alone with its
                 // fence and recognises its row.
                 suspect_idle();
-                for (ClaimMember* c : group) c->got = ClaimMember::Got::alone, c->out->existing.reset();
+                all_alone(plan, slots);
             } catch (...) {
-                for (ClaimMember* c : group) c->got = ClaimMember::Got::alone, c->out->existing.reset();
+                all_alone(plan, slots);
             }
             // (a member going alone after the group's statement makes a second attempt: a retry)
             for (const ClaimMember* c : group) {
@@ -427,17 +409,7 @@ struct AsyncPostgresStore::Impl {
     }
 
     net::awaitable<void> run_save_group(std::vector<SaveMember*> group) {
-        std::sort(group.begin(), group.end(),
-                  [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
-        // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
-        // goes alone, after the group, as a concurrent save of it would.
-        std::vector<SaveMember*> sent;
-        std::unordered_set<Fence> fences;
-        for (std::size_t j = 0; j < group.size(); ++j) {
-            group[j]->got = SaveMember::Got::alone;
-            if ((j > 0 && *group[j]->key == *group[j - 1]->key) || !fences.insert(group[j]->fence).second) continue;
-            sent.push_back(group[j]);
-        }
+        for (SaveMember* m : group) m->got = SaveMember::Got::alone;
         std::shared_ptr<AsyncConnection> conn;
         bool reached = true;
         try {
@@ -448,31 +420,23 @@ struct AsyncPostgresStore::Impl {
         if (reached && conn->citus()) {
             citus_seen = true;
         } else if (reached) {
-            for (SaveMember* m : sent) m->sent = true;
+            std::optional<pg::SaveGroupPlan> plan;
             try {
-                std::vector<pg::SaveRow> rows;
-                rows.reserve(sent.size());
-                for (const SaveMember* m : sent)
-                    rows.push_back({m->key->scope(), m->key->value(), m->result, m->fence});
-                const pg::SaveRowsPlan plan(defs, pg::Layout::plain, rows);
-                note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group, sent.size());
+                plan.emplace(defs, pg::Layout::plain, slots_of<pg::SaveSlot>(group));
+                note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group,
+                           plan->sent().size());
                 count(counters.round_trips);
-                const pg::SaveAnswers a = plan.read(co_await conn->run(plan.steps(), deadline()));
-                for (std::size_t j = 0; j < sent.size(); ++j) {
-                    SaveMember* m = sent[j];
-                    if (a.row_failed[j]) continue;  // nothing of it committed: it goes alone (40001 retried there...)
-                    const auto it = a.saved.find(m->fence);
-                    m->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
-                    if (it != a.saved.end()) m->waiters = it->second;
-                }
+                plan->read(co_await conn->run(plan->steps(), deadline()));
             } catch (const pg::connection_broken&) {
                 suspect_idle();
-                for (SaveMember* m : sent) m->got = SaveMember::Got::alone;
+                if (plan) plan->all_alone();
             } catch (...) {
-                for (SaveMember* m : sent) m->got = SaveMember::Got::alone;
+                if (plan) plan->all_alone();
             }
-            for (const SaveMember* m : sent) {
-                if (m->got == SaveMember::Got::alone) count(counters.retries);
+            if (plan) {
+                for (const pg::SaveSlot* m : plan->sent()) {
+                    if (m->got == SaveMember::Got::alone) count(counters.retries);
+                }
             }
         }
         --saves_in_flight;
@@ -500,15 +464,10 @@ struct AsyncPostgresStore::Impl {
                         me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention;
                         me.out = &out;
                         co_await claim_first(me);
-                        switch (me.got) {
-                            case ClaimMember::Got::plain: next = machine.on_round_trip(me.plain); break;
-                            case ClaimMember::Got::won: next = machine.on_won(); break;
-                            case ClaimMember::Got::found: next = machine.on_found(); break;
-                            case ClaimMember::Got::absent: next = machine.on_absent(false); break;
-                            case ClaimMember::Got::error: std::rethrow_exception(me.error);
-                            case ClaimMember::Got::alone: break;
+                        if (auto after = pg::after_group(machine, me)) {
+                            next = *after;
+                            break;
                         }
-                        if (me.got != ClaimMember::Got::alone) break;
                     }
                     auto res = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
                         return claim_round_trip(conn, key, fp, fence, lease, retention);
@@ -579,8 +538,7 @@ struct AsyncPostgresStore::Impl {
         SaveMember me;
         me.key = &key, me.fence = fence, me.result = result;
         bool waiters = false;
-        if (co_await save_first(me)) {
-            if (me.got == SaveMember::Got::lost) pg::throw_save_lost(fence);
+        if (co_await save_first(me) && pg::saved_by_group(me)) {
             waiters = me.waiters;
         } else {
             waiters = co_await save_alone(key, fence, result, me.sent);

@@ -65,7 +65,6 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     // The decisions are pg::ClaimMachine's (shared with idem::asio); this loop does its I/O.
     Claim out;
     const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
-    using Got = Impl::ClaimMember::Got;
     // Group commit takes the first attempt only (one round trip); whatever follows (retries, an
     // expired record, resume, wait) goes alone. Not from inside this store's own in-transaction
     // effect: that call must not wait behind a group (acquire() says why).
@@ -76,38 +75,21 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     while (next != pg::ClaimMachine::Next::done) {
         switch (next) {
             case pg::ClaimMachine::Next::round_trip: {
-                Got got = Got::alone;
-                pg::StepResults res;
                 if (grouped) {
                     grouped = false;
                     m.check_process();
-                    Impl::ClaimMember me;
-                    me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention,
-                    me.out = &out;
-                    std::vector<pg::Combiner::Member*> group;
-                    const auto role = m.claim_groups->join(me, m.options.pool_wait, group);
-                    if (role == pg::Combiner::Role::lead) m.lead(*m.claim_groups, me, group);
-                    if (me.got == Got::error) std::rethrow_exception(me.error);
-                    got = me.got;
+                    pg::ClaimSlot slot;
+                    slot.key = &key, slot.fp = &fp, slot.fence = fence, slot.lease = lease, slot.retention = retention,
+                    slot.out = &out;
+                    const bool in_group = m.claim_in_group(slot);
+                    if (auto after = pg::after_group(machine, slot)) {
+                        next = *after;
+                        break;
+                    }
                     // (a group's failed statement counts as an attempt: going alone after it is a retry)
-                    if (got == Got::alone && role != pg::Combiner::Role::alone) {
-                        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-                    }
-                    if (got == Got::plain) res = std::move(me.plain);
-                    if (got == Got::won) {
-                        next = machine.on_won();
-                        break;
-                    }
-                    if (got == Got::found) {
-                        next = machine.on_found();
-                        break;
-                    }
-                    if (got == Got::absent) {
-                        next = machine.on_absent(false);
-                        break;
-                    }
+                    if (in_group) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
                 }
-                if (got == Got::alone) res = m.claim_round_trip(key, fp, fence, lease, retention);
+                auto res = m.claim_round_trip(key, fp, fence, lease, retention);
                 next = machine.on_round_trip(res);
                 break;
             }
@@ -150,19 +132,14 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
     bool group_sent = false;  // the group's statement may have committed this save before it failed
     if (m.options.group_commit && in_effect_of != &m) {
         m.check_process();
-        Impl::SaveMember me;
-        me.key = &key, me.fence = fence, me.result = result;
-        std::vector<pg::Combiner::Member*> group;
-        if (m.save_groups->join(me, m.options.pool_wait, group) == pg::Combiner::Role::lead)
-            m.lead(*m.save_groups, me, group);
-        if (me.got == Impl::SaveMember::Got::lost) {
-            throw lease_lost("idem: save refused: fence " + std::to_string(fence) + " no longer owns the key");
-        }
-        if (me.got == Impl::SaveMember::Got::saved) {
-            if (me.waiters) m.wake_waiters(key);
+        pg::SaveSlot slot;
+        slot.key = &key, slot.fence = fence, slot.result = result;
+        m.save_in_group(slot);
+        if (pg::saved_by_group(slot)) {
+            if (slot.waiters) m.wake_waiters(key);
             return;
         }
-        group_sent = me.sent;
+        group_sent = slot.sent;
         if (group_sent) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
     }
     m.save_alone(key, fence, result, group_sent);

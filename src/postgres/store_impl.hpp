@@ -26,6 +26,7 @@
 #include "../resend_rules.hpp"
 #include "connection.hpp"
 #include "group.hpp"
+#include "group_plan.hpp"
 #include "machine.hpp"
 #include "ops.hpp"
 #include "pool.hpp"
@@ -51,47 +52,9 @@ namespace pgstore {
 // inside the effect needs a second connection while the effect's transaction holds one.
 inline thread_local const void* in_effect_of = nullptr;
 
-// A member's own copy of a group's exception, message and all. Each member rethrows, catches and
-// destroys its exception on its own thread; an exception object, or a std::runtime_error message,
-// shared between threads is reference-counted inside libstdc++, out of ThreadSanitizer's sight.
-template <class E>
-inline std::exception_ptr fresh(const E& x) {
-    return std::make_exception_ptr(E(std::string(x.what()), std::string(x.sqlstate())));
-}
-
-inline std::exception_ptr own_copy(const std::exception_ptr& e) {
-    if (!e) return e;
-    try {
-        std::rethrow_exception(e);
-    } catch (const pg::connection_broken& x) {
-        return fresh(x);
-    } catch (const pool_timeout& x) {
-        return fresh(x);
-    } catch (const store_unavailable& x) {
-        return fresh(x);
-    } catch (const config_error& x) {
-        return fresh(x);
-    } catch (const database_error& x) {
-        return fresh(x);
-    } catch (const corrupt_record& x) {
-        return fresh(x);
-    } catch (const lease_lost& x) {
-        return fresh(x);
-    } catch (const error& x) {
-        return fresh(x);
-    } catch (const std::bad_alloc&) {
-        return std::make_exception_ptr(std::bad_alloc());
-    } catch (const std::exception& x) {
-        return std::make_exception_ptr(std::runtime_error(std::string(x.what())));
-    } catch (...) {
-        return std::make_exception_ptr(std::runtime_error("idem: unknown exception in a claim group"));
-    }
-}
-
 }  // namespace pgstore
 
 using pgstore::in_effect_of;
-using pgstore::own_copy;
 
 struct PostgresStore::Impl {
     PostgresOptions options;
@@ -469,11 +432,18 @@ struct PostgresStore::Impl {
         return plan.read(run(conn, plan.steps(), plan.segments()));
     }
 
-    // ---- Group commit (docs/design.md, "Group commit") ----
+    // ---- Group commit (group_commit.cpp; docs/design.md, "Group commit") ----
     // How many groups may be in flight at once, per kind (claims, saves): one, relayed (docs/design.md
     // and docs/benchmarks.md have the figures behind the choice; pool_size is at least 1).
     static constexpr std::size_t kGroupsInFlight = 1;
     std::unique_ptr<pg::Combiner> claim_groups, save_groups;
+    struct GroupCommit;
+
+    /// A claim's first attempt through group commit: `slot` gets the group's answer. False: the
+    /// caller waited pool_wait in the queue and left it, nothing sent for it (Got::alone).
+    bool claim_in_group(pg::ClaimSlot& slot);
+    /// A save's first attempt through group commit, as claim_in_group.
+    bool save_in_group(pg::SaveSlot& slot);
 
     static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
                            std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
@@ -484,28 +454,7 @@ struct PostgresStore::Impl {
         }
     }
 
-    struct ClaimFlight;
-    struct SaveFlight;
-
-    // One claim() caller in a group. The leader writes `got` (and what goes with it) for every member
-    // before Combiner::answered; the member reads it after join() returns.
-    struct ClaimMember : pg::Combiner::Member {
-        const Key* key;
-        const Fingerprint* fp;
-        Fence fence;
-        std::chrono::milliseconds lease;
-        std::chrono::seconds retention;
-        Claim* out;  // `found`: the record read is decoded into out->existing
-        enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
-        pg::StepResults plain;     // plain: a group of one ran today's round trip; these are its answers
-        std::exception_ptr error;  // error: what the member's own call throws
-        // As the leader of a relayed group: the previous leader sent it (`flight`: its answers are to
-        // be read), or tried to (no flight: every member's answer is written already).
-        bool relayed = false;
-        std::unique_ptr<ClaimFlight> flight;
-    };
-
-    // Today's claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim. `keep`: on one
+    // The single-key claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim. `keep`: on one
     // plain node, the connection is kept there after the round trip (group commit relays the next
     // group on it) instead of going back to the pool.
     pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence,
@@ -531,8 +480,8 @@ struct PostgresStore::Impl {
                 return res;
             }
             // A distributed table: Citus does not take a pipeline's implicit transaction for a
-            // transaction block, and commits the INSERT on its shard at once (seen: a claim whose
-            // read failed left its row behind). BEGIN … COMMIT makes the INSERT commit or roll back
+            // transaction block, and commits the INSERT on its shard at once: a claim whose read
+            // failed would leave its row behind. BEGIN … COMMIT makes the INSERT commit or roll back
             // with the read, as on one node. The answers are mapped back to [INSERT, SELECT], a
             // failed BEGIN onto the INSERT, a failed COMMIT onto the SELECT (as Connection::run does).
             Params none;
@@ -548,42 +497,6 @@ struct PostgresStore::Impl {
         });
     }
 
-    // A group's statements on their way: sent on a connection, answers not read yet. Sent by the
-    // group's own leader, or relayed: by the previous group's leader, on the connection it just read
-    // its own answers from, so that the server starts on this group while its leader's thread wakes
-    // up. Views into the members (who wait for their answers) and into itself: never moved once sent.
-    struct Flight {
-        std::span<const Step> steps;
-        Clock::time_point deadline;
-        std::optional<pg::Lease> conn;  // while its answers are unread
-
-        Flight() = default;
-        Flight(const Flight&) = delete;
-        Flight& operator=(const Flight&) = delete;
-        ~Flight() {
-            if (conn) (*conn)->abandon_exchange();  // unread answers: the connection is never reused
-        }
-        // Throws connection_broken (then nothing is in flight: `lease` is discarded, broken).
-        void send(pg::Lease lease) {
-            lease->send_pipeline(steps, deadline);
-            conn.emplace(std::move(lease));
-        }
-        // The answers; `lease` gets the connection back (for the next group: it is marked broken
-        // when receiving failed). Throws what receive_pipeline throws.
-        pg::StepResults receive(std::optional<pg::Lease>& lease) {
-            lease.emplace(std::move(*conn));
-            conn.reset();
-            return (*lease)->receive_pipeline(steps, deadline);
-        }
-    };
-    struct ClaimFlight : Flight {
-        std::vector<ClaimMember*> ms;  // by key: concurrent groups (and batches) lock shared keys in one order
-        std::vector<ClaimRow> rows;
-        std::optional<pg::ClaimRowsPlan> plan;  // two members or more: the batch statements
-        Params ins, sel;                        // one member: today's [INSERT, SELECT | Sync]
-        std::array<Step, 2> one;
-    };
-
     // Whether the next group may be sent by the leader that relays it: on one plain node. A
     // distributed table's claims go in explicit blocks that may need a ROLLBACK after their answers
     // (run_block): the group's own leader sends those.
@@ -591,328 +504,11 @@ struct PostgresStore::Impl {
         return layout(conn) == kPlain && !citus.load(std::memory_order_relaxed);
     }
 
-    static void every_claim(const std::vector<pg::Combiner::Member*>& group, ClaimMember::Got got,
-                            const std::exception_ptr& e = nullptr) {
-        for (pg::Combiner::Member* m : group) {
-            auto& c = static_cast<ClaimMember&>(*m);
-            c.got = got, c.error = own_copy(e);
-        }
-    }
-
-    // The members of a group in key order: concurrent groups (and batches) lock shared keys in one
-    // order. Their rows, for pg::ClaimRowsPlan (views into the members).
-    static std::vector<ClaimMember*> by_key(const std::vector<pg::Combiner::Member*>& group) {
-        std::vector<ClaimMember*> ms;
-        ms.reserve(group.size());
-        for (pg::Combiner::Member* m : group) ms.push_back(static_cast<ClaimMember*>(m));
-        std::sort(ms.begin(), ms.end(), [](const ClaimMember* a, const ClaimMember* b) { return *a->key < *b->key; });
-        return ms;
-    }
-    static std::vector<ClaimRow> rows_of(const std::vector<ClaimMember*>& ms) {
-        std::vector<ClaimRow> rows;
-        rows.reserve(ms.size());
-        for (const ClaimMember* c : ms) {
-            rows.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
-                            static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
-                            c->retention.count()});
-        }
-        return rows;
-    }
-    // Writes every member's answer from the group's (row j: ms[j]).
-    static void answer_members(const ClaimAnswers& a, const std::vector<ClaimMember*>& ms) {
-        for (std::size_t j = 0; j < ms.size(); ++j) {
-            ClaimMember* c = ms[j];
-            std::exception_ptr error;
-            switch (pg::claim_member_answer(a, j, c->fence, *c->key, c->out->existing, error)) {
-                case pg::MemberAnswer::alone: c->got = ClaimMember::Got::alone; break;
-                case pg::MemberAnswer::won: c->got = ClaimMember::Got::won; break;
-                case pg::MemberAnswer::found: c->got = ClaimMember::Got::found; break;
-                case pg::MemberAnswer::absent: c->got = ClaimMember::Got::absent; break;
-                case pg::MemberAnswer::error: c->got = ClaimMember::Got::error, c->error = own_copy(error); break;
-            }
-        }
-    }
-
-    // Sends the claims of `group` on `conn` (one plain node). On failure every member's answer is
-    // written (alone: the statements may have reached the server; each member's retry with its own
-    // fence recognises whatever committed) and null is returned. Never throws.
-    std::unique_ptr<ClaimFlight> send_claims(const std::vector<pg::Combiner::Member*>& group, pg::Lease conn) noexcept {
-        try {
-            note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
-            auto f = std::make_unique<ClaimFlight>();
-            f->ms = by_key(group);
-            if (f->ms.size() == 1) {  // exactly today's statements
-                const ClaimMember& c = *f->ms[0];
-                add_claim_params(f->ins, *c.key, *c.fp, c.fence, c.lease, c.retention);
-                f->sel.text(c.key->scope()).text(c.key->value());
-                f->one = {Step{&defs[pg::kClaimInsert], &f->ins, false}, Step{&defs[pg::kSelect], &f->sel}};
-                f->steps = f->one;
-            } else {
-                f->rows = rows_of(f->ms);
-                // [claims | Sync | read | Sync]: the claims commit at the first Sync, the read takes
-                // its own snapshot (as the single-key path's does).
-                f->plan.emplace(defs, pg::Layout::plain, f->rows);
-                f->steps = f->plan->steps();
-            }
-            f->deadline = deadline();
-            counters().round_trips.fetch_add(1, std::memory_order_relaxed);
-            f->send(std::move(conn));
-            return f;
-        } catch (const pg::connection_broken&) {
-            pool->suspect_idle();
-        } catch (...) {
-        }
-        every_claim(group, ClaimMember::Got::alone);
-        return nullptr;
-    }
-
-    // Reads the answers of a flight and writes every member's. Returns the connection, for the next
-    // group, unless it broke. Never throws.
-    std::optional<pg::Lease> land_claims(ClaimFlight& f) noexcept {
-        std::optional<pg::Lease> conn;
-        try {
-            pg::StepResults res = f.receive(conn);
-            if (!f.plan) {
-                f.ms[0]->plain = std::move(res);
-                f.ms[0]->got = ClaimMember::Got::plain;
-                return conn;
-            }
-            answer_members(f.plan->read(std::move(res)), f.ms);
-            return conn;
-        } catch (const pg::connection_broken&) {
-            // The group may have committed before its answer was lost: each member goes again alone
-            // with its own fence and recognises its row (today's reconnect-safe retry).
-            pool->suspect_idle();
-        } catch (...) {
-        }
-        for (ClaimMember* c : f.ms) c->got = ClaimMember::Got::alone, c->error = nullptr;
-        return std::nullopt;
-    }
-
-    // A group's own leader sends and reads its statements. Returns the connection when the next
-    // group may be relayed on it. Never throws: should anything throw all the same (out of memory),
-    // every member goes alone with its fence, a retry of its own that recognises whatever the group
-    // committed for it.
-    std::optional<pg::Lease> answer_claim_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
-        try {
-            if (group.size() == 1) {  // alone: exactly today's round trip
-                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, 1);
-                ClaimMember& c = static_cast<ClaimMember&>(*group[0]);
-                std::optional<pg::Lease> kept;
-                try {
-                    c.plain = claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention, &kept);
-                    c.got = ClaimMember::Got::plain;
-                } catch (...) {
-                    c.got = ClaimMember::Got::error, c.error = own_copy(std::current_exception());
-                }
-                return kept;
-            }
-            std::optional<pg::Lease> conn;
-            try {
-                conn.emplace(acquire());
-            } catch (...) {
-                // Nothing was sent: each member gets what its own call would have (pool_timeout,
-                // store_unavailable, config_error), without waiting for a connection once more.
-                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
-                every_claim(group, ClaimMember::Got::error, std::current_exception());
-                return std::nullopt;
-            }
-            bool plain = false;
-            try {
-                plain = relay_possible(**conn);
-            } catch (const pg::connection_broken&) {
-                // the layout's question met a dead connection: nothing of the group was sent
-                pool->suspect_idle();
-                note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
-                every_claim(group, ClaimMember::Got::alone);
-                return std::nullopt;
-            }
-            if (plain) {
-                auto f = send_claims(group, std::move(*conn));
-                return f ? land_claims(*f) : std::nullopt;
-            }
-            note_group(counters().claim_groups, counters().grouped_claims, largest_claim_group, group.size());
-            const std::vector<ClaimMember*> ms = by_key(group);
-            try {
-                // A distributed table: one-shard segments (pg::ClaimRowsPlan), in blocks where needed.
-                const std::vector<ClaimRow> rows = rows_of(ms);
-                answer_members(claim_rows(**conn, rows), ms);
-            } catch (const pg::connection_broken&) {
-                pool->suspect_idle();
-                every_claim(group, ClaimMember::Got::alone);
-            }
-            return std::nullopt;
-        } catch (...) {
-            every_claim(group, ClaimMember::Got::alone);
-            return std::nullopt;
-        }
-    }
-
-    // One save() caller in a group.
-    struct SaveMember : pg::Combiner::Member {
-        const Key* key;
-        Fence fence;
-        std::string_view result;
-        enum class Got { alone, saved, lost } got = Got::alone;
-        bool waiters = false;  // saved: someone LISTENs for this key
-        bool sent = false;     // alone: the group's statement may have committed this save
-        bool relayed = false;  // as for ClaimMember
-        std::unique_ptr<SaveFlight> flight;
-    };
-
-    // As ClaimFlight, for saves: one UPDATE for the rows (pg::SaveRowsPlan), or today's one-row UPDATE.
-    struct SaveFlight : Flight {
-        std::vector<SaveMember*> sent;  // by key; a key or fence twice goes alone instead
-        std::vector<SaveRow> rows;
-        std::optional<pg::SaveRowsPlan> plan;
-        Params one_params;
-        Step one;
-    };
-
-    // Sends the saves of `group` on `conn` (any layout: a save is one statement per segment, never a
-    // block). Members not sent (a key or fence twice, or a failure) are answered alone, and null is
-    // returned when nothing is in flight. Never throws.
-    std::unique_ptr<SaveFlight> send_saves(const std::vector<pg::Combiner::Member*>& group, pg::Lease conn) noexcept {
-        std::vector<SaveMember*> ms;
-        try {
-            note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
-            ms.reserve(group.size());
-            for (pg::Combiner::Member* m : group) {
-                auto* v = static_cast<SaveMember*>(m);
-                v->got = SaveMember::Got::alone;
-                ms.push_back(v);
-            }
-            std::sort(ms.begin(), ms.end(), [](const SaveMember* a, const SaveMember* b) { return *a->key < *b->key; });
-            auto f = std::make_unique<SaveFlight>();
-            // A key or fence twice in one UPDATE would be ambiguous (one row, two answers): the second
-            // goes alone, after the group, exactly as a concurrent save of it does today.
-            std::unordered_set<Fence> fences;
-            for (std::size_t j = 0; j < ms.size(); ++j) {
-                if ((j > 0 && *ms[j]->key == *ms[j - 1]->key) || !fences.insert(ms[j]->fence).second) continue;
-                f->sent.push_back(ms[j]);
-            }
-            if (f->sent.size() == 1) {  // alone: today's statement
-                const SaveMember& v = *f->sent[0];
-                f->one_params.text(v.key->scope()).text(v.key->value()).int8(v.fence).bytes(v.result);
-                f->one = Step{&defs[pg::kSave], &f->one_params};
-                f->steps = std::span(&f->one, 1);
-                f->deadline = deadline();
-            } else {
-                f->rows.reserve(f->sent.size());
-                for (const SaveMember* v : f->sent)
-                    f->rows.push_back({v->key->scope(), v->key->value(), v->result, v->fence});
-                f->plan.emplace(defs, layout_of(layout(*conn)), f->rows);
-                f->steps = f->plan->steps();
-                const auto segments = f->plan->segments();
-                f->deadline =
-                    deadline() + options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
-            }
-            for (SaveMember* v : f->sent) v->sent = true;
-            counters().round_trips.fetch_add(1, std::memory_order_relaxed);
-            f->send(std::move(conn));
-            return f;
-        } catch (const pg::connection_broken&) {
-            pool->suspect_idle();
-        } catch (...) {
-        }
-        for (SaveMember* v : ms) v->got = SaveMember::Got::alone;  // `sent` says whether it may have been saved
-        return nullptr;
-    }
-
-    std::optional<pg::Lease> land_saves(SaveFlight& f) noexcept {
-        std::optional<pg::Lease> conn;
-        try {
-            pg::StepResults res = f.receive(conn);
-            if (!f.plan) {
-                SaveMember& v = *f.sent[0];
-                if (!res[0].ok()) return conn;  // it goes alone (40001 retried there, ...)
-                v.got = SaveMember::Got::lost;  // its fence no longer owns the key
-                const PGresult* r = res[0].result.get();
-                if (PQntuples(r) == 1) v.got = SaveMember::Got::saved, v.waiters = pg::get_bool(r, 0, 0);
-                return conn;
-            }
-            SaveAnswers a = f.plan->read(std::move(res));
-            for (std::size_t j = 0; j < f.sent.size(); ++j) {
-                SaveMember* v = f.sent[j];
-                // its statement failed (nothing of it committed): it goes alone (40001 retried there, ...)
-                if (a.row_failed[j]) continue;
-                const auto it = a.saved.find(v->fence);
-                v->got = it != a.saved.end() ? SaveMember::Got::saved : SaveMember::Got::lost;
-                if (it != a.saved.end()) v->waiters = it->second;
-            }
-            return conn;
-        } catch (const pg::connection_broken&) {
-            pool->suspect_idle();
-        } catch (...) {
-        }
-        for (SaveMember* v : f.sent) v->got = SaveMember::Got::alone;
-        return std::nullopt;
-    }
-
-    // A save group's own leader sends and reads its statement. Returns the connection for the next
-    // group. Never throws.
-    std::optional<pg::Lease> answer_save_group(const std::vector<pg::Combiner::Member*>& group) noexcept {
-        std::unique_ptr<SaveFlight> f;
-        try {
-            f = send_saves(group, acquire());
-        } catch (...) {
-            // nothing sent: each goes alone (and keeps trying for its save_retry_window)
-            note_group(counters().save_groups, counters().grouped_saves, largest_save_group, group.size());
-            for (pg::Combiner::Member* m : group) static_cast<SaveMember*>(m)->got = SaveMember::Got::alone;
-        }
-        return f ? land_saves(*f) : std::nullopt;
-    }
-
-    // A save's own round trips (today's, and what follows a group's failure): the one-row UPDATE,
+    // A save's own round trips (without group commit, and after a group's failure): the one-row UPDATE,
     // sent again within save_retry_window. `group_sent`: a group's UPDATE may have saved it already.
     void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent) {
         pg::SaveOp op(key, fence, result, group_sent);
         if (drive("save", op, options.save_retry_window).waiters()) wake_waiters(key);
-    }
-
-    // A group's leader, start to end (claims and saves alike): its answers (reading a relayed
-    // flight, or sending and reading its own statements), then the relay of the next group, then
-    // its members woken. Never throws.
-    template <class M>
-    void lead(pg::Combiner& groups, M& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
-        constexpr bool claims = std::is_same_v<M, ClaimMember>;
-        std::optional<pg::Lease> conn = me.flight    ? land(*me.flight)
-                                        : me.relayed ? std::nullopt  // answered by the relay's failure
-                                        : claims     ? answer_claim_group(group)
-                                                     : answer_save_group(group);
-        me.flight.reset();
-        std::vector<pg::Combiner::Member*> next;
-        if (groups.take_next(next)) {
-            auto& lead = static_cast<M&>(*next.front());
-            // Not while another caller waits for a pooled connection: the chain would keep this one
-            // for as long as callers queue.
-            if (conn && !(*conn)->broken() && !pool->has_waiters() && may_relay<M>(**conn)) {
-                lead.relayed = true;
-                if constexpr (claims) {
-                    lead.flight = send_claims(next, std::move(*conn));
-                } else {
-                    lead.flight = send_saves(next, std::move(*conn));
-                }
-            }
-            conn.reset();
-            groups.hand_over(std::move(next));
-        }
-        conn.reset();
-        groups.answered(group);
-    }
-    std::optional<pg::Lease> land(ClaimFlight& f) noexcept { return land_claims(f); }
-    std::optional<pg::Lease> land(SaveFlight& f) noexcept { return land_saves(f); }
-    template <class M>
-    bool may_relay(pg::Connection& conn) noexcept {
-        if constexpr (!std::is_same_v<M, ClaimMember>) {
-            return true;  // a save group is single statements, never a block: any layout
-        } else {
-            try {
-                return relay_possible(conn);
-            } catch (...) {
-                return false;  // the layout's question failed: the group's own leader sends it
-            }
-        }
     }
 };
 
