@@ -218,18 +218,23 @@ TEST_CASE("async: cancelled before the effect: released, call_cancelled, fn not 
 TEST_CASE("async: a deadline passing inside the effect: outcome unknown, key kept", "[asio][cancel]") {
     Fixture f;
     const auto k = key(idem_test::unique_name("deadline"));
+    // The deadline counts from the call, so it must outlast the claim on a loaded machine: a
+    // deadline that passes before the effect starts is call_cancelled, another test's path.
     idem::asio::AsyncOptions o;
-    o.deadline = 200ms;
+    o.deadline = 5s;
+    std::atomic<int> started{0};
     auto fut = idem::asio::async_execute_once(
         *f.store, k, fp("x"),
-        []() -> net::awaitable<idem::Response> {
-            net::steady_timer t(co_await net::this_coro::executor, 30s);
+        [&]() -> net::awaitable<idem::Response> {
+            ++started;
+            net::steady_timer t(co_await net::this_coro::executor, 120s);
             co_await t.async_wait(net::use_awaitable);  // cancelled by the deadline
             co_return idem::Response{200, "late"};
         },
         o, net::use_future);
-    REQUIRE(fut.wait_for(20s) == std::future_status::ready);
+    REQUIRE(fut.wait_for(100s) == std::future_status::ready);
     REQUIRE_THROWS_AS(fut.get(), boost::system::system_error);
+    REQUIRE(started == 1);
     auto kept = f.store->read(k);
     REQUIRE(kept);
     REQUIRE(kept->state == idem::RecordState::in_progress);
