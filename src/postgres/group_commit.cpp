@@ -186,7 +186,8 @@ struct PostgresStore::Impl::GroupCommit {
                 const pg::Layout layout = s.layout_of(s.layout(*conn));
                 const pg::SaveGroupPlan& plan = f->plan.emplace(s.defs, layout, slots);
                 const auto segments = plan.segments();
-                f->deadline = s.deadline() + s.options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
+                f->deadline =
+                    s.deadline() + s.options.lock_timeout * static_cast<long long>(segments > 1 ? segments - 1 : 0);
                 s.counters().round_trips.fetch_add(1, std::memory_order_relaxed);
                 f->send(plan.steps(), std::move(conn));
                 return f;

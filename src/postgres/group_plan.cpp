@@ -73,8 +73,7 @@ void answer_all(std::span<ClaimSlot* const> slots, ClaimSlot::Got got, const std
     for (ClaimSlot* c : slots) c->got = got, c->error = own_copy(e);
 }
 
-ClaimGroupPlan::ClaimGroupPlan(const std::vector<StatementDef>& defs, Layout layout,
-                               std::span<ClaimSlot* const> slots)
+ClaimGroupPlan::ClaimGroupPlan(const std::vector<StatementDef>& defs, Layout layout, std::span<ClaimSlot* const> slots)
     : slots_(in_key_order(slots)) {
     if (slots_.size() == 1 && layout == Layout::plain) {  // exactly the single-key statements
         const ClaimSlot& c = *slots_[0];
@@ -85,8 +84,9 @@ ClaimGroupPlan::ClaimGroupPlan(const std::vector<StatementDef>& defs, Layout lay
     }
     rows_.reserve(slots_.size());
     for (const ClaimSlot* c : slots_) {
-        rows_.push_back({c->key->scope(), c->key->value(), c->fp->bytes(), static_cast<std::int16_t>(c->fp->algorithm()),
-                         c->fence, c->lease.count(), c->retention.count()});
+        rows_.push_back({c->key->scope(), c->key->value(), c->fp->bytes(),
+                         static_cast<std::int16_t>(c->fp->algorithm()), c->fence, c->lease.count(),
+                         c->retention.count()});
     }
     // On one node [claims | Sync | read | Sync]: the claims commit at the first Sync, the read
     // takes its own snapshot (as the single-key round trip's does).
