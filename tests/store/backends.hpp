@@ -42,6 +42,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
+#include <functional>
 #include <thread>
 #include <type_traits>
 #endif
@@ -280,20 +281,39 @@ public:
     }
 
     /// idem::execute_once's contract through idem::asio::async_execute_once. `store` is one this
-    /// backend made.
+    /// backend made. The effect is passed on as a std::function so that the coroutines below are
+    /// instantiated once per result type, not once per lambda of the suite (each instantiation of
+    /// async_execute_once is a large piece of code to compile).
     template <class Fn>
     idem::Result<idem::effect_result_t<Fn>> execute_once(idem::IdempotencyStore& store, const idem::Key& key,
                                                          const idem::Fingerprint& fp, Fn&& fn,
                                                          const idem::ClaimOptions& claim = {}) {
-        namespace net = boost::asio;
         using R = idem::effect_result_t<Fn>;
-        auto& async = dynamic_cast<idem::asio::AsyncPostgresStore&>(store);
-        auto effect = [&fn, &async, ex = effects_.get_executor()](idem::asio::AsyncContext& ctx) -> net::awaitable<R> {
-            // On the store's strand: hop to an effects thread, run fn there, come back with its
-            // value or its exception (the very object: exception_ptr).
+        std::function<R(idem::Context&)> call = [&fn](idem::Context& context) -> R {
+            if constexpr (std::is_invocable_v<Fn&, idem::Context&>) {
+                return fn(context);
+            } else {
+                return fn();
+            }
+        };
+        return run<R>(dynamic_cast<idem::asio::AsyncPostgresStore&>(store), key, fp, call, claim);
+    }
+
+    [[nodiscard]] const std::string& table() const { return table_.name; }
+    [[nodiscard]] const std::string& conninfo() const { return table_.conninfo; }
+
+private:
+    template <class R>
+    idem::Result<R> run(idem::asio::AsyncPostgresStore& async, const idem::Key& key, const idem::Fingerprint& fp,
+                        const std::function<R(idem::Context&)>& call, const idem::ClaimOptions& claim) {
+        namespace net = boost::asio;
+        auto effect = [&call, &async,
+                       ex = effects_.get_executor()](idem::asio::AsyncContext& ctx) -> net::awaitable<R> {
+            // On the store's strand: hop to an effects thread, run the effect there, come back with
+            // its value or its exception (the very object: exception_ptr).
             co_return co_await net::co_spawn(
                 ex,
-                [&fn, &async, &ctx]() -> net::awaitable<R> {
+                [&call, &async, &ctx]() -> net::awaitable<R> {
                     std::optional<idem::Record> taken_over;
                     if (ctx.attempt() > 1) {
                         taken_over.emplace();
@@ -302,11 +322,7 @@ public:
                         taken_over->phase_data = ctx.phase_data();
                     }
                     idem::Context context(async, ctx.key(), ctx.fence(), taken_over ? &*taken_over : nullptr);
-                    if constexpr (std::is_invocable_v<Fn&, idem::Context&>) {
-                        co_return fn(context);
-                    } else {
-                        co_return fn();
-                    }
+                    co_return call(context);
                 },
                 net::use_awaitable);
         };
@@ -315,10 +331,6 @@ public:
         return idem::asio::async_execute_once(async, key, fp, std::move(effect), options, net::use_future).get();
     }
 
-    [[nodiscard]] const std::string& table() const { return table_.name; }
-    [[nodiscard]] const std::string& conninfo() const { return table_.conninfo; }
-
-private:
     PrivateTable table_;
     boost::asio::io_context io_;
     boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
