@@ -163,6 +163,9 @@ if ((build)); then
     if command -v ccache >/dev/null 2>&1; then
         cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
         export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
+        # The tests' precompiled Catch2 header: ccache caches its users only with this sloppiness
+        # (the header's own hash is part of each user's).
+        export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
         export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
     fi
 
