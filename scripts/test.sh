@@ -158,11 +158,13 @@ if ((build)); then
     if [[ ! -f "$build_dir/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
         cmake_args+=(-G Ninja)
     fi
-    # ccache when installed: a build that an earlier one (any clone, any directory) compiled already
-    # takes the objects from the cache; with an empty cache it costs a few percent.
+    # ccache when installed: a build that an earlier one in this clone compiled already takes the
+    # objects from the cache (so does idem_configure_minimal's build of the library, in a directory
+    # of its own: sources and include paths are hashed as the absolute paths both builds use, the
+    # working directory not at all); with an empty cache it costs a few percent.
     if command -v ccache >/dev/null 2>&1; then
         cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-        export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
+        export CCACHE_NOHASHDIR=true
         # The tests' precompiled Catch2 header: ccache caches its users only with this sloppiness
         # (the header's own hash is part of each user's).
         export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"

@@ -67,7 +67,8 @@ if grep -q "CMake Warning" "$log"; then
 fi
 
 echo "configure test: cmake --build"
-cmake --build "$work_dir/minimal"
+# As many jobs as cores; under the calling build's ccache its objects of the library are hits.
+cmake --build "$work_dir/minimal" -j "$(nproc)"
 echo "configure test: cmake --install"
 cmake --install "$work_dir/minimal" --prefix "$work_dir/prefix"
 for file in include/idem/idem.hpp lib/cmake/idem/idemConfig.cmake lib/pkgconfig/idem.pc; do
