@@ -31,9 +31,9 @@ AsyncConnection::~AsyncConnection() = default;  // socket_ closes our duplicate;
 void AsyncConnection::watch_socket() {
     // The event loop watches a duplicate of libpq's descriptor, never libpq's own: libpq closes
     // its socket by itself when the server goes away, and the number is then reused by the next
-    // connection opened — which a registration under that number, removed later, would silence
-    // (seen: the first connect after a lost one waited out its whole connect_timeout). Our
-    // duplicate keeps its number until we close it.
+    // connection opened — which a registration under that number, removed later, would silence,
+    // so that connect would wait out its whole connect_timeout. Our duplicate keeps its number
+    // until we close it.
     const int fd = PQsocket(conn_.get());
     if (fd < 0) pg::throw_connect_error(PQerrorMessage(conn_.get()));
     // The same socket? (by identity: a new socket may get the number of the one libpq closed)
@@ -190,8 +190,8 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
         drain();
     }
     // One deadline loop at most: a loop whose cancelled wait has not come back yet is still
-    // running, and a second one would cancel its wait and be cancelled by it, over and over (seen:
-    // a core spinning for as long as the next request took).
+    // running, and a second one would cancel its wait and be cancelled by it, over and over,
+    // spinning a core until the next request.
     if (was_idle && !timing_) {
         timing_ = true;
         net::co_spawn(strand_, deadline_loop(shared_from_this()), net::detached);

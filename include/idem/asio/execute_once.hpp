@@ -21,8 +21,8 @@
 // fn is taken by value (moved into the operation, alive until it completes); key and fingerprint
 // are copied. Pass a lambda with by-reference captures, or std::ref, to avoid copying a big functor.
 // GCC 12: a lambda with an init-capture of a class type (`[s = std::string(...)]`) written inside a
-// co_await expression is destroyed twice by the compiler (seen with GCC 12.2 under ASan: a double
-// free of the capture). Name such a lambda first (`auto effect = [s = ...] {...};
+// co_await expression is destroyed twice by the compiler (a double free of the capture, which
+// ASan reports). Name such a lambda first (`auto effect = [s = ...] {...};
 // co_await async_execute_once(store, key, fp, effect, use_awaitable);`). By-reference captures and
 // named lambdas are not affected.
 //
