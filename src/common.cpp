@@ -87,10 +87,9 @@ struct ThreadFences {
 
 std::uint64_t fork_generation() noexcept { return fork_generation_counter.load(std::memory_order_relaxed); }
 
-// Fences were drawn from RAND_bytes, 256 per thread at a time; in the replay benchmark the 2 KiB
-// buffer cost a cold cache line every 8 claims plus the draws (~0.2 µs per claim at 16 threads,
-// perf). Now one key per process from OpenSSL's CSPRNG, and per claim a counter value through a
-// bijection: within a process no two claims get the same fence (2^63 values before a repeat), and
+// One key per process from OpenSSL's CSPRNG, and per claim a counter value through a bijection
+// (no buffer of random bytes per thread, whose cold cache lines and refills a claim would pay):
+// within a process no two claims get the same fence (2^63 values before a repeat), and
 // across processes fences are as unlikely to meet as 63 random bits. Nothing secret rests on it:
 // a fence is never shown to a client, it only tells an owner's writes from a stale owner's.
 Fence new_fence() {

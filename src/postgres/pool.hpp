@@ -9,11 +9,10 @@
 // Thread affinity, without a lock on the common path: each thread has a parking slot (its
 // thread_index() modulo `size`). give_back() parks the connection there with one atomic exchange,
 // and this thread's next acquire() takes it back the same way. A connection that moves between
-// threads brings its libpq buffers and socket state to another core's cache each time (measured at
-// 4 threads on 2 cores: a shared LIFO pool cost ~3 µs of client CPU per replay against one
-// connection per thread), and the mutex's cache line bounced between the cores twice per call
-// (~0.4 µs per replay, perf; docs/benchmarks.md). When the slot is taken (threads > size share
-// slots) the connection goes to the shared idle list under the mutex, as before. Parked connections
+// threads brings its libpq buffers and socket state to another core's cache each time, and a
+// mutex's cache line would bounce between the cores twice per call (docs/benchmarks.md has the
+// cost). When the slot is taken (threads > size share slots) the connection goes to the shared
+// idle list under the mutex. Parked connections
 // are idle connections, never reserved: a caller whose slot is empty takes one from the idle list,
 // else another thread's parked one, and opens a new one (or waits) only when none is idle — so the
 // pool grows with concurrency, not with the number of threads that ever used it.
