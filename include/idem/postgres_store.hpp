@@ -227,7 +227,7 @@ public:
     /// The options the store was made with.
     [[nodiscard]] const PostgresOptions& options() const noexcept;
 
-    /// What in-transaction mode decided (see idem/transaction.hpp, which wraps this).
+    /// What in-transaction mode decided (see idem/postgres_transaction.hpp, which wraps this).
     struct TransactionOutcome {
         ClaimStatus status = ClaimStatus::in_progress;  ///< claimed = executed and committed
         std::string result{};                           ///< completed: the stored bytes

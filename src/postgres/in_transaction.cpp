@@ -1,7 +1,7 @@
 // PostgresStore::run_in_transaction: the claim, the effect's own statements and the save in one
-// PostgreSQL transaction (include/idem/transaction.hpp).
+// PostgreSQL transaction (include/idem/postgres_transaction.hpp).
 #include "idem/postgres_store.hpp"
-#include "idem/transaction.hpp"
+#include "idem/postgres_transaction.hpp"
 
 #include "store_impl.hpp"
 

@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "idem/idem.hpp"
-#include "idem/transaction.hpp"
+#include "idem/postgres_transaction.hpp"
 
 namespace fs = std::filesystem;
 using SysClock = std::chrono::system_clock;

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "idem/transaction.hpp"
+#include "idem/postgres_transaction.hpp"
 #include "lifecycle.hpp"
 #include "threads.hpp"
 

@@ -1,4 +1,4 @@
-// idem/http/transaction.hpp — idem/http.hpp over in-transaction mode (idem/transaction.hpp).
+// idem/http/transaction.hpp — idem/http.hpp over in-transaction mode (idem/postgres_transaction.hpp).
 //
 //   auto route = idem::http::Route{};
 //   route.claim.transaction_lock_wait = std::chrono::milliseconds(1);   // 409 at once, see below
@@ -31,7 +31,7 @@
 #include <utility>
 
 #include "idem/http.hpp"
-#include "idem/transaction.hpp"
+#include "idem/postgres_transaction.hpp"
 
 namespace idem::http {
 
