@@ -111,6 +111,12 @@ inline void backend_kill_scenario(const Driver& d) {
             ++f.rounds;
         }
         std::this_thread::sleep_for(300ms);
+        // The check below wants more than 100 calls; on a loaded machine 20 rounds can pass with
+        // fewer, so the load runs on (healthy now) until it has made them, within a generous bound.
+        const auto enough_by = std::chrono::steady_clock::now() + 120s;
+        while (history.size() < 100 && std::chrono::steady_clock::now() < enough_by) {
+            std::this_thread::sleep_for(50ms);
+        }
         load->stop();
     }
     const auto stats = store.stats();
