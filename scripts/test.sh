@@ -14,10 +14,9 @@
 #   CTEST ARGS           passed to ctest after the defaults (e.g. -R store, -L sanitize, -j1,
 #                        --repeat until-fail:3); a leading `--` is accepted and dropped
 #
-# Builds run IDEM_BUILD_JOBS compilers (default: cores + 2). Tests run IDEM_TEST_JOBS at a time
-# (default: the number of cores). Each test that needs PostgreSQL starts a throwaway cluster of its
-# own (scripts/with-postgres.sh), so tests that kill, stop or reconfigure their server run beside
-# the others. The timings of the run are written to
+# Tests run IDEM_TEST_JOBS at a time (default: the number of cores). Each test that needs
+# PostgreSQL starts a throwaway cluster of its own (scripts/with-postgres.sh), so tests that kill,
+# stop or reconfigure their server run beside the others. The timings of the run are written to
 # DIR/ctest-junit.xml (scripts/ci-report.sh reads them).
 set -euo pipefail
 
@@ -195,9 +194,7 @@ if ((build)); then
     else
         step "[3/4] Building $build_dir"
     fi
-    # Two jobs more than cores (Ninja's own default): a job waiting on the disk leaves no core idle,
-    # and on a machine busy with other work the build gets a larger share of the CPU.
-    cmake --build "$build_dir" -j"${IDEM_BUILD_JOBS:-$(($(nproc) + 2))}" "${build_args[@]}"
+    cmake --build "$build_dir" -j"$(nproc)" "${build_args[@]}"
 fi
 if ((!run_tests)); then
     step "OK: built $build_dir (sanitize=$sanitize, $((SECONDS - start))s)"
