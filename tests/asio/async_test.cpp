@@ -340,15 +340,17 @@ TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls o
 TEST_CASE("async: ClaimOptions::wait polls, and the waiter replays the owner's result", "[asio]") {
     Fixture f;
     const auto k = key(idem_test::unique_name("wait"));
+    std::promise<void> owner_claimed;
     auto owner = idem::asio::async_execute_once(
         *f.store, k, fp("x"),
-        []() -> net::awaitable<idem::Response> {
+        [&owner_claimed]() -> net::awaitable<idem::Response> {
+            owner_claimed.set_value();  // the effect runs: the owner holds the claim
             net::steady_timer t(co_await net::this_coro::executor, 300ms);
             co_await t.async_wait(net::use_awaitable);
             co_return idem::Response{201, "owner's bytes"};
         },
         net::use_future);
-    std::this_thread::sleep_for(100ms);  // the owner holds the claim (its effect takes 300 ms)
+    owner_claimed.get_future().wait();  // the waiter comes while the owner's effect runs (300 ms)
     idem::asio::AsyncOptions o;
     o.claim.wait = 10s;
     std::atomic<int> waiter_runs{0};
