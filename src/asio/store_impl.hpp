@@ -1,0 +1,325 @@
+// AsyncPostgresStore's state and its driver (internal): the non-blocking connections, the retry
+// loop that runs the operations of src/postgres/ops.hpp on them, and the group commit queue's
+// state. Shared by store.cpp (the public calls and the single-key operations) and group_commit.cpp
+// (the queue). Everything runs on the store's strand.
+#pragma once
+
+#include "idem/asio/store.hpp"
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <limits>
+#include <type_traits>
+#include <unordered_set>
+#include <vector>
+
+#include "../common.hpp"
+#include "../postgres/group_plan.hpp"
+#include "../postgres/machine.hpp"
+#include "../postgres/ops.hpp"
+#include "../postgres/record.hpp"
+#include "../postgres/rows.hpp"
+#include "../postgres/sql.hpp"
+#include "connection.hpp"
+
+namespace idem::asio {
+
+namespace net = boost::asio;
+using detail::AsyncConnection;
+using pg::Clock;
+using pg::Params;
+using pg::Step;
+
+namespace detail {
+
+// Waits the store does for itself (a retry's pause, a poll): never cut short by the caller's
+// cancellation, which async_execute_once looks at between its steps.
+inline net::awaitable<void> pause_for(std::chrono::milliseconds d) {
+    net::steady_timer timer(co_await net::this_coro::executor, d);
+    boost::system::error_code ec;
+    co_await timer.async_wait(
+        net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
+}
+
+// The options of the blocking store inside (blocking(): the schema, list_stale, purge_expired).
+inline PostgresOptions blocking_options(PostgresOptions o) {
+    o.pool_size = 2;
+    o.group_commit = false;
+    return o;
+}
+
+}  // namespace detail
+
+using detail::blocking_options;
+using detail::pause_for;
+
+struct AsyncPostgresStore::Impl {
+    Impl(net::any_io_executor ex, std::string conninfo, PostgresOptions opts)
+        : strand(net::make_strand(ex)),
+          options(std::move(opts)),
+          blocking(conninfo, blocking_options(options)),  // validates the options, connects lazily
+          table(pg::TableName::parse(options.table)),
+          defs(pg::statements(table)),
+          settings{std::move(conninfo),       options.application_name, options.connect_timeout,
+                   options.statement_timeout, options.lock_timeout,     options.prepared_statements,
+                   options.session_options},
+          connected(strand, Clock::time_point::max()) {}
+
+    ~Impl() {
+        // On the strand, where the connections live (a loop's last completion may still be due
+        // there); if the io_context never runs again, the handlers, and the connections they
+        // hold, go with it.
+        for (auto& c : connections) {
+            net::post(strand, [c] { c->close("idem: the store was destroyed"); });
+        }
+    }
+
+    AsyncPostgresStore::executor_type strand;
+    const AsyncPostgresStore* owner = nullptr;  // for its observer (emit)
+    PostgresOptions options;
+    PostgresStore blocking;
+    pg::TableName table;
+    std::vector<pg::StatementDef> defs;
+    pg::ConnectSettings settings;
+
+    std::vector<std::shared_ptr<AsyncConnection>> connections;  // open (or broken, dropped on the next acquire)
+    std::size_t connecting = 0;
+    net::steady_timer connected;  // cancelled whenever a connection attempt ends: wakes acquire()s
+
+    struct Counters {
+        std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
+            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, largest_claim_group{0},
+            save_groups{0}, grouped_saves{0}, largest_save_group{0};
+    } counters;
+    static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
+                           std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
+        groups.fetch_add(1, std::memory_order_relaxed);
+        members.fetch_add(n, std::memory_order_relaxed);
+        if (n > largest.load(std::memory_order_relaxed)) largest.store(n, std::memory_order_relaxed);  // (one strand)
+    }
+    void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
+
+    Clock::time_point deadline() const {
+        return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
+    }
+
+    // The open connection with the fewest requests in flight; a new one while there is room and
+    // every open one is busy (so load spreads over pool_size connections, each pipelining).
+    net::awaitable<std::shared_ptr<AsyncConnection>> acquire() {
+        for (;;) {
+            const auto end =
+                std::remove_if(connections.begin(), connections.end(), [](const auto& c) { return c->broken(); });
+            counters.discarded.fetch_add(static_cast<std::uint64_t>(connections.end() - end),
+                                         std::memory_order_relaxed);
+            connections.erase(end, connections.end());
+            std::shared_ptr<AsyncConnection> best;
+            for (const auto& c : connections) {
+                if (!best || c->pending() < best->pending()) best = c;
+            }
+            const bool room = connections.size() + connecting < options.pool_size;
+            if (best && (best->pending() == 0 || !room)) co_return best;
+            if (room) {
+                ++connecting;
+                auto fresh = std::make_shared<AsyncConnection>(strand, settings, defs);
+                std::exception_ptr failure;
+                try {
+                    co_await fresh->open();
+                } catch (...) {
+                    failure = std::current_exception();
+                }
+                --connecting;
+                connected.cancel();
+                if (failure) {
+                    if (best && !best->broken()) co_return best;
+                    std::rethrow_exception(failure);
+                }
+                count(counters.opened);
+                connections.push_back(fresh);
+                co_return fresh;
+            }
+            // Every slot is connecting and none is open yet: wait for one of them.
+            boost::system::error_code ec;
+            co_await connected.async_wait(
+                net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
+        }
+    }
+
+    // A connection broke: the server may have restarted, and then every idle connection is dead
+    // too, without knowing it (nothing arrives on an idle socket). Close them, so that the retry
+    // opens a fresh one instead of meeting the next dead one (PostgresStore: Pool::suspect_idle).
+    // Connections with requests in flight learn their fate from their own answers.
+    void suspect_idle() noexcept {
+        for (const auto& c : connections) {
+            if (!c->broken() && c->pending() == 0) c->close("idem: closed after another connection of the store broke");
+        }
+    }
+
+    net::awaitable<pg::StepResults> run(AsyncConnection& conn, std::span<const Step> steps) {
+        count(counters.round_trips);
+        co_return co_await conn.run(steps, deadline());
+    }
+
+    // The claim's round trip: [INSERT, SELECT | Sync], one implicit transaction. Where Citus is
+    // installed, [BEGIN, INSERT, SELECT, COMMIT | Sync] as the blocking store does (Citus does not
+    // take a pipeline's implicit transaction for a block), then [ROLLBACK | Sync]: requests of
+    // other callers follow on this connection, and a failed block must not be left open for them
+    // (outside a block the ROLLBACK is a warning, nothing more).
+    net::awaitable<pg::StepResults> claim_round_trip(AsyncConnection& conn, const Key& key, const Fingerprint& fp,
+                                                     Fence fence, std::chrono::milliseconds lease,
+                                                     std::chrono::seconds retention) {
+        Params ins;
+        pg::add_claim_params(ins, key, fp, fence, lease, retention);
+        Params sel;
+        sel.text(key.scope()).text(key.value());
+        if (!conn.citus()) {
+            const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
+            co_return co_await run(conn, steps);
+        }
+        Params none;
+        const Step steps[] = {{&defs[pg::kBegin], &none, false},
+                              {&defs[pg::kClaimInsert], &ins, false},
+                              {&defs[pg::kSelect], &sel, false},
+                              {&defs[pg::kCommit], &none, true},
+                              {&defs[pg::kRollback], &none, true}};
+        pg::StepResults all = co_await run(conn, steps);
+        if (!all[4].ok() || PQtransactionStatus(conn.native()) == PQTRANS_INERROR) {
+            // The block may still be open: the requests behind ours would run in it (25P02).
+            conn.close("idem: a failed transaction block could not be rolled back");
+        }
+        pg::StepResults two(2);
+        two[0] = std::move(all[0].failed ? all[0] : all[1]);
+        two[1] = std::move(all[3].failed ? all[3] : all[2]);
+        co_return two;
+    }
+
+    net::awaitable<pg::StepResults> run_one(AsyncConnection& conn, pg::Stmt stmt, Params& params) {
+        const Step step{&defs[stmt], &params};
+        co_return co_await run(conn, std::span(&step, 1));
+    }
+
+    // Runs one attempt of an operation of ops.hpp on `conn`: its statements, one at a time.
+    template <class Op>
+    net::awaitable<void> run_op(AsyncConnection& conn, Op& op, int attempt) {
+        op.start(attempt);
+        for (;;) {
+            Params p;
+            op.bind(p);
+            if (op.feed(co_await run_one(conn, op.statement(), p))) co_return;
+        }
+    }
+
+    // Runs an operation with the store's retries (with_connection); `op` is done after it.
+    template <class Op>
+    net::awaitable<void> drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero()) {
+        co_await with_connection<bool>(
+            what,
+            [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
+                co_await run_op(conn, op, attempt);
+                co_return true;
+            },
+            keep_trying);
+    }
+
+    // Runs f(conn, attempt) -> awaitable<T> on a connection; retried as PostgresStore's
+    // with_connection is (pg::RetryPolicy, the same rules).
+    template <class T, class F>
+    net::awaitable<T> with_connection(const char* what, F f, Clock::duration keep_trying = Clock::duration::zero()) {
+        pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        for (;;) {
+            std::exception_ptr failure;
+            try {
+                auto conn = co_await acquire();
+                co_return co_await f(*conn, retry.attempt());
+            } catch (const store_unavailable&) {
+                failure = std::current_exception();
+            } catch (const database_error&) {
+                failure = std::current_exception();
+            }
+            try {
+                std::rethrow_exception(failure);
+            } catch (const pg::connection_broken&) {
+                suspect_idle();  // before the verdict: also when this was the last attempt
+            } catch (...) {
+            }
+            const auto next = retry.after_failure(failure, what);
+            count(counters.retries);
+            if (next.pause.count() > 0) co_await pause_for(next.pause);
+        }
+    }
+
+    // ---- Group commit (docs/design.md, "The asynchronous path") ----
+    //
+    // Each request is its own transaction, and with synchronous_commit a backend waits for each
+    // commit's flush before it reads the next request of its pipeline: pool_size connections give
+    // at most pool_size commits per flush, however many requests wait behind them. So while
+    // kInFlightPerConnection × pool_size claim transactions (and as many save transactions) are in
+    // flight, further first attempts queue; each time one ends, the queue goes out as one
+    // transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's batches
+    // and group commit), up to kLargestGroup rows. A lone request never waits: below the bound it
+    // goes at once, alone, with exactly the single-key statements. Not on a Citus coordinator (the
+    // table's layout is not asked here): there every request goes alone.
+    static constexpr std::size_t kInFlightPerConnection = 2;
+    static constexpr std::size_t kLargestGroup = 256;
+    static constexpr std::size_t kLargestSaveGroupBytes = 4u << 20;
+    // (in an optional, constructed in place: Boost 1.81's any_completion_handler move assignment
+    // copies from an lvalue and recurses without end)
+    using Wake = std::optional<net::any_completion_handler<void()>>;
+
+    // A member: the plan's slot, and how to wake its call's coroutine.
+    struct ClaimMember : pg::ClaimSlot {
+        Wake wake;
+    };
+    struct SaveMember : pg::SaveSlot {
+        Wake wake;
+    };
+    std::vector<ClaimMember*> claim_queue;
+    std::vector<SaveMember*> save_queue;
+    std::size_t claims_in_flight = 0, saves_in_flight = 0;
+    bool citus_seen = false;  // a connection found Citus installed: no groups
+
+    std::size_t in_flight_bound() const noexcept { return kInFlightPerConnection * options.pool_size; }
+
+    /// A claim's first round trip: alone at once while below the bound, else in the next group.
+    net::awaitable<void> claim_first(ClaimMember& me);
+    /// A save's first attempt: alone at once while below the bound (the caller saves by itself),
+    /// else in the next group. Returns false for "alone".
+    net::awaitable<bool> save_first(SaveMember& me);
+    /// Sends the queued members as groups while fewer than in_flight_bound() are in flight.
+    void launch_groups();
+    // Never throw: every member leaves with an answer, an error, or "alone" (its own call then
+    // sends its own statements, with its fence, and recognises whatever the group committed).
+    net::awaitable<void> run_claim_group(std::vector<ClaimMember*> group);
+    net::awaitable<void> run_save_group(std::vector<SaveMember*> group);
+    template <class Member>
+    net::awaitable<void> wait_in(std::vector<Member*>& queue, Member& me);
+    template <class Member>
+    void wake_all(std::vector<Member*>& group);
+    template <class Member>
+    static std::vector<Member*> next_group(std::vector<Member*>& queue);
+
+    // ---- The operations (store.cpp) ----
+    net::awaitable<Claim> claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options_);
+    net::awaitable<std::optional<Record>> take_over(const Key& key, Fence stale, Fence fresh,
+                                                    std::chrono::milliseconds lease, bool new_attempt);
+    net::awaitable<void> save(const Key& key, Fence fence, std::string_view result);
+    /// A save by itself: [UPDATE | Sync], retried for save_retry_window. `resent`: a group's
+    /// statement may already have committed it. Returns whether someone waits for the key.
+    net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent);
+    /// A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort —
+    /// a waiter also wakes at its deadline and re-reads.
+    net::awaitable<void> notify_waiters(const Key& key);
+    net::awaitable<void> release(const Key& key, Fence fence);
+    net::awaitable<void> owned_write(pg::OwnedWriteOp op) { co_await drive(op.what(), op); }
+};
+
+}  // namespace idem::asio
