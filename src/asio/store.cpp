@@ -37,15 +37,9 @@ net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fing
                 break;
             }
             case Next::reclaim_expired: {
-                const bool won = co_await with_connection<bool>(
-                    "claim (expired)", [&](AsyncConnection& conn, int) -> net::awaitable<bool> {
-                        Params p;
-                        pg::add_claim_params(p, key, fp, fence, lease, retention);
-                        auto r = co_await run_one(conn, pg::kReclaimExpired, p);
-                        if (!r[0].ok()) pg::throw_statement_error(r[0], "claim (expired)");
-                        co_return r[0].rows() == 1;
-                    });
-                next = machine.on_reclaimed(won);
+                pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
+                co_await drive("claim (expired)", op);
+                next = machine.on_reclaimed(op.won());
                 break;
             }
             case Next::take_over: {

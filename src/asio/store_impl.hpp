@@ -169,37 +169,22 @@ struct AsyncPostgresStore::Impl {
         co_return co_await conn.run(steps, deadline());
     }
 
-    // The claim's round trip: [INSERT, SELECT | Sync], one implicit transaction. Where Citus is
-    // installed, [BEGIN, INSERT, SELECT, COMMIT | Sync] as the blocking store does (Citus does not
-    // take a pipeline's implicit transaction for a block), then [ROLLBACK | Sync]: requests of
-    // other callers follow on this connection, and a failed block must not be left open for them
-    // (outside a block the ROLLBACK is a warning, nothing more).
+    // The claim's round trip (pg::ClaimRoundTrip): [INSERT, SELECT | Sync]; where Citus is installed, a
+    // transaction block with its ROLLBACK in the same round trip (requests of other callers follow on
+    // this connection, and a failed block must not be left open for them).
     net::awaitable<pg::StepResults> claim_round_trip(AsyncConnection& conn, const Key& key, const Fingerprint& fp,
                                                      Fence fence, std::chrono::milliseconds lease,
                                                      std::chrono::seconds retention) {
-        Params ins;
-        pg::add_claim_params(ins, key, fp, fence, lease, retention);
-        Params sel;
-        sel.text(key.scope()).text(key.value());
-        if (!conn.citus()) {
-            const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
-            co_return co_await run(conn, steps);
-        }
-        Params none;
-        const Step steps[] = {{&defs[pg::kBegin], &none, false},
-                              {&defs[pg::kClaimInsert], &ins, false},
-                              {&defs[pg::kSelect], &sel, false},
-                              {&defs[pg::kCommit], &none, true},
-                              {&defs[pg::kRollback], &none, true}};
-        pg::StepResults all = co_await run(conn, steps);
-        if (!all[4].ok() || PQtransactionStatus(conn.native()) == PQTRANS_INERROR) {
+        using Shape = pg::ClaimRoundTrip::Shape;
+        const bool block = conn.citus();
+        const pg::ClaimRoundTrip trip(defs, block ? Shape::block_then_rollback : Shape::pipeline, key, fp, fence, lease,
+                                      retention);
+        pg::StepResults all = co_await run(conn, trip.steps());
+        if (block && (!pg::ClaimRoundTrip::rolled_back(all) || PQtransactionStatus(conn.native()) == PQTRANS_INERROR)) {
             // The block may still be open: the requests behind ours would run in it (25P02).
             conn.close("idem: a failed transaction block could not be rolled back");
         }
-        pg::StepResults two(2);
-        two[0] = std::move(all[0].failed ? all[0] : all[1]);
-        two[1] = std::move(all[3].failed ? all[3] : all[2]);
-        co_return two;
+        co_return trip.answers(std::move(all));
     }
 
     net::awaitable<pg::StepResults> run_one(AsyncConnection& conn, pg::Stmt stmt, Params& params) {

@@ -19,6 +19,43 @@ std::optional<Record> read_answer(const StepResults& res) {
 
 }  // namespace
 
+ClaimRoundTrip::ClaimRoundTrip(const std::vector<StatementDef>& defs, Shape shape, const Key& key,
+                               const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
+                               std::chrono::seconds retention)
+    : shape_(shape) {
+    add_claim_params(insert_, key, fp, fence, lease, retention);
+    bind_key(select_, key);
+    // One Sync for the whole round trip: one send() and one transaction per claim.
+    if (shape == Shape::pipeline) {
+        steps_[0] = {&defs[kClaimInsert], &insert_, false};
+        steps_[1] = {&defs[kSelect], &select_};
+        count_ = 2;
+        return;
+    }
+    steps_[0] = {&defs[kBegin], &none_, false};
+    steps_[1] = {&defs[kClaimInsert], &insert_, false};
+    steps_[2] = {&defs[kSelect], &select_, false};
+    steps_[3] = {&defs[kCommit], &none_, true};
+    steps_[4] = {&defs[kRollback], &none_, true};
+    count_ = shape == Shape::block ? 4 : 5;
+}
+
+StepResults ClaimRoundTrip::answers(StepResults all) const {
+    if (shape_ == Shape::pipeline) return all;
+    StepResults two(2);
+    two[0] = std::move(all[0].failed ? all[0] : all[1]);
+    two[1] = std::move(all[3].failed ? all[3] : all[2]);
+    return two;
+}
+
+void ReclaimExpiredOp::bind(Params& p) const { add_claim_params(p, key_, fp_, fence_, lease_, retention_); }
+
+bool ReclaimExpiredOp::feed(const StepResults& res) {
+    if (!res[0].ok()) throw_statement_error(res[0], "claim (expired)");
+    won_ = res[0].rows() == 1;
+    return true;
+}
+
 void ReadOp::bind(Params& p) const { bind_key(p, key_); }
 
 bool ReadOp::feed(const StepResults& res) {

@@ -11,22 +11,87 @@
 //
 // feed() returns true when the operation is done, false when it wants statement() sent next (a
 // read-back after a resend), and throws the caller's error (statement failures as idem errors,
-// lease_lost). The claim is the ClaimMachine (machine.hpp); groups and batches are the plans of
-// rows.hpp. Not thread-safe; an operation refers to the key and the bytes (result, phase, data) it
+// lease_lost). The claim's decisions are the ClaimMachine's (machine.hpp); its statements are
+// ClaimRoundTrip and ReclaimExpiredOp here; groups and batches are the plans of rows.hpp. Not
+// thread-safe; an operation refers to the key and the bytes (result, phase, data) it
 // was given, which must outlive it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "connection.hpp"
+#include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
 #include "sql.hpp"
 
 namespace idem::pg {
+
+/// A claim's one round trip for one key, whose two answers ClaimMachine::on_round_trip reads:
+///   pipeline  [INSERT, SELECT | Sync]: one implicit transaction, committed when the Sync's answer
+///             arrives. The SELECT is a statement of its own, so under READ COMMITTED it takes a new
+///             snapshot and sees a conflicting claim that committed while the INSERT waited for it
+///             (one statement could not: docs/design.md); under REPEATABLE READ that case is a
+///             40001 from the INSERT, retried.
+///   block     [BEGIN, INSERT, SELECT, COMMIT | Sync], wherever Citus is installed: Citus does not
+///             take a pipeline's implicit transaction for a transaction block and commits the
+///             INSERT on its shard at once, so a claim whose read failed would leave its row behind;
+///             the block makes the INSERT commit or roll back with the read, as on one node. After
+///             a failure the block is still open: the driver rolls it back (Shape::block), or sends
+///             the ROLLBACK in the same round trip (Shape::block_then_rollback: requests of other
+///             callers follow on a pipelined connection; outside a block it is a mere warning).
+/// answers() maps a block's answers back onto [INSERT, SELECT]: a failed BEGIN onto the INSERT, a
+/// failed COMMIT onto the SELECT (as Connection::run reports a failed implicit commit). The key and
+/// fingerprint must outlive the plan, which must not move (its steps point into it).
+class ClaimRoundTrip {
+public:
+    enum class Shape { pipeline, block, block_then_rollback };
+
+    ClaimRoundTrip(const std::vector<StatementDef>& defs, Shape shape, const Key& key, const Fingerprint& fp,
+                   Fence fence, std::chrono::milliseconds lease, std::chrono::seconds retention);
+    ClaimRoundTrip(const ClaimRoundTrip&) = delete;
+    ClaimRoundTrip& operator=(const ClaimRoundTrip&) = delete;
+
+    [[nodiscard]] std::span<const Step> steps() const noexcept { return {steps_.data(), count_}; }
+    /// The answers as [INSERT, SELECT].
+    [[nodiscard]] StepResults answers(StepResults all) const;
+    /// Shape::block_then_rollback: whether the ROLLBACK left the connection outside a failed block
+    /// (false: close the connection, the requests behind this one would run in the block).
+    [[nodiscard]] static bool rolled_back(const StepResults& all) noexcept { return all[4].ok(); }
+
+private:
+    Shape shape_;
+    Params insert_, select_, none_;
+    std::array<Step, 5> steps_{};
+    std::size_t count_ = 0;
+};
+
+/// The claim of a key whose record is past its retention (kReclaimExpired): won() when this call
+/// got it.
+class ReclaimExpiredOp {
+public:
+    ReclaimExpiredOp(const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
+                     std::chrono::seconds retention) noexcept
+        : key_(key), fp_(fp), fence_(fence), lease_(lease), retention_(retention) {}
+    void start(int) noexcept { won_ = false; }
+    [[nodiscard]] Stmt statement() const noexcept { return kReclaimExpired; }
+    void bind(Params& p) const;
+    bool feed(const StepResults& res);
+    [[nodiscard]] bool won() const noexcept { return won_; }
+
+private:
+    const Key& key_;
+    const Fingerprint& fp_;
+    const Fence fence_;
+    const std::chrono::milliseconds lease_;
+    const std::chrono::seconds retention_;
+    bool won_ = false;
+};
 
 /// The record of a key (kSelect), or nullopt.
 class ReadOp {

@@ -64,7 +64,6 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     // replay decodes its row straight into it, with no Record moved or copied on the way out).
     // The decisions are pg::ClaimMachine's (shared with idem::asio); this loop does its I/O.
     Claim out;
-    const auto claim_params = [&](Params& p) { add_claim_params(p, key, fp, fence, lease, retention); };
     // Group commit takes the first attempt only (one round trip); whatever follows (retries, an
     // expired record, resume, wait) goes alone. Not from inside this store's own in-transaction
     // effect: that call must not wait behind a group (acquire() says why).
@@ -93,15 +92,11 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                 next = machine.on_round_trip(res);
                 break;
             }
-            case pg::ClaimMachine::Next::reclaim_expired:
-                next = machine.on_reclaimed(m.with_connection("claim (expired)", [&](pg::Connection& conn, int) {
-                    Params p;
-                    claim_params(p);
-                    auto r = m.run_one(conn, pg::kReclaimExpired, p);
-                    if (!r[0].ok()) throw_statement_error(r[0], "claim (expired)");
-                    return r[0].rows() == 1;
-                }));
+            case pg::ClaimMachine::Next::reclaim_expired: {
+                pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
+                next = machine.on_reclaimed(m.drive("claim (expired)", op).won());
                 break;
+            }
             case pg::ClaimMachine::Next::take_over: {
                 auto taken = m.take_over(key, machine.stale_fence(), fence, lease, true);
                 if (taken) emit(Event::taken_over, &key);

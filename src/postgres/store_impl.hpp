@@ -454,46 +454,24 @@ struct PostgresStore::Impl {
         }
     }
 
-    // The single-key claim round trip: [INSERT, SELECT | Sync]; see PostgresStore::claim. `keep`: on one
-    // plain node, the connection is kept there after the round trip (group commit relays the next
-    // group on it) instead of going back to the pool.
+    // The single-key claim round trip (pg::ClaimRoundTrip), [INSERT, SELECT | Sync] on one plain node,
+    // a transaction block wherever Citus is installed (also for a table not known to be distributed:
+    // it may be by now). `keep`: on one plain node, the connection is kept there after the round trip
+    // (group commit relays the next group on it) instead of going back to the pool.
     pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence,
                                      std::chrono::milliseconds lease, std::chrono::seconds retention,
                                      std::optional<pg::Lease>* keep = nullptr) {
         return with_connection("claim", [&](pg::Lease& leased, int) {
             pg::Connection& conn = *leased;
-            Params ins;
-            add_claim_params(ins, key, fp, fence, lease, retention);
-            Params sel;
-            sel.text(key.scope()).text(key.value());
-            // [INSERT, SELECT | Sync]: one round trip, one implicit transaction; the claim is
-            // committed when the Sync's answer arrives, which run() waits for. The SELECT is its own
-            // statement, so under READ COMMITTED it takes a new snapshot and sees a conflicting
-            // claim that committed while the INSERT waited for it (one statement could not: see
-            // docs/design.md); under REPEATABLE READ that case is a 40001 from the INSERT, retried.
-            // One Sync instead of one per statement: one send() and one transaction fewer per claim.
-            // (with Citus installed, also for a table not known to be distributed: it may be by now)
+            using Shape = pg::ClaimRoundTrip::Shape;
             if (relay_possible(conn)) {
-                const Step steps[] = {{&defs[pg::kClaimInsert], &ins, false}, {&defs[pg::kSelect], &sel}};
-                pg::StepResults res = run(conn, steps);
+                const pg::ClaimRoundTrip trip(defs, Shape::pipeline, key, fp, fence, lease, retention);
+                pg::StepResults res = run(conn, trip.steps());
                 if (keep) keep->emplace(std::move(leased));
                 return res;
             }
-            // A distributed table: Citus does not take a pipeline's implicit transaction for a
-            // transaction block, and commits the INSERT on its shard at once: a claim whose read
-            // failed would leave its row behind. BEGIN … COMMIT makes the INSERT commit or roll back
-            // with the read, as on one node. The answers are mapped back to [INSERT, SELECT], a
-            // failed BEGIN onto the INSERT, a failed COMMIT onto the SELECT (as Connection::run does).
-            Params none;
-            const Step steps[] = {{&defs[pg::kBegin], &none, false},
-                                  {&defs[pg::kClaimInsert], &ins, false},
-                                  {&defs[pg::kSelect], &sel, false},
-                                  {&defs[pg::kCommit], &none, true}};
-            pg::StepResults all = run_block(conn, steps);
-            pg::StepResults two(2);
-            two[0] = std::move(all[0].failed ? all[0] : all[1]);
-            two[1] = std::move(all[3].failed ? all[3] : all[2]);
-            return two;
+            const pg::ClaimRoundTrip trip(defs, Shape::block, key, fp, fence, lease, retention);
+            return trip.answers(run_block(conn, trip.steps()));
         });
     }
 
