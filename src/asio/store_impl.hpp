@@ -230,13 +230,7 @@ struct AsyncPostgresStore::Impl {
             } catch (const database_error&) {
                 failure = std::current_exception();
             }
-            try {
-                std::rethrow_exception(failure);
-            } catch (const pg::connection_broken&) {
-                suspect_idle();  // before the verdict: also when this was the last attempt
-            } catch (...) {
-            }
-            const auto next = retry.after_failure(failure, what);
+            const auto next = retry.after_failure(failure, what, [this] { suspect_idle(); });
             count(counters.retries);
             if (next.pause.count() > 0) co_await pause_for(next.pause);
         }

@@ -63,8 +63,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                     if (!claim_retryable(failed.sqlstate())) throw_statement_error(failed, "claim_batch");
                     m.counters().retries.fetch_add(1, std::memory_order_relaxed);
                     if (failures + 1 < m.options.claim_attempts) {
-                        thread_local std::minstd_rand jitter{std::random_device{}()};
-                        std::this_thread::sleep_for(std::chrono::milliseconds(1 + jitter() % 20));
+                        std::this_thread::sleep_for(std::chrono::milliseconds(detail::jitter(20)));
                         continue;
                     }
                     // Contended: settle each key on its own (each with its own bounded retries).

@@ -1,7 +1,6 @@
 #include "machine.hpp"
 
 #include <algorithm>
-#include <random>
 #include <string>
 
 #include "../common.hpp"
@@ -9,12 +8,7 @@
 
 namespace idem::pg {
 
-namespace {
-unsigned jitter(unsigned cap) {
-    thread_local std::minstd_rand random{std::random_device{}()};
-    return 1 + static_cast<unsigned>(random() % std::max(cap, 1u));
-}
-}  // namespace
+using detail::jitter;
 
 bool claim_retryable(std::string_view sqlstate) noexcept {
     return sqlstate == "40001" || sqlstate == "40P01" || sqlstate == "55P03";
@@ -68,18 +62,15 @@ std::optional<Record> take_over_answer(const StepResults& res, std::chrono::mill
 
 // ---- RetryPolicy ------------------------------------------------------------------------------------
 
-RetryPolicy::RetryPolicy(int claim_attempts, Clock::duration keep_trying) noexcept
-    : claim_attempts_(claim_attempts),
-      retry_until_(keep_trying > Clock::duration::zero() ? Clock::now() + keep_trying : Clock::time_point{}) {}
-
-RetryPolicy::Next RetryPolicy::after_failure(const std::exception_ptr& failure, const char* what) {
-    const int attempt = attempt_++;
+RetryPolicy::Next RetryPolicy::after_failure(const std::exception_ptr& failure, const char* what,
+                                             const std::function<void()>& on_broken) {
+    using Failure = detail::RetryPolicy::Failure;
     std::string message, sqlstate;
-    bool broken = false;
+    Failure kind = Failure::unreachable;
     try {
         std::rethrow_exception(failure);
     } catch (const connection_broken& e) {
-        message = detail::without_prefix(e.what()), sqlstate = e.sqlstate(), broken = true;
+        message = detail::without_prefix(e.what()), sqlstate = e.sqlstate(), kind = Failure::broken;
     } catch (const pool_timeout&) {
         throw;  // already waited its bound
     } catch (const store_unavailable& e) {
@@ -90,21 +81,15 @@ RetryPolicy::Next RetryPolicy::after_failure(const std::exception_ptr& failure, 
         // default even a one-row UPDATE can be chosen as the victim, and a save must not fail for
         // it — its effect has already run.
         if (e.sqlstate() != "40001" && e.sqlstate() != "40P01") throw;
-        if (++conflicts_ >= claim_attempts_ && Clock::now() >= retry_until_) throw;
-        // Jittered: the transaction that won the conflict is usually still running.
-        return {std::chrono::milliseconds(jitter(5u * static_cast<unsigned>(std::min(conflicts_, 20)))), false};
+        kind = Failure::conflict;
     }
-    if ((broken ? attempt >= claim_attempts_ : true) && Clock::now() >= retry_until_) {
+    if (kind == Failure::broken && on_broken) on_broken();
+    const auto pause = policy_.after(kind);
+    if (!pause) {
+        if (kind == Failure::conflict) std::rethrow_exception(failure);
         throw store_unavailable(std::string("idem: ") + what + ": " + message, sqlstate);
     }
-    // A broken pooled connection says little about the next one: retry at once. A failed connect
-    // means the server is away: back off.
-    Next next{std::chrono::milliseconds(0), broken};
-    if (!broken || attempt > 1) {
-        next.pause = backoff_;
-        backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(1000));
-    }
-    return next;
+    return {*pause, kind == Failure::broken};
 }
 
 // ---- ClaimMachine -----------------------------------------------------------------------------------

@@ -9,10 +9,12 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string_view>
 
 #include "../poll_schedule.hpp"
+#include "../retry_policy.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
@@ -51,31 +53,31 @@ enum class SaveAnswer {
 /// on a resend, the first attempt's answer was lost (then read the record: take_over_landed).
 [[nodiscard]] std::optional<Record> take_over_answer(const StepResults& res, std::chrono::milliseconds lease);
 
-/// How the store goes on after a failed attempt of one operation: another attempt on a fresh
-/// connection, after a pause, or the caller's error. Broken connections get claim_attempts in all;
-/// a failed connect (the server is away) is retried only within `keep_trying` (a request path
-/// should hear "unavailable" at once, a save should try hard); serialization failures and
-/// deadlocks (40001, 40P01) get claim_attempts, or `keep_trying`, with a jittered pause.
+/// How PostgresStore and idem::asio go on after a failed attempt of one operation: another attempt
+/// on a fresh connection, after a pause, or the caller's error. The schedule is detail::RetryPolicy's
+/// (retry_policy.hpp); this sorts PostgreSQL's failures into its kinds: a broken connection
+/// (claim_attempts in all), a failed connect (the server is away: retried only within
+/// `keep_trying`), a serialization failure or deadlock (40001, 40P01: claim_attempts, or
+/// `keep_trying`). Any other error goes to the caller as it is.
 class RetryPolicy {
 public:
-    RetryPolicy(int claim_attempts, Clock::duration keep_trying) noexcept;
+    RetryPolicy(int claim_attempts, Clock::duration keep_trying) noexcept : policy_(claim_attempts, keep_trying) {}
 
     struct Next {
         std::chrono::milliseconds pause{0};  ///< wait this long, then try again
         bool broken = false;                 ///< the connection broke (the pool should suspect its idle ones)
     };
-    /// Called in a catch block with the attempt's exception: returns how to go on, or throws the
-    /// error the caller gets (store_unavailable naming `what`, or the original exception).
-    Next after_failure(const std::exception_ptr& failure, const char* what);
+    /// Called with the attempt's exception: returns how to go on, or throws the error the caller
+    /// gets (store_unavailable naming `what`, or the original exception). When the connection broke,
+    /// `on_broken` runs first, also before giving up: a server that restarted broke every idle
+    /// connection too, and neither the retry nor the next call should pick one of them.
+    Next after_failure(const std::exception_ptr& failure, const char* what,
+                       const std::function<void()>& on_broken = {});
     /// 1 for the first attempt; more means an earlier attempt may have committed.
-    [[nodiscard]] int attempt() const noexcept { return attempt_; }
+    [[nodiscard]] int attempt() const noexcept { return policy_.attempt(); }
 
 private:
-    int claim_attempts_;
-    Clock::time_point retry_until_{};
-    std::chrono::milliseconds backoff_{25};
-    int conflicts_ = 0;
-    int attempt_ = 1;
+    detail::RetryPolicy policy_;
 };
 
 /// The claim's decisions. Every path fills one Claim object (the caller's, so a replay decodes its

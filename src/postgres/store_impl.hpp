@@ -220,19 +220,20 @@ struct PostgresStore::Impl {
                 } else {
                     return f(*lease, retry.attempt());
                 }
-            } catch (const store_unavailable& e) {
-                // The retry must not pick another dead idle connection (nor the next call, when
-                // this was the last attempt): before the verdict, which may throw.
-                if (dynamic_cast<const pg::connection_broken*>(&e) != nullptr) pool->suspect_idle();
-                const auto next = retry.after_failure(std::current_exception(), what);
-                counters().retries.fetch_add(1, std::memory_order_relaxed);
-                if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
+            } catch (const store_unavailable&) {
+                after_failure(retry, what);
             } catch (const database_error&) {
-                const auto next = retry.after_failure(std::current_exception(), what);
-                counters().retries.fetch_add(1, std::memory_order_relaxed);
-                if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
+                after_failure(retry, what);
             }
         }
+    }
+
+    // In a catch block of with_connection: the retry policy's verdict (throws to give up), counted,
+    // and its pause.
+    void after_failure(pg::RetryPolicy& retry, const char* what) {
+        const auto next = retry.after_failure(std::current_exception(), what, [this] { pool->suspect_idle(); });
+        counters().retries.fetch_add(1, std::memory_order_relaxed);
+        if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);
     }
 
     // A saved key had waiters (ClaimOptions::wait): NOTIFY them from our own connection. Best

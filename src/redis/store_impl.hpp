@@ -11,6 +11,7 @@
 #include <charconv>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -20,6 +21,7 @@
 #include "poll_schedule.hpp"
 #include "record.hpp"
 #include "resend_rules.hpp"
+#include "retry_policy.hpp"
 #include "scripts.hpp"
 
 namespace idem {
@@ -244,31 +246,37 @@ struct RedisStore::Impl {
     }
 
     // Runs `fn(conn, attempt)` on a pooled connection; a broken connection or a timeout sends it
-    // once more on a fresh one (the scripts recognise their own earlier writes). A script missing
-    // from the server (SCRIPT FLUSH) reloads them on a fresh connection too.
+    // once more on a fresh one (the scripts recognise their own earlier writes), as
+    // detail::RetryPolicy says for a broken connection. A script missing from the server (SCRIPT
+    // FLUSH) reloads them on a fresh connection too.
     template <class Fn>
     auto with_connection(std::string_view what, Fn&& fn) {
         refuse_in_child();
-        for (int attempt = 1;; ++attempt) {
+        using Failure = detail::RetryPolicy::Failure;
+        detail::RetryPolicy retry(kAttempts, std::chrono::steady_clock::duration::zero());
+        for (;;) {
             auto lease = pool.acquire();
+            std::optional<std::chrono::milliseconds> pause;
             try {
                 counters.round_trips.fetch_add(1, std::memory_order_relaxed);
-                return fn(*lease, attempt);
+                return fn(*lease, retry.attempt());
             } catch (const store_unavailable&) {
                 if (!lease->broken()) throw;  // the server's own refusal (LOADING, OOM...): as it said
                 lease.discard();
                 pool.drop_idle();  // a restart broke them all; do not find out one call at a time
-                if (attempt >= kAttempts) throw;
-                counters.retries.fetch_add(1, std::memory_order_relaxed);
+                pause = retry.after(Failure::broken);
+                if (!pause) throw;
             } catch (const noscript&) {
                 lease.discard();
                 pool.drop_idle();
-                if (attempt >= kAttempts) {
+                pause = retry.after(Failure::broken);
+                if (!pause) {
                     throw store_unavailable(
                         fmt::format("idem: {}: Redis at {} keeps losing idem's scripts", what, where));
                 }
-                counters.retries.fetch_add(1, std::memory_order_relaxed);
             }
+            counters.retries.fetch_add(1, std::memory_order_relaxed);
+            if (pause->count() > 0) std::this_thread::sleep_for(*pause);
         }
     }
 
