@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "idem/group_commit_stats.hpp"
 #include "idem/pool_stats.hpp"
 #include "idem/store.hpp"
 
@@ -222,6 +223,9 @@ public:
     /// they waited (idem/pool_stats.hpp; PrometheusObserver renders it). Takes the pool's lock
     /// briefly; does not touch the database and does not throw. Thread-safe.
     [[nodiscard]] PoolStats pool_stats() const;
+    /// What group commit did (PostgresOptions::group_commit; idem/group_commit_stats.hpp). Does not
+    /// touch the database and does not throw. Thread-safe.
+    [[nodiscard]] GroupCommitStats group_commit_stats() const;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
 
     /// The options the store was made with.

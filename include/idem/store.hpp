@@ -151,14 +151,15 @@ struct StoreStats {
     std::uint64_t retries = 0;
     std::uint64_t connections_opened = 0;     ///< database connections opened
     std::uint64_t connections_discarded = 0;  ///< closed after an error or a failed health check
-    /// Group commit (PostgresStore): shared transactions sent for concurrent claims / saves, the calls
-    /// that went in them, and the largest group seen. A caller that went alone counts as a group of 1.
+    /// Deprecated, kept for existing code: group commit is PostgreSQL's, and its counters are in
+    /// PostgresStore::group_commit_stats() and AsyncPostgresStore::group_commit_stats()
+    /// (idem/group_commit_stats.hpp, the same fields). Still filled in; other stores leave them 0.
     std::uint64_t claim_groups = 0;
-    std::uint64_t grouped_claims = 0;       ///< claims sent in those shared transactions
-    std::uint64_t largest_claim_group = 0;  ///< the most claims one shared transaction carried
-    std::uint64_t save_groups = 0;          ///< shared transactions sent for concurrent saves
-    std::uint64_t grouped_saves = 0;        ///< saves sent in those shared transactions
-    std::uint64_t largest_save_group = 0;   ///< the most saves one shared transaction carried
+    std::uint64_t grouped_claims = 0;       ///< deprecated: GroupCommitStats::grouped_claims
+    std::uint64_t largest_claim_group = 0;  ///< deprecated: GroupCommitStats::largest_claim_group
+    std::uint64_t save_groups = 0;          ///< deprecated: GroupCommitStats::save_groups
+    std::uint64_t grouped_saves = 0;        ///< deprecated: GroupCommitStats::grouped_saves
+    std::uint64_t largest_save_group = 0;   ///< deprecated: GroupCommitStats::largest_save_group
 };
 
 /// The interface every backend implements (see the top of this header for the states of a key).

@@ -104,7 +104,7 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_claim_group(std::vector<Claim
         std::optional<pg::ClaimGroupPlan> plan;
         try {
             plan.emplace(defs, pg::Layout::plain, slots);
-            note_group(counters.claim_groups, counters.grouped_claims, counters.largest_claim_group, group.size());
+            pg::note_group(counters.claim_groups, counters.grouped_claims, largest.claims, group.size());
             count(counters.round_trips);
             plan->read(co_await conn->run(plan->steps(), deadline()));
         } catch (const pg::connection_broken&) {
@@ -148,7 +148,7 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_save_group(std::vector<SaveMe
         std::optional<pg::SaveGroupPlan> plan;
         try {
             plan.emplace(defs, pg::Layout::plain, slots_of<pg::SaveSlot>(group));
-            note_group(counters.save_groups, counters.grouped_saves, counters.largest_save_group, plan->sent().size());
+            pg::note_group(counters.save_groups, counters.grouped_saves, largest.saves, plan->sent().size());
             count(counters.round_trips);
             plan->read(co_await conn->run(plan->steps(), deadline()));
         } catch (const pg::connection_broken&) {

@@ -257,24 +257,16 @@ std::size_t AsyncPostgresStore::purge_expired(std::size_t batch_size, std::size_
 
 StoreStats AsyncPostgresStore::stats() const {
     StoreStats s = impl_->blocking.stats();
-    const auto& c = impl_->counters;
-    const auto get = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
-    s.round_trips += get(c.round_trips);
-    s.claims += get(c.claims);
-    s.claims_won += get(c.claims_won);
-    s.saves += get(c.saves);
-    s.releases += get(c.releases);
-    s.reads += get(c.reads);
-    s.retries += get(c.retries);
-    s.connections_opened += get(c.opened);
-    s.connections_discarded += get(c.discarded);
-    s.claim_groups += get(c.claim_groups);
-    s.grouped_claims += get(c.grouped_claims);
-    s.largest_claim_group = std::max(s.largest_claim_group, get(c.largest_claim_group));
-    s.save_groups += get(c.save_groups);
-    s.grouped_saves += get(c.grouped_saves);
-    s.largest_save_group = std::max(s.largest_save_group, get(c.largest_save_group));
+    impl_->counters.add_to(s);
+    impl_->largest.add_to(s);
     return s;
+}
+
+GroupCommitStats AsyncPostgresStore::group_commit_stats() const {
+    GroupCommitStats g = impl_->blocking.group_commit_stats();
+    impl_->counters.add_to(g);
+    impl_->largest.add_to(g);
+    return g;
 }
 
 }  // namespace idem::asio

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../common.hpp"
+#include "../postgres/counters.hpp"
 #include "../postgres/group_plan.hpp"
 #include "../postgres/machine.hpp"
 #include "../postgres/ops.hpp"
@@ -96,18 +97,9 @@ struct AsyncPostgresStore::Impl {
     std::size_t connecting = 0;
     net::steady_timer connected;  // cancelled whenever a connection attempt ends: wakes acquire()s
 
-    struct Counters {
-        std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
-            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, largest_claim_group{0},
-            save_groups{0}, grouped_saves{0}, largest_save_group{0};
-    } counters;
-    static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
-                           std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
-        groups.fetch_add(1, std::memory_order_relaxed);
-        members.fetch_add(n, std::memory_order_relaxed);
-        if (n > largest.load(std::memory_order_relaxed)) largest.store(n, std::memory_order_relaxed);  // (one strand)
-    }
-    void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
+    pg::Counters counters;  // (counters.hpp)
+    pg::LargestGroups largest;
+    static void count(std::atomic<std::uint64_t>& c) noexcept { pg::bump(c); }
 
     Clock::time_point deadline() const {
         return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);

@@ -65,10 +65,10 @@ struct PostgresStore::Impl::GroupCommit {
     }
 
     void note_claims(std::size_t n) noexcept {
-        note_group(s.counters().claim_groups, s.counters().grouped_claims, s.largest_claim_group, n);
+        pg::note_group(s.counters().claim_groups, s.counters().grouped_claims, s.largest.claims, n);
     }
     void note_saves(std::size_t n) noexcept {
-        note_group(s.counters().save_groups, s.counters().grouped_saves, s.largest_save_group, n);
+        pg::note_group(s.counters().save_groups, s.counters().grouped_saves, s.largest.saves, n);
     }
 
     // Sends the claims of `group` on `conn` (one plain node). On failure every member's answer is

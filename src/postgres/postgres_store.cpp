@@ -176,25 +176,17 @@ std::optional<Record> PostgresStore::read(const Key& key) {
 
 PoolStats PostgresStore::pool_stats() const { return impl_->pool->stats(); }
 
+GroupCommitStats PostgresStore::group_commit_stats() const {
+    GroupCommitStats g;
+    for (const auto& c : impl_->counter_shards) c.add_to(g);
+    impl_->largest.add_to(g);
+    return g;
+}
+
 StoreStats PostgresStore::stats() const {
     StoreStats s;
-    for (const auto& c : impl_->counter_shards) {
-        s.round_trips += c.round_trips.load();
-        s.claims += c.claims.load();
-        s.claims_won += c.claims_won.load();
-        s.saves += c.saves.load();
-        s.releases += c.releases.load();
-        s.reads += c.reads.load();
-        s.retries += c.retries.load();
-        s.connections_opened += c.opened.load();
-        s.connections_discarded += c.discarded.load();
-        s.claim_groups += c.claim_groups.load();
-        s.grouped_claims += c.grouped_claims.load();
-        s.save_groups += c.save_groups.load();
-        s.grouped_saves += c.grouped_saves.load();
-    }
-    s.largest_claim_group = impl_->largest_claim_group.load();
-    s.largest_save_group = impl_->largest_save_group.load();
+    for (const auto& c : impl_->counter_shards) c.add_to(s);
+    impl_->largest.add_to(s);
     return s;
 }
 

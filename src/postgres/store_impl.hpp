@@ -25,6 +25,7 @@
 #include "../common.hpp"
 #include "../resend_rules.hpp"
 #include "connection.hpp"
+#include "counters.hpp"
 #include "group.hpp"
 #include "group_plan.hpp"
 #include "machine.hpp"
@@ -113,14 +114,9 @@ struct PostgresStore::Impl {
         return pool->acquire();
     }
 
-    // Statistics, sharded by thread: every call bumps a counter or two, and a single shared cache
-    // line would bounce between the cores on each of them. stats() adds the shards up (unsigned
-    // arithmetic: a shard's fetch_sub of another shard's add still sums exactly).
-    struct alignas(64) Counters {
-        std::atomic<std::uint64_t> round_trips{0}, claims{0}, claims_won{0}, saves{0}, releases{0}, reads{0},
-            retries{0}, opened{0}, discarded{0}, claim_groups{0}, grouped_claims{0}, save_groups{0}, grouped_saves{0};
-    };
-    std::atomic<std::uint64_t> largest_claim_group{0}, largest_save_group{0};
+    // Statistics, sharded by thread (counters.hpp); stats() adds the shards up.
+    std::array<pg::Counters, 16> counter_shards;
+    pg::LargestGroups largest;
     // purge_expired met a Citus-distributed table (sql.cpp, kPurgeDistributed).
     std::atomic<bool> purge_distributed{false};
     // How the table is laid out, as far as this store knows: shapes the batch and group statements
@@ -130,8 +126,7 @@ struct PostgresStore::Impl {
     std::atomic<int> distribution{kUnknown};
     std::atomic<bool> citus{false};                // the citus extension is installed
     std::atomic<Clock::rep> recheck_layout_at{0};  // kPlain with Citus: ask again from then on
-    std::array<Counters, 16> counter_shards;
-    Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
+    pg::Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
     Clock::time_point deadline() const {
         return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
@@ -445,15 +440,6 @@ struct PostgresStore::Impl {
     bool claim_in_group(pg::ClaimSlot& slot);
     /// A save's first attempt through group commit, as claim_in_group.
     bool save_in_group(pg::SaveSlot& slot);
-
-    static void note_group(std::atomic<std::uint64_t>& groups, std::atomic<std::uint64_t>& members,
-                           std::atomic<std::uint64_t>& largest, std::size_t n) noexcept {
-        groups.fetch_add(1, std::memory_order_relaxed);
-        members.fetch_add(n, std::memory_order_relaxed);
-        for (auto seen = largest.load(std::memory_order_relaxed);
-             n > seen && !largest.compare_exchange_weak(seen, n, std::memory_order_relaxed);) {
-        }
-    }
 
     // The single-key claim round trip (pg::ClaimRoundTrip), [INSERT, SELECT | Sync] on one plain node,
     // a transaction block wherever Citus is installed (also for a table not known to be distributed:

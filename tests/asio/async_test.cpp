@@ -332,6 +332,10 @@ TEST_CASE("async: io_context::run() returns when the calls are done; 200 calls o
             REQUIRE(after.save_groups - before.save_groups > 0);
             REQUIRE(after.largest_claim_group > 1);
             REQUIRE(after.round_trips - before.round_trips < 200);
+            const idem::GroupCommitStats groups = store.group_commit_stats();
+            REQUIRE(groups.claim_groups == after.claim_groups);
+            REQUIRE(groups.grouped_saves == after.grouped_saves);
+            REQUIRE(groups.largest_claim_group == after.largest_claim_group);
         }
     }
     PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);

@@ -192,6 +192,11 @@ TEST_CASE("claims queued behind groups in flight share one group: each keeps its
                    << stats.largest_claim_group);
     CHECK(stats.largest_claim_group > 1);  // a group did form
     CHECK(stats.grouped_claims == stats.claims);
+    // group_commit_stats() says the same (StoreStats' copy of it is deprecated).
+    const idem::GroupCommitStats groups = store.group_commit_stats();
+    CHECK(groups.claim_groups == stats.claim_groups);
+    CHECK(groups.grouped_claims == stats.grouped_claims);
+    CHECK(groups.largest_claim_group == stats.largest_claim_group);
     for (int i = 0; i < kDistinct; ++i) {
         const auto& c = claims[static_cast<std::size_t>(i)];
         const std::string k = "k" + std::to_string(i);
@@ -308,6 +313,10 @@ TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its
                         << stats.largest_save_group);
     CHECK(stats.largest_save_group > 1);
     CHECK(stats.grouped_saves - before.grouped_saves == kSavers);  // saver 0 never got to a group
+    const idem::GroupCommitStats groups = store.group_commit_stats();
+    CHECK(groups.save_groups == stats.save_groups);
+    CHECK(groups.grouped_saves == stats.grouped_saves);
+    CHECK(groups.largest_save_group == stats.largest_save_group);
     CHECK(outcome[0] == "too_large");
     CHECK(outcome[1] == "lease_lost");
     CHECK(((outcome[2] == "saved") != (outcome[kSavers] == "saved")));

@@ -166,6 +166,8 @@ public:
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     /// This store's own counters (its asynchronous connections), plus blocking()'s if it was made.
     [[nodiscard]] StoreStats stats() const override;
+    /// The groups this store sent for requests in flight (idem/group_commit_stats.hpp). Thread-safe.
+    [[nodiscard]] GroupCommitStats group_commit_stats() const;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
 
 private:
