@@ -134,16 +134,7 @@ net::awaitable<void> AsyncConnection::open() {
 }
 
 void AsyncConnection::send(const pg::Step& step) {
-    const pg::StatementDef& def = *step.def;
-    const pg::Params& p = *step.params;
-    const int ok = settings_.prepared_statements && !def.name.empty()
-                       ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(),
-                                             p.formats(), step.result_format)
-                       : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
-                                           def.param_types.empty() ? nullptr : def.param_types.data(), p.values(),
-                                           p.lengths(), p.formats(), step.result_format);
-    if (ok != 1) fail_now("send " + def.name);
-    if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail_now("PQpipelineSync");
+    if (auto failed = pg::queue_step(conn_.get(), step, settings_.prepared_statements)) fail_now(*failed);
 }
 
 net::awaitable<pg::StepResults> AsyncConnection::run(std::span<const pg::Step> steps, Clock::time_point deadline) {

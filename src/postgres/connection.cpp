@@ -143,16 +143,7 @@ ResultPtr Connection::next_result(Clock::time_point deadline) {
 }
 
 void Connection::send(const Step& step) {
-    const StatementDef& def = *step.def;
-    const Params& p = *step.params;
-    const int ok = prepared_ && !def.name.empty()
-                       ? PQsendQueryPrepared(conn_.get(), def.name.c_str(), p.size(), p.values(), p.lengths(),
-                                             p.formats(), step.result_format)
-                       : PQsendQueryParams(conn_.get(), def.sql.c_str(), p.size(),
-                                           def.param_types.empty() ? nullptr : def.param_types.data(), p.values(),
-                                           p.lengths(), p.formats(), step.result_format);
-    if (ok != 1) fail("send " + def.name);
-    if (step.sync_after && PQpipelineSync(conn_.get()) != 1) fail("PQpipelineSync");
+    if (auto failed = queue_step(conn_.get(), step, prepared_)) fail(*failed);
 }
 
 bool Connection::wait_notification(std::string_view channel, std::string_view payload, Clock::time_point deadline) {

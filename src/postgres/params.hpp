@@ -90,4 +90,10 @@ struct Step {
     int result_format = 1;   ///< 1 binary (idem's own statements), 0 text
 };
 
+/// Queues `step` on `conn` (pipeline mode; the blocking and the asynchronous connection): its
+/// prepared statement, or its SQL unnamed when `prepared` is false or the statement has no name;
+/// then a Sync when step.sync_after. Returns what failed ("send <name>", "PQpipelineSync"), or
+/// nullopt; the connection is unusable after a failure.
+[[nodiscard]] std::optional<std::string> queue_step(PGconn* conn, const Step& step, bool prepared);
+
 }  // namespace idem::pg
