@@ -253,10 +253,10 @@ struct PostgresStore::Impl {
     // read the key again now and then (a poll, kWaitPoll: one primary-key SELECT) and, where LISTEN
     // works, wake at once on the saver's NOTIFY. Polling is what makes waiting work everywhere: a
     // pooler in transaction mode (PgBouncer) runs LISTEN on a server connection it then hands to
-    // other clients, and the NOTIFY never reaches the waiter — found behind PgBouncer 1.18, where a
-    // wait slept to its end. With LISTEN too, polls are the backstop: a notification that does not
-    // come (a failed best-effort NOTIFY, a save through another Citus node) costs one interval at
-    // most, instead of the rest of the wait. Returns what the machine decided next.
+    // other clients, and the NOTIFY never reaches the waiter. With LISTEN too, polls are the
+    // backstop: a notification that does not come (a failed best-effort NOTIFY, a save through
+    // another Citus node) costs one interval at most, instead of the rest of the wait. Returns
+    // what the machine decided next.
     pg::ClaimMachine::Next wait_for_save(const Key& key, pg::ClaimMachine& machine) {
         using Strategy = PostgresOptions::WaitStrategy;
         const Fence waited_for = machine.stale_fence();
@@ -359,7 +359,7 @@ struct PostgresStore::Impl {
     // ---- Statements for many keys: claim_batch, save_batch and groups share them ----
     // Plain PostgreSQL: one array statement for all rows. A Citus-distributed table: statements that
     // each stay on one shard (an array statement joins the table with unnest() and spans every
-    // shard; measured 10-20x slower), the writes inside BEGIN/COMMIT so that they commit together.
+    // shard, through the coordinator), the writes inside BEGIN/COMMIT so that they commit together.
 
     // The table's layout (see `distribution`); asked once per store, on a pooled connection, and
     // like a connection's set-up not counted in stats().round_trips. A failed question is not

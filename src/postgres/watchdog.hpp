@@ -16,8 +16,7 @@ class Connection;
 ///
 /// Waiting for an answer with poll(timeout) arms a high-resolution timer in the kernel for every
 /// wait, and cancels it when the answer comes first — on a virtual machine each of those can be a
-/// trap to the hypervisor (measured: ~8 µs of CPU per replay at 4 threads, 15 % of the client's
-/// cost). Instead a watched connection waits with no timeout and publishes its deadline; one thread
+/// trap to the hypervisor. Instead a watched connection waits with no timeout and publishes its deadline; one thread
 /// per store looks every `tick` and shuts down the socket of a connection past its deadline, which
 /// wakes the wait (the connection then throws "did not answer in time" and is discarded). Deadlines
 /// are thus kept to within one tick. Thread-safe.
