@@ -38,8 +38,10 @@
 #include <vector>
 
 #include "idem/errors.hpp"
+#include "idem/execute_once.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
+#include "idem/outcome.hpp"
 #include "idem/response.hpp"
 #include "idem/store.hpp"
 
@@ -74,6 +76,17 @@ struct BatchEntry {
 };
 
 namespace detail {
+/// The batch's name for an outcome of a claim that was not won (detail::lost_claim).
+[[nodiscard]] constexpr BatchOutcome batch_outcome(Outcome o) noexcept {
+    switch (o) {
+        case Outcome::replayed: return BatchOutcome::replayed;
+        case Outcome::in_progress: return BatchOutcome::in_progress;
+        case Outcome::mismatch: return BatchOutcome::mismatch;
+        case Outcome::executed: break;
+    }
+    return BatchOutcome::executed;
+}
+
 template <class F>
 decltype(auto) invoke_message(F& fn, std::size_t index, const Message& message) {
     if constexpr (std::is_invocable_v<F&, std::size_t>) {
@@ -125,38 +138,29 @@ template <class F>
         const std::size_t i = first[k];
         BatchEntry<R>& entry = out[i];
         Claim& claim = claims[k];
-        switch (claim.status) {
-            case ClaimStatus::completed:
-                try {
-                    entry.response.emplace(codec<R>::decode(*claim.existing->result));
-                    entry.outcome = BatchOutcome::replayed;
-                    store.emit(Event::replayed, &messages[i].key);
-                } catch (...) {
-                    entry.outcome = BatchOutcome::failed;  // this message only; the batch goes on
-                    entry.error = std::current_exception();
-                }
+        // A message's events are counted, not timed: the batch's round trips are shared.
+        const auto report = [&store, &key = messages[i].key](Event event) { store.emit(event, &key); };
+        try {
+            if (auto settled = detail::lost_claim<R>(claim, report)) {
+                entry.outcome = detail::batch_outcome(settled->outcome());
+                if (settled->has_response()) entry.response.emplace(std::move(*settled).response());
+                entry.retry_after = settled->retry_after();
                 continue;
-            case ClaimStatus::in_progress:
-                entry.outcome = BatchOutcome::in_progress;
-                entry.retry_after = claim.retry_after;
-                store.emit(Event::in_progress, &messages[i].key);
-                continue;
-            case ClaimStatus::mismatch:
-                entry.outcome = BatchOutcome::mismatch;
-                store.emit(Event::mismatch, &messages[i].key);
-                continue;
-            case ClaimStatus::claimed: break;
+            }
+        } catch (...) {
+            entry.outcome = BatchOutcome::failed;  // a stored result that does not decode: this message only
+            entry.error = std::current_exception();
+            continue;
         }
         try {
             entry.response.emplace(detail::invoke_message(fn, i, messages[i]));
-            encoded[k] = codec<R>::encode(*entry.response);
         } catch (const not_performed&) {
             entry.error = std::current_exception();
             entry.response.reset();
             try {
                 store.release(messages[i].key, claim.fence);
                 entry.outcome = BatchOutcome::released;
-                store.emit(Event::released, &messages[i].key);
+                report(Event::released);
             } catch (...) {
                 entry.outcome = BatchOutcome::failed;  // still in progress: safe, never runs twice
                 entry.error = std::current_exception();
@@ -166,7 +170,15 @@ template <class F>
             entry.outcome = BatchOutcome::failed;  // outcome unknown: the claim stays in progress
             entry.error = std::current_exception();
             entry.response.reset();
-            store.emit(Event::unknown, &messages[i].key);
+            report(Event::unknown);
+            continue;
+        }
+        try {
+            encoded[k] = detail::encode_result(*entry.response, report);
+        } catch (...) {
+            entry.outcome = BatchOutcome::failed;  // response_not_saved: the effect ran, the key stays in progress
+            entry.error = std::current_exception();
+            entry.response.reset();
             continue;
         }
         saves.push_back(SaveRequest{messages[i].key, claim.fence, encoded[k]});

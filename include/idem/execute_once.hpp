@@ -111,13 +111,16 @@ private:
     std::chrono::steady_clock::time_point started_;
 };
 
-// The steps of execute_once that decide, shared by the blocking call and idem::asio's
-// async_execute_once (which differ only in how they wait): one copy of the rules.
+// The steps of execute_once that decide, shared by the blocking call, idem::asio's
+// async_execute_once (which differ only in how they wait) and execute_batch: one copy of the rules.
+// `report` is called with the events of the step: a CallReport for a call, an untimed emit for a
+// message of a batch.
 
 /// Step 1, a claim this call did not win: replayed (decoded from the stored bytes), in_progress or
-/// mismatch. nullopt: claimed, run the effect.
-template <class R>
-[[nodiscard]] std::optional<Result<R>> lost_claim(const Claim& claim, const CallReport& report) {
+/// mismatch. nullopt: claimed, run the effect. A stored result that does not decode throws the
+/// codec's error (nothing is reported then).
+template <class R, class Report>
+[[nodiscard]] std::optional<Result<R>> lost_claim(const Claim& claim, const Report& report) {
     switch (claim.status) {
         case ClaimStatus::mismatch: report(Event::mismatch); return Result<R>::mismatch();
         case ClaimStatus::in_progress: report(Event::in_progress); return Result<R>::in_progress(claim.retry_after);
@@ -133,8 +136,8 @@ template <class R>
 
 /// Step 3: the effect's value as the bytes to save. A codec that throws is response_not_saved
 /// (the effect ran: the key stays in progress).
-template <class R>
-[[nodiscard]] std::string encode_result(const R& value, const CallReport& report) {
+template <class R, class Report>
+[[nodiscard]] std::string encode_result(const R& value, const Report& report) {
     try {
         return codec<R>::encode(value);
     } catch (const std::exception& e) {

@@ -65,3 +65,9 @@ TEST_CASE("memory: an undecodable replay fails alone", "[batch][memory]") {
     idem::MemoryStore store;
     check_undecodable_replay(store, "orders");
 }
+
+// A result that cannot be encoded fails that message alone (response_not_saved, left in progress).
+TEST_CASE("memory: an unencodable result fails alone, in progress", "[batch][memory]") {
+    idem::MemoryStore store;
+    check_unencodable_result(store, "orders");
+}

@@ -21,7 +21,7 @@
 namespace batch_test {
 
 /// A result type whose codec refuses the stored bytes "poison" (as after a codec change, or a
-/// corrupt row): decode throws corrupt_record.
+/// corrupt row): decode throws corrupt_record; and refuses to encode the value "unencodable".
 struct Strict {
     std::string value;
 };
@@ -30,7 +30,10 @@ struct Strict {
 
 template <>
 struct idem::codec<batch_test::Strict> {
-    static std::string encode(const batch_test::Strict& s) { return s.value; }
+    static std::string encode(const batch_test::Strict& s) {
+        if (s.value == "unencodable") throw std::invalid_argument("cannot encode this value");
+        return s.value;
+    }
     static batch_test::Strict decode(std::string_view bytes) {
         if (bytes == "poison") throw idem::corrupt_record("poisoned result");
         return batch_test::Strict{std::string(bytes)};
@@ -317,10 +320,8 @@ inline void check_mixed_batch(idem::IdempotencyStore& store, const std::string& 
     CHECK(calls == 1);
 }
 
-/// One replay whose stored result cannot be decoded, in a batch with fresh messages. It should fail
-/// alone; the fresh messages are executed and saved. (Today execute_batch throws corrupt_record from
-/// the middle of the batch: effects that already ran are never saved, and every claimed key is left
-/// in progress.)
+/// One replay whose stored result cannot be decoded, in a batch with fresh messages: it fails alone
+/// (corrupt_record); the fresh messages are executed and saved.
 inline void check_undecodable_replay(idem::IdempotencyStore& store, const std::string& scope) {
     const idem::Message poisoned = message(scope, "p");
     const idem::Claim held = store.claim(poisoned.key, poisoned.fingerprint);
@@ -349,6 +350,34 @@ inline void check_undecodable_replay(idem::IdempotencyStore& store, const std::s
         INFO("key " << id);
         CHECK((record && record->state == idem::RecordState::completed));
     }
+}
+
+/// An effect whose result cannot be encoded, in a batch with others: it ran, so its outcome is
+/// unknown — failed with response_not_saved (as execute_once answers), the key left in progress and
+/// never run again; the others are executed and saved.
+inline void check_unencodable_result(idem::IdempotencyStore& store, const std::string& scope) {
+    const auto batch = messages(scope, {"a", "x", "c"});
+    std::vector<std::string> ran;
+    auto fn = [&](std::size_t i) {
+        const std::string& id = batch[i].key.value();
+        ran.push_back(id);
+        return Strict{id == "x" ? "unencodable" : "done:" + id};
+    };
+    auto results = idem::execute_batch(store, batch, fn);
+    CHECK(outcomes(results) ==
+          std::vector<BatchOutcome>{BatchOutcome::executed, BatchOutcome::failed, BatchOutcome::executed});
+    CHECK_FALSE(results[1].response);
+    CHECK(error_as<idem::response_not_saved>(results[1].error) ==
+          "E:idem: encoding the result failed: cannot encode this value");
+    CHECK(ran == std::vector<std::string>{"a", "x", "c"});
+    auto record = store.read(batch[1].key);
+    REQUIRE(record);
+    CHECK(record->state == idem::RecordState::in_progress);
+    ran.clear();
+    auto again = idem::execute_batch(store, batch, fn);
+    CHECK(outcomes(again) ==
+          std::vector<BatchOutcome>{BatchOutcome::replayed, BatchOutcome::in_progress, BatchOutcome::replayed});
+    CHECK(ran.empty());
 }
 
 }  // namespace batch_test

@@ -324,3 +324,11 @@ TEST_CASE("postgres: an undecodable replay fails alone", "[batch][postgres]") {
     auto store = table.store(1);
     check_undecodable_replay(*store, "poison");
 }
+
+// A result that cannot be encoded fails that message alone (response_not_saved, left in progress).
+TEST_CASE("postgres: an unencodable result fails alone, in progress", "[batch][postgres]") {
+    const std::string url = require_db();
+    IdemTable table(url);
+    auto store = table.store(1);
+    check_unencodable_result(*store, "unencodable");
+}
