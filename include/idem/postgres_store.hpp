@@ -71,6 +71,7 @@
 namespace idem {
 
 class Transaction;
+struct TransactionOptions;
 
 /// Settings of a PostgresStore (and of idem::asio::AsyncPostgresStore); see the top of this header.
 struct PostgresOptions {
@@ -239,6 +240,11 @@ public:
         std::chrono::milliseconds retry_after{0};
     };
     /// Claim, effect(tx) and save in one transaction; effect returns the encoded result.
+    [[nodiscard]] TransactionOutcome run_in_transaction(const Key& key, const Fingerprint& fp,
+                                                        const ClaimOptions& options,
+                                                        const TransactionOptions& transaction,
+                                                        const std::function<std::string(Transaction&)>& effect);
+    /// The same with default TransactionOptions.
     [[nodiscard]] TransactionOutcome run_in_transaction(const Key& key, const Fingerprint& fp,
                                                         const ClaimOptions& options,
                                                         const std::function<std::string(Transaction&)>& effect);

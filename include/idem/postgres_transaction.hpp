@@ -13,7 +13,7 @@
 //
 // * A duplicate arriving while the first transaction is open waits on its row lock at most
 //   PostgresOptions::lock_timeout (then retries up to claim_attempts, then answers in_progress);
-//   with ClaimOptions::transaction_lock_wait set (e.g. 1 ms) it answers in_progress at once, so an
+//   with TransactionOptions::lock_wait set (e.g. 1 ms) it answers in_progress at once, so an
 //   HTTP service can send 409 without holding a thread and a pooled connection (idem/http/transaction.hpp).
 //   One arriving after the commit is replayed; after a rollback it runs itself.
 // * fn throws (anything) → everything is rolled back — claim and effect together — and the
@@ -45,6 +45,16 @@
 struct pg_conn;  // libpq's PGconn, for native_handle(); no libpq header needed here
 
 namespace idem {
+
+/// In-transaction mode's own settings, beside the ClaimOptions of its claim.
+struct TransactionOptions {
+    /// How long a duplicate waits on the row lock of a transaction still open for its key. Unset:
+    /// up to PostgresOptions::lock_timeout per attempt, claim_attempts attempts, then in_progress.
+    /// Set (e.g. 1 ms): one attempt under this lock_timeout, then in_progress at once (HTTP's 409).
+    /// Must be shorter than PostgresOptions::statement_timeout, else the call throws config_error
+    /// before any I/O (the statement timeout would cancel the wait: an error, not in_progress).
+    std::optional<std::chrono::milliseconds> lock_wait{};
+};
 
 /// The effect's handle on the in-transaction mode's transaction (see the top of this header).
 class Transaction {
@@ -86,11 +96,12 @@ private:
 /// In-transaction execute_once; see the top of this header.
 template <class F>
 [[nodiscard]] auto execute_once_in_transaction(PostgresStore& store, const Key& key, const Fingerprint& fp, F&& fn,
-                                               const ClaimOptions& options = {})
+                                               const ClaimOptions& options = {},
+                                               const TransactionOptions& transaction = {})
     -> Result<std::remove_cvref_t<std::invoke_result_t<F&, Transaction&>>> {
     using R = std::remove_cvref_t<std::invoke_result_t<F&, Transaction&>>;
     std::optional<R> value;
-    auto outcome = store.run_in_transaction(key, fp, options, [&](Transaction& tx) {
+    auto outcome = store.run_in_transaction(key, fp, options, transaction, [&](Transaction& tx) {
         value.emplace(std::invoke(fn, tx));
         return codec<R>::encode(*value);
     });

@@ -59,12 +59,9 @@ struct ClaimOptions {
     /// as a backstop, or polling only behind a pooler such as PgBouncer
     /// (PostgresOptions::wait_strategy); idem::asio polls.
     std::chrono::milliseconds wait{0};
-    /// In-transaction mode only (execute_once_in_transaction, PostgresStore): how long a duplicate
-    /// waits on the row lock of a transaction still open for its key. Unset: up to
-    /// PostgresOptions::lock_timeout per attempt, claim_attempts attempts, then in_progress. Set
-    /// (e.g. 1 ms): one attempt under this lock_timeout, then in_progress at once (HTTP's 409).
-    /// Must be shorter than PostgresOptions::statement_timeout, else the call throws config_error
-    /// before any I/O (the statement timeout would cancel the wait: an error, not in_progress).
+    /// Deprecated, kept for existing code: in-transaction mode's lock wait is
+    /// TransactionOptions::lock_wait (idem/postgres_transaction.hpp), which takes precedence; this
+    /// one is still honoured when that is unset.
     std::optional<std::chrono::milliseconds> transaction_lock_wait{};
 };
 

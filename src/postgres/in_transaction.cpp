@@ -10,12 +10,20 @@ namespace idem {
 PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     const Key& key, const Fingerprint& fp, const ClaimOptions& options,
     const std::function<std::string(Transaction&)>& effect) {
+    return run_in_transaction(key, fp, options, TransactionOptions{}, effect);
+}
+
+PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
+    const Key& key, const Fingerprint& fp, const ClaimOptions& options, const TransactionOptions& transaction,
+    const std::function<std::string(Transaction&)>& effect) {
     Impl& m = *impl_;
+    // TransactionOptions::lock_wait, else the deprecated ClaimOptions::transaction_lock_wait.
+    const std::optional<std::chrono::milliseconds> lock_wait =
+        transaction.lock_wait ? transaction.lock_wait : options.transaction_lock_wait;
     // A lock wait the statement timeout cuts short would cancel the claim (57014) instead of
     // answering in_progress: refused before any I/O.
-    if (options.transaction_lock_wait && *options.transaction_lock_wait >= m.options.statement_timeout) {
-        throw config_error(
-            "idem: ClaimOptions::transaction_lock_wait must be shorter than the store's statement_timeout");
+    if (lock_wait && *lock_wait >= m.options.statement_timeout) {
+        throw config_error("idem: TransactionOptions::lock_wait must be shorter than the store's statement_timeout");
     }
     m.counters().claims.fetch_add(1, std::memory_order_relaxed);
     const auto lease = options.lease.value_or(m.options.default_lease);
@@ -35,11 +43,10 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     // The claim: BEGIN; claim; read. Nothing commits before the effect has run, so a pooled
     // connection found dead (a restart or failover since its last use) is simply replaced, as the
     // other entry points do (claim_attempts in all).
-    // transaction_lock_wait: the claim's INSERT alone runs under that lock_timeout (set_config,
+    // lock_wait: the claim's INSERT alone runs under that lock_timeout (set_config,
     // local to the transaction), which is back to the session's before fn runs.
     static const pg::StatementDef set_lock_wait{"", "SELECT set_config('lock_timeout', $1, true)", {pg::oid::text}};
     static const pg::StatementDef reset_lock_wait{"", "SET LOCAL lock_timeout TO DEFAULT", {}};
-    const auto& lock_wait = options.transaction_lock_wait;
     const std::size_t shift = lock_wait ? 1 : 0;  // the claim's results move one step down
     for (int failures = 0, broken = 0;;) {
         if (!conn) conn.emplace(m.acquire());

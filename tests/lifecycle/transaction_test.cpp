@@ -170,7 +170,7 @@ TEST_CASE("in-transaction mode: commit together, roll back together, duplicates,
 }
 
 TEST_CASE(
-    "in-transaction mode, transaction_lock_wait: duplicates answer in_progress at once instead of "
+    "in-transaction mode, TransactionOptions::lock_wait: duplicates answer in_progress at once instead of "
     "waiting on the open transaction's row lock",
     "[lifecycle][transaction]") {
     PostgresBackend backend;
@@ -178,9 +178,17 @@ TEST_CASE(
     auto& store = backend.make_pg(knobs(8, "idem_lifecycle_test", 3000ms, 1));
     const auto scope = fresh_scope("txnowait");
     const auto fp = idem::fingerprint("POST /orders"s, 4200);
-    const idem::Key key(scope, "order-nowait");
-    idem::ClaimOptions at_once;
-    at_once.transaction_lock_wait = 1ms;
+    // Set through TransactionOptions, or through the deprecated ClaimOptions field (still honoured).
+    const bool deprecated_field = GENERATE(false, true);
+    CAPTURE(deprecated_field);
+    idem::ClaimOptions claim;
+    idem::TransactionOptions at_once;
+    if (deprecated_field) {
+        claim.transaction_lock_wait = 1ms;
+    } else {
+        at_once.lock_wait = 1ms;
+    }
+    const idem::Key key(scope + (deprecated_field ? "-deprecated" : ""), "order-nowait");
     std::atomic<int> runs{0};
 
     // The winner's own statements run under the session's lock_timeout, not the short one.
@@ -200,7 +208,7 @@ TEST_CASE(
                     (void)answered_signal.wait_for(30s);
                     return Response{201, "A's order"};
                 },
-                at_once));
+                claim, at_once));
         } catch (const std::exception& ex) {
             first_error = ex.what();
             in_effect.count_down();
@@ -218,7 +226,7 @@ TEST_CASE(
                 ++runs;
                 return Response{500, "duplicate ran"};
             },
-            at_once));
+            claim, at_once));
         took[static_cast<std::size_t>(t)] = ms(SteadyClock::now() - t0);
     });
     answered.set_value();
@@ -241,7 +249,33 @@ TEST_CASE(
             ++runs;
             return Response{500, "duplicate ran"};
         },
-        at_once);
+        claim, at_once);
     CHECK(after.outcome() == Outcome::replayed);
+    CHECK(runs == 1);
+}
+
+TEST_CASE("in-transaction mode: TransactionOptions::lock_wait is checked before any I/O and takes precedence",
+          "[lifecycle][transaction]") {
+    PostgresBackend backend;
+    auto& store = backend.make_pg(knobs(2, "idem_lifecycle_test", 1000ms, 1));
+    const auto scope = fresh_scope("txwaitcheck");
+    const auto fp = idem::fingerprint("POST /orders"s, 4200);
+    std::atomic<int> runs{0};
+    const auto effect = [&](idem::Transaction&) {
+        ++runs;
+        return Response{201, "ran"};
+    };
+    // Not below the store's statement_timeout: config_error, nothing claimed, nothing run.
+    const idem::TransactionOptions too_long{.lock_wait = store.options().statement_timeout};
+    CHECK_THROWS_AS(idem::execute_once_in_transaction(store, idem::Key(scope, "k1"), fp, effect, {}, too_long),
+                    idem::config_error);
+    CHECK_FALSE(store.read(idem::Key(scope, "k1")));
+    CHECK(runs == 0);
+    // The new option decides when both are set: the deprecated one alone would be refused.
+    idem::ClaimOptions deprecated;
+    deprecated.transaction_lock_wait = store.options().statement_timeout;
+    const idem::TransactionOptions short_wait{.lock_wait = 1ms};
+    CHECK(idem::execute_once_in_transaction(store, idem::Key(scope, "k2"), fp, effect, deprecated, short_wait)
+              .outcome() == Outcome::executed);
     CHECK(runs == 1);
 }

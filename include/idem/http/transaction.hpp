@@ -1,19 +1,19 @@
 // idem/http/transaction.hpp — idem/http.hpp over in-transaction mode (idem/postgres_transaction.hpp).
 //
 //   auto route = idem::http::Route{};
-//   route.claim.transaction_lock_wait = std::chrono::milliseconds(1);   // 409 at once, see below
+//   idem::TransactionOptions tx_options{.lock_wait = std::chrono::milliseconds(1)};  // 409 at once
 //   idem::Response answer = idem::http::respond_in_transaction(store, request, scope, route,
 //       [&](idem::Transaction& tx) {
 //           tx.exec("INSERT INTO orders (id, cents) VALUES ($1, $2)", {id, cents});
 //           return idem::Response{201, body};
-//       });
+//       }, tx_options);
 //
 // The same rules as respond() (docs/http.md) for effects that only write to the store's database:
 // claim, the handler's statements and the stored response commit together. Differences:
 // * the key is always required (a missing one is 400 whatever route.key_required says): there is
 //   no transaction without a claim;
 // * a duplicate arriving while the first transaction is open waits on its row lock
-//   (PostgresOptions::lock_timeout, claim_attempts times) — unless route.claim.transaction_lock_wait
+//   (PostgresOptions::lock_timeout, claim_attempts times) — unless TransactionOptions::lock_wait
 //   is set, when it answers 409 + Retry-After at once: no server thread or pooled connection is
 //   held by a burst of duplicates;
 // * anything the handler throws rolls everything back and frees the key: http::not_performed sends
@@ -39,7 +39,8 @@ template <class Handler>
 /// respond() in in-transaction mode: the handler's statements (through its Transaction&) and the
 /// stored response commit together with the claim (see the top of this header).
 [[nodiscard]] Response respond_in_transaction(PostgresStore& store, const Request& request, std::string_view scope,
-                                              const Route& route, Handler&& handler) {
+                                              const Route& route, Handler&& handler,
+                                              const TransactionOptions& transaction = {}) {
     detail::Admission admission = detail::admit(request, scope, route);
     if (admission.answer) return std::move(*admission.answer);
     if (!admission.key) return detail::missing_key(route);
@@ -50,7 +51,7 @@ template <class Handler>
             [&](Transaction& tx) -> Response {
                 return detail::classify(route, detail::run_handler([&] { return std::invoke(handler, tx); }));
             },
-            route.claim));
+            route.claim, transaction));
     } catch (...) {
         return detail::answer_error(store, &*admission.key, route, true);
     }
