@@ -91,13 +91,14 @@ void PostgresStore::ensure_schema() {
     Impl& m = *impl_;
     m.check_process();
     AdminSession db(m.settings, "ensure_schema");
-    db.refuse_worker();
     const std::string literal = table_literal(m.table);
     db.exec("BEGIN");
     // Waits as long as it takes for a concurrent ensure_schema() (the lock below) and for the
     // table's locks, whatever lock_timeout the role carries (docs/scale-out.md has operators set
-    // one for idem's statements: eight instances starting at once timed out on it).
+    // one for idem's statements). Before anything that may wait: on Citus, even the question
+    // whether this is a worker reads a catalog that a concurrent distribution holds locked.
     db.exec("SET LOCAL lock_timeout = 0");
+    db.refuse_worker();
     // Serialises concurrent ensure_schema() calls (several instances starting at once): without it,
     // two CREATE TABLE IF NOT EXISTS can still collide on the catalog's unique index. One lock for
     // every table: stores of different tables share the schema's idem_schema_version table.
