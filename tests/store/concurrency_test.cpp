@@ -52,9 +52,10 @@ struct Tables : race::Tables {
         o.table = idem;
         o.pool_size = pool_size;
         // 64 threads share pool_size connections: on a loaded machine (a Citus coordinator doing
-        // the work of three servers) a caller's wait for one can pass the default 5 s. These tests
-        // are about one effect per key, not about how long a caller queues.
+        // the work of three servers) a caller's wait for one, or a statement's answer, can pass the
+        // default 5 s. These tests are about one effect per key, not about how long a caller waits.
         o.pool_wait = std::chrono::seconds(120);
+        o.statement_timeout = std::chrono::seconds(60);
         o.application_name = "idem_concurrency_test";
         return o;
     }
