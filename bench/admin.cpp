@@ -148,4 +148,21 @@ std::string Admin::server_summary() {
     return out;
 }
 
+Tables::~Tables() {
+    if (keep) return;
+    for (const auto& n : names) {
+        try {
+            admin.drop_table(n);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "warning: could not drop %s: %s\n", n.c_str(), e.what());
+        }
+    }
+}
+
+std::string Tables::add(const std::string& name) {
+    admin.create_table(name);
+    names.push_back(name);
+    return name;
+}
+
 }  // namespace bench

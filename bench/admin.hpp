@@ -1,5 +1,5 @@
 // The benchmark's own housekeeping connection: table creation (through PostgresStore::ensure_schema,
-// so every table is exactly the library's), bulk preloads, CHECKPOINT, clean-up.
+// so every table is exactly the library's), bulk preloads, CHECKPOINT, clean-up (Tables).
 #pragma once
 
 #include <libpq-fe.h>
@@ -55,6 +55,17 @@ private:
     std::string conninfo_;
     PGconn* conn_;
     bool checkpoint_ok_ = true;
+};
+
+/// The tables one run of idem-bench makes (through `admin`): dropped when it ends, unless `keep`
+/// (--keep-tables).
+struct Tables {
+    Admin& admin;
+    std::vector<std::string> names;
+    bool keep;
+    ~Tables();
+    /// Creates table `name` (Admin::create_table) and returns its name.
+    std::string add(const std::string& name);
 };
 
 }  // namespace bench

@@ -1,0 +1,47 @@
+// What every idem-bench call over PostgreSQL shares: the scope, result, lease and retention it
+// sends, the untimed calls before each phase, and the names of the cases and of the sides
+// (bench/main.cpp describes them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace bench {
+
+inline const std::string kScope = "bench";
+inline const std::string kResult = "ok";
+// What PostgresStore sends with its default options (default_lease 30 s, default_retention 24 h).
+inline constexpr std::int64_t kLeaseMs = 30'000;
+inline constexpr std::int64_t kRetentionS = 86'400;
+inline constexpr int kWarmupCalls = 3;
+
+enum class Case { fresh, replay, conflict, replay_cached };
+
+inline const char* case_name(Case c) {
+    switch (c) {
+        case Case::fresh: return "new";
+        case Case::replay: return "replay";
+        case Case::conflict: return "conflict";
+        case Case::replay_cached: return "replay-cached";
+    }
+    return "?";
+}
+
+/// Round trips per call of one transaction per call (floor, idem); replay-cached: the floor's.
+inline std::uint64_t expected_round_trips(Case c) { return c == Case::fresh ? 2 : 1; }
+
+/// The sides of a case (see the top of bench/main.cpp), in the order of a round's first half.
+enum class SideKind { floor, ideal, ideal_threads, idem, idem_gc };
+
+inline const char* side_name(SideKind k) {
+    switch (k) {
+        case SideKind::floor: return "floor";
+        case SideKind::ideal: return "ideal";
+        case SideKind::ideal_threads: return "ideal_threads";
+        case SideKind::idem: return "idem";
+        case SideKind::idem_gc: return "idem_gc";
+    }
+    return "?";
+}
+
+}  // namespace bench

@@ -1,0 +1,225 @@
+// The checks (see checks.hpp).
+#include "checks.hpp"
+
+#include <fmt/format.h>
+#include <idem/postgres_store.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "floor.hpp"
+#include "phase.hpp"
+#include "sides.hpp"
+
+namespace bench {
+namespace {
+
+// Claim (timed on its own) then save, single thread, new random keys.
+struct TimedClaimOp {
+    idem::PostgresStore& store;
+    const idem::Fingerprint& fp;
+    Histogram& claims;
+
+    bool operator()(int, Rng& rng) const {
+        const idem::Key key(kScope, random_hex_key(rng));
+        const auto t0 = Clock::now();
+        const idem::Claim c = store.claim(key, fp);
+        claims.record(static_cast<std::uint64_t>(std::chrono::nanoseconds(Clock::now() - t0).count()));
+        if (c.status != idem::ClaimStatus::claimed) return false;
+        store.save(key, c.fence, kResult);
+        return true;
+    }
+};
+
+}  // namespace
+
+TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
+                                 const idem::Fingerprint& fp, std::uint64_t seed) {
+    TableSizeResult r;
+    r.rows = o.table_size_check;
+    const std::string empty = tables.add(prefix + "_ts_empty");
+    const std::string full = tables.add(prefix + "_ts_full");
+    std::fprintf(stderr, "table-size check: loading %lld rows (md5 keys, completed) into %s...\n",
+                 static_cast<long long>(r.rows), full.c_str());
+    const auto t0 = Clock::now();
+    admin.preload(full, Admin::Preload::completed, 0, r.rows, fp.bytes(), true);
+    admin.exec("VACUUM (ANALYZE) " + quote_ident(full));
+    // The empty table is left as ensure_schema() made it: never analyzed. ANALYZE on an empty table
+    // records 0 rows, the prepared statements' generic plans become sequential scans, and they stay
+    // cached while the table grows (see docs/benchmarks.md): that would measure the plan, not the size.
+    admin.checkpoint();
+    r.load_seconds = seconds_between(t0, Clock::now());
+    r.full_size = admin.exec("SELECT pg_size_pretty(pg_total_relation_size($1::regclass))", {quote_ident(full)});
+    std::fprintf(stderr, "  loaded in %.0f s; %s with indexes\n", r.load_seconds, r.full_size.c_str());
+
+    idem::PostgresOptions options;
+    options.pool_size = 1;
+    options.table = empty;
+    idem::PostgresStore empty_store(o.db, options);
+    options.table = full;
+    idem::PostgresStore full_store(o.db, options);
+    prewarm(empty_store, 1);
+    prewarm(full_store, 1);
+    const auto seq_scans = [&admin](const std::string& t) {
+        // Statistics reach pg_stat_* up to a second late: wait that long first.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+        return admin.exec("SELECT coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE relid = $1::regclass",
+                          {quote_ident(t)});
+    };
+    const long long seq_before[2] = {std::stoll(seq_scans(empty)), std::stoll(seq_scans(full))};
+    const auto none = []() noexcept { return Counters{}; };
+    TimedClaimOp empty_op{empty_store, fp, r.empty_claim};
+    TimedClaimOp full_op{full_store, fp, r.full_claim};
+    const double per_round = o.seconds / o.rounds;
+    for (int round = 0; round < o.rounds; ++round) {
+        for (int half = 0; half < 2; ++half) {
+            const bool is_full = (half == 0) == (round % 2 == 0);
+            seed += 0x632BE59BD9B4E019ull;
+            if (is_full) {
+                r.full_call.merge(run_phase(admin, 1, per_round, seed, full_op, none).hist);
+            } else {
+                r.empty_call.merge(run_phase(admin, 1, per_round, seed, empty_op, none).hist);
+            }
+        }
+    }
+    std::printf("table-size check (1 thread, new keys, %d x %.1f s per table, alternating):\n", o.rounds, per_round);
+    std::printf("  %-22s %10s %10s %10s %10s %9s\n", "table", "claim p50", "claim p99", "call p50", "call p99",
+                "calls");
+    const auto line = [](const char* name, const Histogram& claim, const Histogram& call) {
+        std::printf("  %-22s %10.0f %10.0f %10.0f %10.0f %9llu\n", name, claim.percentile_us(0.5),
+                    claim.percentile_us(0.99), call.percentile_us(0.5), call.percentile_us(0.99),
+                    static_cast<unsigned long long>(call.count()));
+    };
+    line("empty", r.empty_claim, r.empty_call);
+    line(fmt::format("{} rows", r.rows).c_str(), r.full_claim, r.full_call);
+    std::printf("  claim p50 ratio (full / empty): %.3f   (target <= 1.2); load took %.0f s, table %s\n",
+                r.full_claim.percentile_us(0.5) / r.empty_claim.percentile_us(0.5), r.load_seconds,
+                r.full_size.c_str());
+    // Every statement should have been an index scan; a sequential scan means a bad cached plan.
+    for (std::size_t i = 0; i < 2; ++i) {
+        const long long seq = std::stoll(seq_scans(i == 0 ? empty : full)) - seq_before[i];
+        std::printf("  %s: %lld sequential scans during the check%s\n", (i == 0 ? empty : full).c_str(), seq,
+                    seq > 0 ? "  <- WARNING: a cached plan scans the table" : "");
+    }
+    std::fflush(stdout);
+    return r;
+}
+
+RssResult rss_check(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
+                    const idem::Fingerprint& fp, std::uint64_t seed) {
+    RssResult r;
+    r.total = static_cast<std::uint64_t>(o.rss_calls);
+    const std::string table = tables.add(prefix + "_rss");
+    admin.preload(table, Admin::Preload::completed, kReplayBase, o.preload, fp.bytes(), false);
+    admin.exec("VACUUM (ANALYZE) " + quote_ident(table));
+    idem::PostgresOptions options;
+    options.pool_size = static_cast<std::size_t>(o.rss_threads);
+    options.table = table;
+    idem::PostgresStore store(o.db, options);
+    const LibraryOp fresh{{&store}, fp, Case::fresh, o.preload};
+    const LibraryOp replay{{&store}, fp, Case::replay, o.preload};
+
+    std::atomic<std::uint64_t> tickets{0};
+    std::atomic<std::uint64_t> unexpected{0};
+    std::atomic<bool> failed{false};
+    std::mutex error_mutex;
+    std::string error;
+    std::barrier sync(o.rss_threads + 1);
+    const auto work = [&](Rng& rng, std::uint64_t limit) {
+        while (!failed.load(std::memory_order_relaxed) && tickets.fetch_add(1) < limit) {
+            const bool is_new = (rng.next() & 1) != 0;
+            const bool ok = is_new ? fresh(0, rng) : replay(0, rng);
+            if (!ok && unexpected.fetch_add(1, std::memory_order_relaxed) < 5) {
+                std::fprintf(stderr, "  unexpected outcome for a %s call\n", is_new ? "new" : "replay");
+            }
+        }
+    };
+    std::vector<std::thread> workers;
+    const auto t0 = Clock::now();
+    std::fprintf(stderr, "rss check: %llu calls on %d threads (half new, half replay)...\n",
+                 static_cast<unsigned long long>(r.total), o.rss_threads);
+    for (int t = 0; t < o.rss_threads; ++t) {
+        workers.emplace_back([&, t] {
+            Rng rng = Rng::stream(seed, static_cast<std::uint64_t>(t));
+            for (int stage = 0; stage < 2; ++stage) {
+                try {
+                    work(rng, stage == 0 ? r.first : r.total);
+                } catch (const std::exception& e) {
+                    std::lock_guard lock(error_mutex);
+                    if (error.empty()) error = e.what();
+                    failed.store(true);
+                }
+                if (stage == 0) {
+                    sync.arrive_and_wait();  // main reads the RSS
+                    sync.arrive_and_wait();  // and lets us go on
+                }
+            }
+        });
+    }
+    sync.arrive_and_wait();
+    r.first_seconds = seconds_between(t0, Clock::now());
+    r.at_first = memory_now();
+    std::fprintf(stderr, "  %llu calls in %.1f s: RSS %.2f MB\n", static_cast<unsigned long long>(r.first),
+                 r.first_seconds, r.at_first.rss_mb);
+    tickets.store(r.first);
+    sync.arrive_and_wait();
+    for (auto& w : workers) w.join();
+    r.total_seconds = seconds_between(t0, Clock::now());
+    r.at_total = memory_now();
+    r.unexpected = unexpected.load();
+    if (!error.empty()) throw std::runtime_error(error);
+    std::printf("rss check (%d threads, half new / half replay):\n", o.rss_threads);
+    std::printf("  after %9llu calls: RSS %7.2f MB  peak %7.2f MB  (%.1f s)\n",
+                static_cast<unsigned long long>(r.first), r.at_first.rss_mb, r.at_first.peak_mb, r.first_seconds);
+    std::printf("  after %9llu calls: RSS %7.2f MB  peak %7.2f MB  (%.1f s)\n",
+                static_cast<unsigned long long>(r.total), r.at_total.rss_mb, r.at_total.peak_mb, r.total_seconds);
+    std::printf("  RSS ratio: %.3f   (target 0.95..1.05); unexpected outcomes: %llu\n",
+                r.at_total.rss_mb / r.at_first.rss_mb, static_cast<unsigned long long>(r.unexpected));
+    std::fflush(stdout);
+    return r;
+}
+
+bool round_trips_as_expected(const Options& o, const std::vector<Run>& runs) {
+    bool ok = true;
+    for (const Run& r : runs) {
+        const std::uint64_t want = expected_round_trips(r.kind);
+        for (const Side& side : r.sides) {
+            const std::uint64_t rt = side.counters.round_trips;
+            bool good = side.calls > 0 && side.unexpected == 0;
+            if (r.kind == Case::replay_cached && (side.kind == SideKind::idem || side.kind == SideKind::idem_gc)) {
+                // The cache was filled before timing: at most one miss per hot key and thread
+                // (an entry evicted, or threads missing the same key at once).
+                good = good && rt <= static_cast<std::uint64_t>(std::min(o.cached_keys, o.preload)) *
+                                         static_cast<std::uint64_t>(r.threads);
+            } else if (side.kind == SideKind::ideal) {
+                good = good && rt * static_cast<std::uint64_t>(r.threads) == want * side.calls;  // per round
+            } else if (side.kind == SideKind::ideal_threads) {
+                // Per round of T callers, plus the smaller rounds while the callers stop: each
+                // caller makes at most one call after the phase ends, so at most T of them.
+                const auto threads = static_cast<std::uint64_t>(r.threads);
+                good = good && rt * threads >= want * side.calls &&
+                       rt * threads <= want * side.calls + want * threads * threads;
+            } else if (side.kind != SideKind::idem_gc) {
+                good = good && rt == want * side.calls;
+            }
+            if (!good) {
+                std::fprintf(stderr,
+                             "FAIL: %s at %d threads, %s: %llu round trips for %llu calls (want %llu per "
+                             "call), %llu unexpected outcomes\n",
+                             case_name(r.kind), r.threads, side_name(side.kind), static_cast<unsigned long long>(rt),
+                             static_cast<unsigned long long>(side.calls), static_cast<unsigned long long>(want),
+                             static_cast<unsigned long long>(side.unexpected));
+                ok = false;
+            }
+        }
+    }
+    return ok;
+}
+
+}  // namespace bench

@@ -1,0 +1,261 @@
+// The throughput matrix (see matrix.hpp): tables, stores and clients per thread count, then for
+// each case the sides' phases in alternating rounds, and pgbench after them.
+#include "matrix.hpp"
+
+#include <unistd.h>
+#include <idem/postgres_store.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#include "floor.hpp"
+#include "output.hpp"
+#include "pgbench.hpp"
+#include "sides.hpp"
+
+namespace bench {
+namespace {
+
+// TODO-MERGE: PostgresOptions::group_commit comes with the group-commit branch. Until it is merged
+// the option does not exist and idem-bench runs the idem side only as it is today (group commit
+// "off"); once it exists this compiles the assignment in, with no edit here.
+template <class Options>
+concept HasGroupCommit = requires(Options& o) {
+    o.group_commit = true;
+};
+
+/// Sets group commit on or off; false when this build of idem cannot do what was asked.
+template <class Options>
+bool set_group_commit(Options& options, bool on) {
+    if constexpr (HasGroupCommit<Options>) {
+        options.group_commit = on;
+        return true;
+    } else {
+        return !on;
+    }
+}
+
+std::string hex(std::string_view bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s;
+    for (const char ch : bytes) {
+        const auto b = static_cast<unsigned char>(ch);
+        s += digits[b >> 4];
+        s += digits[b & 0xF];
+    }
+    return s;
+}
+
+// The library side of one group-commit setting at one thread count: its store(s), and a CachedStore
+// in front of each for replay-cached.
+struct LibrarySide {
+    SideKind kind;
+    std::vector<std::unique_ptr<idem::PostgresStore>> stores;
+    std::vector<std::unique_ptr<idem::CachedStore>> cached;
+
+    [[nodiscard]] std::vector<idem::IdempotencyStore*> for_case(Case c) const {
+        std::vector<idem::IdempotencyStore*> out;
+        if (c == Case::replay_cached) {
+            for (const auto& s : cached) out.push_back(s.get());
+        } else {
+            for (const auto& s : stores) out.push_back(s.get());
+        }
+        return out;
+    }
+    [[nodiscard]] Counters counters() const {
+        Counters c;
+        for (const auto& st : stores) {
+            const Counters one = library_counters(*st);
+            c.round_trips += one.round_trips;
+            c.retries += one.retries;
+            c.opened += one.opened;
+            c.claim_groups += one.claim_groups;
+            c.grouped_claims += one.grouped_claims;
+            c.largest_claim_group = std::max(c.largest_claim_group, one.largest_claim_group);
+            c.save_groups += one.save_groups;
+            c.grouped_saves += one.grouped_saves;
+            c.largest_save_group = std::max(c.largest_save_group, one.largest_save_group);
+        }
+        return c;
+    }
+};
+
+}  // namespace
+
+std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
+                            const idem::Fingerprint& fp, std::uint64_t seed) {
+    const std::string fp_bytes(fp.bytes());
+    const std::string lib_table = tables.add(prefix + "_lib");
+    const std::string floor_table = tables.add(prefix + "_floor");
+    const std::string ideal_table = o.ideal ? tables.add(prefix + "_ideal") : std::string();
+    const std::string ideal_threads_table = o.ideal ? tables.add(prefix + "_ideal_threads") : std::string();
+    const bool pgbench = o.use_pgbench && ::access(o.pgbench.c_str(), X_OK) == 0;
+    const std::string pgb_table = pgbench ? tables.add(prefix + "_pgb") : std::string();
+    if (o.use_pgbench && !pgbench) std::fprintf(stderr, "note: %s not found; no pgbench column\n", o.pgbench.c_str());
+    const bool walinspect = admin.enable_walinspect();
+
+    // The idem side(s) this build can run: group commit off is today's behaviour; on needs the option.
+    std::vector<std::pair<SideKind, bool>> lib_sides;
+    for (const bool gc : o.group_commit) {
+        idem::PostgresOptions probe;
+        if (set_group_commit(probe, gc)) {
+            lib_sides.emplace_back(gc ? SideKind::idem_gc : SideKind::idem, gc);
+        } else {
+            std::fprintf(stderr, "note: this build of idem has no PostgresOptions::group_commit: no idem_gc side\n");
+        }
+    }
+
+    std::fprintf(stderr, "preloading %lld completed + %lld in-progress keys per table...\n",
+                 static_cast<long long>(o.preload), static_cast<long long>(o.preload));
+    // No autovacuum on the benchmark's tables: a background VACUUM or ANALYZE of one side's table
+    // (the `new` rounds add tens of thousands of rows, past autovacuum's thresholds) lands in
+    // whichever rounds happen to run then, on one side only. Instead every table is vacuumed and
+    // analyzed, untimed, before every case (vacuum_all below).
+    const std::string all_tables[] = {lib_table, floor_table, ideal_table, ideal_threads_table, pgb_table};
+    for (const std::string& t : all_tables) {
+        if (t.empty()) continue;
+        admin.exec("ALTER TABLE " + quote_ident(t) + " SET (autovacuum_enabled = false)");
+        admin.preload(t, Admin::Preload::completed, kReplayBase, o.preload, fp_bytes, false);
+        admin.preload(t, Admin::Preload::in_progress, kConflictBase, o.preload, fp_bytes, false);
+        admin.exec("VACUUM (ANALYZE) " + quote_ident(t));
+    }
+    const auto vacuum_all = [&] {
+        for (const std::string& t : all_tables) {
+            if (!t.empty()) admin.exec("VACUUM (ANALYZE) " + quote_ident(t));
+        }
+    };
+
+    std::vector<Run> runs;
+    print_header();
+    for (const int threads : o.threads) {
+        // Each idem side: normally one store, pool size = threads. --store-per-thread (a diagnostic):
+        // one store with a pool of 1 per thread, so each thread keeps its own connection, like the floor.
+        std::vector<LibrarySide> libs;
+        for (const auto& [kind, gc] : lib_sides) {
+            idem::PostgresOptions options;
+            options.table = lib_table;
+            options.pool_size = o.store_per_thread ? 1 : static_cast<std::size_t>(threads);
+            options.application_name = std::string("idem-bench-") + side_name(kind);
+            (void)set_group_commit(options, gc);
+            LibrarySide side{kind, {}, {}};
+            for (int i = 0; i < (o.store_per_thread ? threads : 1); ++i) {
+                side.stores.push_back(std::make_unique<idem::PostgresStore>(o.db, options));
+                prewarm(*side.stores.back(), static_cast<int>(options.pool_size));
+                side.cached.push_back(std::make_unique<idem::CachedStore>(*side.stores.back()));
+            }
+            libs.push_back(std::move(side));
+        }
+        std::vector<std::unique_ptr<FloorClient>> clients;
+        for (int t = 0; t < threads; ++t) clients.push_back(std::make_unique<FloorClient>(o.db, floor_table));
+        std::unique_ptr<IdealClient> ideal, ideal_threads;
+        if (o.ideal) {
+            ideal = std::make_unique<IdealClient>(o.db, ideal_table);
+            ideal_threads = std::make_unique<IdealClient>(o.db, ideal_threads_table);
+        }
+        const auto floor_counters = [&clients]() noexcept {
+            Counters c;
+            for (const auto& client : clients) c.round_trips += client->round_trips();
+            return c;
+        };
+        const auto counters_of = [](const std::unique_ptr<IdealClient>& client) {
+            return [&client]() noexcept {
+                Counters c;
+                c.round_trips = client ? client->round_trips() : 0;
+                return c;
+            };
+        };
+        const auto ideal_counters = counters_of(ideal);
+        const auto ideal_threads_counters = counters_of(ideal_threads);
+        std::vector<std::string> ideal_keys;
+        std::vector<std::int64_t> ideal_fences;
+
+        for (const Case kind : o.cases) {
+            Run run;
+            run.threads = threads;
+            run.kind = kind;
+            std::vector<SideKind> order{SideKind::floor};
+            if (ideal) {
+                order.push_back(SideKind::ideal);
+                order.push_back(SideKind::ideal_threads);
+            }
+            for (const auto& lib : libs) order.push_back(lib.kind);
+            if (!o.only.empty()) {
+                std::erase_if(order, [&](SideKind k) { return o.only != side_name(k); });
+            }
+            for (const SideKind k : order) {
+                run.sides.emplace_back();
+                run.sides.back().kind = k;
+            }
+            // replay-cached: every side replays the same hot keys; the caches hold them before timing.
+            const std::int64_t keys = kind == Case::replay_cached ? std::min(o.cached_keys, o.preload) : o.preload;
+            if (kind == Case::replay_cached) {
+                for (const LibrarySide& lib : libs) {
+                    for (const auto& cached : lib.cached) {
+                        for (std::int64_t i = 0; i < keys; ++i) {
+                            (void)cached->claim(
+                                idem::Key(kScope, preloaded_key(kReplayBase, static_cast<std::uint64_t>(i))), fp);
+                        }
+                    }
+                }
+            }
+            FloorOp floor_op{clients, fp_bytes, kind, keys};
+            IdealOp ideal_op{ideal.get(), fp_bytes,    kind, keys, static_cast<std::size_t>(threads),
+                             ideal_keys,  ideal_fences};
+            vacuum_all();
+            const double per_round = o.seconds / o.rounds;
+            for (int round = 0; round < o.rounds; ++round) {
+                // ABC… then …CBA: alternating the order cancels a linear drift (ABBA for two sides).
+                for (std::size_t step = 0; step < run.sides.size(); ++step) {
+                    const std::size_t i = round % 2 == 0 ? step : run.sides.size() - 1 - step;
+                    Side& side = run.sides[i];
+                    if (o.checkpoint) admin.checkpoint();
+                    seed += 0x632BE59BD9B4E019ull;
+                    PhaseResult r;
+                    if (side.kind == SideKind::floor) {
+                        r = run_phase(admin, threads, per_round, seed, floor_op, floor_counters);
+                    } else if (side.kind == SideKind::ideal) {
+                        // One connection; each op is a round of `threads` calls.
+                        r = run_phase(admin, 1, per_round, seed, ideal_op, ideal_counters);
+                        r.calls *= static_cast<std::uint64_t>(threads);
+                        r.unexpected *= static_cast<std::uint64_t>(threads);
+                    } else if (side.kind == SideKind::ideal_threads) {
+                        IdealGather gather(ideal_threads.get(), static_cast<std::size_t>(threads));
+                        IdealThreadsOp op{gather, fp_bytes, kind, keys};
+                        r = run_phase(admin, threads, per_round, seed, op, ideal_threads_counters);
+                    } else {
+                        const LibrarySide& lib = *std::find_if(
+                            libs.begin(), libs.end(), [&](const LibrarySide& l) { return l.kind == side.kind; });
+                        LibraryOp lib_op{lib.for_case(kind), fp, kind, keys};
+                        r = run_phase(admin, threads, per_round, seed, lib_op,
+                                      [&lib]() noexcept { return lib.counters(); });
+                    }
+                    side.add(r);
+                    side.wal_bytes += r.lsn_to - r.lsn_from;
+                    if (walinspect)
+                        side.commits = side.commits.value_or(0) + admin.commit_records(r.lsn_from, r.lsn_to);
+                }
+            }
+            runs.push_back(std::move(run));
+        }
+        // pgbench (informational) after every case of this thread count, not between them: the
+        // rounds of a case never follow another program's load (with pgbench between the cases,
+        // replay/conflict ratios at 16 threads came out ~0.1 lower than without).
+        for (std::size_t i = runs.size() - o.cases.size(); i < runs.size(); ++i) {
+            Run& run = runs[i];
+            if (pgbench && run.kind != Case::replay_cached) {
+                if (o.checkpoint) admin.checkpoint();
+                run.pgbench_tps = run_pgbench(PgbenchRun{o.pgbench, o.db, pgb_table, case_name(run.kind), threads,
+                                                         std::max(1, static_cast<int>(std::lround(o.seconds / 2))),
+                                                         o.preload, hex(fp_bytes)});
+            }
+            print_run(run);
+        }
+    }
+    return runs;
+}
+
+}  // namespace bench

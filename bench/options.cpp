@@ -1,0 +1,168 @@
+// idem-bench's command line: the usage text and the parser (see options.hpp).
+#include "options.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "util.hpp"
+
+namespace bench {
+namespace {
+
+[[noreturn]] void usage(int code) {
+    std::fprintf(code == 0 ? stdout : stderr, "%s",
+                 R"(usage: idem-bench [--db CONNINFO] [options]
+
+Throughput matrix (default):
+  --threads LIST          thread counts, e.g. 1,4,16 (default)
+  --cases LIST            new,replay,conflict,replay-cached (default: all four)
+  --group-commit LIST     the idem side(s): off (idem), on (idem_gc); default off,on. "on" is
+                          skipped (with a note) while PostgresOptions::group_commit does not exist
+  --no-ideal              skip the ideal-grouping floors (ideal, ideal_threads)
+  --seconds N             measured seconds per case and side (library / floor), default 6
+  --rounds N              alternating floor/library rounds per case, default 3 (ABBA order)
+  --preload N             completed and in-progress keys preloaded for replay/conflict (100000)
+  --cached-keys N         replay-cached: every side replays the first N preloaded keys (1000), and
+                          the cache is filled with them, untimed, before the case
+  --json FILE             write the figures as JSON
+  --pgbench PATH          pgbench binary (default /usr/lib/postgresql/15/bin/pgbench, if present)
+  --no-pgbench            skip the pgbench column
+  --no-checkpoint         do not CHECKPOINT before each phase
+  --expect-round-trips    exit 3 unless every call had the expected outcome and round trips per call
+                          are exactly new 2, replay 1, conflict 1 (floor, idem), the same per round
+                          (ideal; ideal_threads: plus at most T short last rounds), at most one per
+                          preloaded key and thread (replay-cached) (the CTest smoke test)
+  --print-pgbench-scripts print the pgbench scripts and exit
+  --only SIDE             floor, ideal, ideal_threads, idem or idem_gc: run one side only (to
+                          profile it with perf or strace; no ratio)
+  --store-per-thread      diagnostic: one PostgresStore (pool of 1) per thread instead of one
+                          shared store with a pool of T: isolates the cost of sharing the pool
+Checks (when given, they run instead of the matrix):
+  --table-size-check N    claim p50 (1 thread, new keys) on an empty table vs one with N rows
+  --rss-check             RSS after 100k and after --rss-calls calls (default 1000000),
+                          --rss-threads threads (default 4), half replays, half new keys
+Other:
+  --keep-tables           leave the bench_<pid>_* tables in place
+  --store postgres        this matrix (the default); --store redis | tiered: RedisStore vs a raw-hiredis
+                          floor, or the Redis replay tier vs PostgresStore (with idem::redis; see
+                          idem-bench --store redis --help)
+Without --db: $IDEM_TEST_DATABASE_URL if set, else a throwaway cluster (scripts/with-postgres.sh).
+)");
+    std::exit(code);
+}
+
+long long to_int(const std::string& s, const char* what) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (errno != 0 || end == s.c_str() || *end != '\0') {
+        std::fprintf(stderr, "idem-bench: %s: not an integer: '%s'\n", what, s.c_str());
+        usage(2);
+    }
+    return v;
+}
+
+}  // namespace
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (Args args(argc, argv, usage); args.next();) {
+        const std::string& arg = args.name();
+        const auto value = [&args] { return args.value(); };
+        if (arg == "--db") {
+            o.db = value();
+        } else if (arg == "--threads") {
+            o.threads.clear();
+            for (const auto& t : split(value())) o.threads.push_back(static_cast<int>(to_int(t, "--threads")));
+            if (o.threads.empty() || std::any_of(o.threads.begin(), o.threads.end(), [](int t) { return t < 1; })) {
+                usage(2);
+            }
+        } else if (arg == "--cases") {
+            o.cases.clear();
+            for (const auto& c : split(value())) {
+                if (c == "new") {
+                    o.cases.push_back(Case::fresh);
+                } else if (c == "replay") {
+                    o.cases.push_back(Case::replay);
+                } else if (c == "conflict") {
+                    o.cases.push_back(Case::conflict);
+                } else if (c == "replay-cached") {
+                    o.cases.push_back(Case::replay_cached);
+                } else {
+                    std::fprintf(stderr, "idem-bench: unknown case '%s'\n", c.c_str());
+                    usage(2);
+                }
+            }
+        } else if (arg == "--group-commit") {
+            o.group_commit.clear();
+            for (const auto& v : split(value())) {
+                if (v != "on" && v != "off") usage(2);
+                o.group_commit.push_back(v == "on");
+            }
+            if (o.group_commit.empty()) usage(2);
+        } else if (arg == "--no-ideal") {
+            o.ideal = false;
+        } else if (arg == "--seconds") {
+            o.seconds = std::strtod(value().c_str(), nullptr);
+            if (!(o.seconds > 0)) usage(2);
+        } else if (arg == "--rounds") {
+            o.rounds = static_cast<int>(to_int(value(), "--rounds"));
+            if (o.rounds < 1) usage(2);
+        } else if (arg == "--preload") {
+            o.preload = to_int(value(), "--preload");
+            if (o.preload < 1) usage(2);
+        } else if (arg == "--cached-keys") {
+            o.cached_keys = to_int(value(), "--cached-keys");
+            if (o.cached_keys < 1) usage(2);
+        } else if (arg == "--json") {
+            o.json = value();
+        } else if (arg == "--pgbench") {
+            o.pgbench = value();
+        } else if (arg == "--no-pgbench") {
+            o.use_pgbench = false;
+        } else if (arg == "--no-checkpoint") {
+            o.checkpoint = false;
+        } else if (arg == "--keep-tables") {
+            o.keep_tables = true;
+        } else if (arg == "--expect-round-trips") {
+            o.expect_round_trips = true;
+        } else if (arg == "--table-size-check") {
+            o.table_size_check = to_int(value(), "--table-size-check");
+            if (o.table_size_check < 1) usage(2);
+        } else if (arg == "--rss-check") {
+            o.rss_check = true;
+        } else if (arg == "--rss-calls") {
+            o.rss_calls = to_int(value(), "--rss-calls");
+            if (o.rss_calls < 200'000) {
+                std::fprintf(stderr, "idem-bench: --rss-calls must be at least 200000\n");
+                usage(2);
+            }
+        } else if (arg == "--rss-threads") {
+            o.rss_threads = static_cast<int>(to_int(value(), "--rss-threads"));
+            if (o.rss_threads < 1) usage(2);
+        } else if (arg == "--only") {
+            o.only = value();
+            if (o.only != "idem" && o.only != "floor" && o.only != "ideal" && o.only != "ideal_threads" &&
+                o.only != "idem_gc") {
+                usage(2);
+            }
+        } else if (arg == "--store-per-thread") {
+            o.store_per_thread = true;
+        } else if (arg == "--store") {
+            if (value() != "postgres") usage(2);  // redis / tiered: main() hands over to redis_main
+        } else if (arg == "--print-pgbench-scripts") {
+            o.print_scripts = true;
+        } else if (arg == "-h" || arg == "--help") {
+            usage(0);
+        } else {
+            std::fprintf(stderr, "idem-bench: unknown argument '%s'\n", arg.c_str());
+            usage(2);
+        }
+    }
+    return o;
+}
+
+}  // namespace bench

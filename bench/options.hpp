@@ -1,0 +1,44 @@
+// idem-bench's command line (--store postgres): the options, read from argv; --help lists them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cases.hpp"
+
+#ifndef IDEM_BENCH_PGBENCH
+#define IDEM_BENCH_PGBENCH "/usr/lib/postgresql/15/bin/pgbench"
+#endif
+
+namespace bench {
+
+struct Options {
+    std::string db;
+    std::vector<int> threads{1, 4, 16};
+    std::vector<Case> cases{Case::fresh, Case::replay, Case::conflict, Case::replay_cached};
+    std::vector<bool> group_commit{false, true};  ///< idem side(s): group commit off (idem), on (idem_gc)
+    bool ideal = true;                            ///< run the ideal-grouping floor
+    double seconds = 6;
+    int rounds = 3;
+    std::string json;
+    std::string pgbench = IDEM_BENCH_PGBENCH;
+    bool use_pgbench = true;
+    std::int64_t preload = 100'000;
+    std::int64_t cached_keys = 1000;  ///< replay-cached: the hot keys (the first N preloaded completed ones)
+    bool checkpoint = true;
+    bool keep_tables = false;
+    bool expect_round_trips = false;
+    std::int64_t table_size_check = 0;
+    bool rss_check = false;
+    std::int64_t rss_calls = 1'000'000;
+    int rss_threads = 4;
+    bool print_scripts = false;
+    std::string only;               ///< a side name: run that side only (for profiling; no ratio)
+    bool store_per_thread = false;  ///< diagnostic: T stores with a pool of 1 instead of one pool of T
+};
+
+/// Reads the command line; prints the usage and exits on --help (0) or a bad argument (2).
+Options parse(int argc, char** argv);
+
+}  // namespace bench
