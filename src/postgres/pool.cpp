@@ -40,7 +40,14 @@ std::unique_ptr<Connection> Pool::take_parked() noexcept {
     return nullptr;
 }
 
-Lease Pool::acquire() {
+Lease Pool::acquire() { return *take(true); }
+
+std::optional<Lease> Pool::try_acquire() {
+    if (blocked_now_.load(std::memory_order_relaxed) != 0) return std::nullopt;
+    return take(false);
+}
+
+std::optional<Lease> Pool::take(bool wait) {
     // Counted in this thread's slot: its line is written by the exchange below anyway.
     own_slot().acquires.fetch_add(1, std::memory_order_relaxed);
     // The time this acquire spends blocked, recorded once however it ends (a lease, a timeout, a
@@ -87,13 +94,19 @@ Lease Pool::acquire() {
                     if (!conn) ++open_;  // reserve the slot, open outside the lock
                     break;
                 }
+                if (!wait) {
+                    waiters_.fetch_sub(1, std::memory_order_relaxed);
+                    return std::nullopt;
+                }
                 if (!deadline) deadline = Clock::now() + wait_;
                 ++blocked_;
+                blocked_now_.store(blocked_, std::memory_order_relaxed);
                 const Clock::time_point began = Clock::now();
                 const bool timed_out = returned_.wait_until(lock, *deadline) == std::cv_status::timeout;
                 waiting.total += Clock::now() - began;
                 waiting.waited = true;
                 --blocked_;
+                blocked_now_.store(blocked_, std::memory_order_relaxed);
                 waiters_.fetch_sub(1, std::memory_order_relaxed);
                 if (timed_out && idle_.empty() && open_ >= size_) {
                     conn = take_parked();
@@ -116,19 +129,21 @@ Lease Pool::acquire() {
                 throw;
             }
             event_(true);
-            return Lease(this, std::move(conn));
+            return std::optional<Lease>(std::in_place, this, std::move(conn));
         }
         // Health check only for connections idle long enough to have been cut by a firewall,
         // a restart or an idle timeout; a failed one is closed and we try again.
         const Clock::time_point suspect_before{Clock::duration(suspect_before_.load(std::memory_order_acquire))};
         const bool suspect = conn->last_used() < suspect_before;
-        if (!suspect && Clock::now() - conn->last_used() < health_check_after_) return Lease(this, std::move(conn));
+        if (!suspect && Clock::now() - conn->last_used() < health_check_after_) {
+            return std::optional<Lease>(std::in_place, this, std::move(conn));
+        }
         bool healthy = false;
         try {
             healthy = ping_(*conn);
         } catch (...) {  // (out of memory...) not known to be healthy: same as a failed ping
         }
-        if (healthy) return Lease(this, std::move(conn));
+        if (healthy) return std::optional<Lease>(std::in_place, this, std::move(conn));
         // A failed ping, whatever its cause, discards the connection (a statement error on a
         // live one would otherwise send it back to its slot and out again unchecked).
         conn->mark_broken();

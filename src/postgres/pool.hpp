@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -65,6 +66,11 @@ public:
 
     /// Throws pool_timeout, or store_unavailable when a new connection cannot be opened.
     Lease acquire();
+    /// A connection without waiting for one: an idle one, or a new one while under the bound;
+    /// nullopt when every connection is leased, or when a caller is already blocked waiting for
+    /// one (a caller that may wait is not overtaken). Throws store_unavailable when a new
+    /// connection cannot be opened.
+    std::optional<Lease> try_acquire();
 
     /// In a fork()ed child, before the pool is leaked: abandons (Connection::abandon_in_child) every
     /// parked connection, and the idle ones if the mutex can be had at once (a thread that held it
@@ -88,6 +94,7 @@ public:
 
 private:
     friend class Lease;
+    std::optional<Lease> take(bool wait);
     void give_back(std::unique_ptr<Connection> conn) noexcept;
     void record_wait(Clock::duration waited) noexcept;  // one acquire that waited, in total
     struct alignas(64) Slot {                           // one cache line each: no false sharing between threads' slots
@@ -117,7 +124,8 @@ private:
     // parks without the mutex, so it must see a waiter and wake it (see give_back).
     std::unique_ptr<Slot[]> parked_;
     std::atomic<std::size_t> waiters_{0};
-    std::size_t blocked_ = 0;  // callers blocked on returned_ now (under the mutex; the waiters gauge)
+    std::size_t blocked_ = 0;                  // callers blocked on returned_ now (under the mutex; the waiters gauge)
+    std::atomic<std::size_t> blocked_now_{0};  // blocked_, read without the mutex (try_acquire)
     // Acquires that waited, by total wait (wait_buckets_[i]: within PoolStats::wait_bounds[i] and
     // above the bound before; the last one: longer than every bound), their summed wait, timeouts.
     std::array<std::atomic<std::uint64_t>, PoolStats::wait_bounds.size() + 1> wait_buckets_{};
