@@ -8,15 +8,14 @@
 //   statement of its own, takes a fresh snapshot that sees a conflicting session's commit). Save: one
 //   round trip (UPDATE … WHERE fence).
 //   A new request costs 2 round trips, a replay / in-progress / mismatch answer 1.
-// * Group commit (group_commit, opt-in): concurrent claim() calls share one transaction — an
-//   array INSERT and an array read, one round trip, one commit — and concurrent save() calls one
-//   array UPDATE. A lone caller goes at once with the statements above (no timer); callers arriving
-//   while a group is in flight form the next group, which the finishing leader sends at once. It
-//   pays with many concurrent callers per store, and costs with few (docs/benchmarks.md). Each
-//   caller keeps its own fence, outcome and errors: a failure of the shared statement sends every
-//   member again alone, with its fence (a member whose group committed before its answer was lost
-//   recognises its row). docs/design.md, "Group commit". Stats: StoreStats::claim_groups …
-//   largest_save_group.
+// * Group commit (group_commit, on by default): claim() and save() callers that find no pooled
+//   connection free share one transaction — for claims an array INSERT and an array read, one
+//   round trip, one commit; for saves one array UPDATE — instead of waiting for a connection each.
+//   A caller that finds a connection free goes at once, alone, with the statements above (no
+//   timer): with as many connections as concurrent callers nothing changes. Each caller keeps its
+//   own fence, outcome and errors: a failure of the shared statement sends every member again
+//   alone, with its fence (a member whose group committed before its answer was lost recognises
+//   its row). docs/design.md, "Group commit". Stats: group_commit_stats().
 // * Pool: at most pool_size connections, opened lazily; a caller waits up to pool_wait for one
 //   (then pool_timeout). A connection idle longer than health_check_after is checked before use; one
 //   that broke is discarded and the statement retried once on a fresh one, with the same fence.
@@ -116,13 +115,14 @@ struct PostgresOptions {
     /// Past it: response_not_saved.
     std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
     std::string application_name = "idem";  ///< application_name of the sessions (pg_stat_activity)
-    /// Group commit (opt-in): concurrent claim() / save() calls on this store share transactions
-    /// (one statement and one commit for a group of callers; a lone caller goes at once, alone, with
-    /// the plain statements). Every caller keeps its own outcome, fence and errors. Off by default:
-    /// on a 2-core machine it is faster than one transaction per call with 16 concurrent callers
-    /// and slower with 4 or fewer (docs/benchmarks.md has the figures, docs/design.md "Group
-    /// commit" the design). false: every call is its own transaction.
-    bool group_commit = false;
+    /// Group commit: claim() / save() callers that find every pooled connection leased share
+    /// transactions (one statement and one commit for a group of them) instead of each waiting for
+    /// a connection; a caller that finds one free goes at once, alone, with the plain statements.
+    /// Every caller keeps its own outcome, fence and errors. It pays when a service has more
+    /// concurrent callers than connections (a thread per request on a pool of 8–16) and changes
+    /// nothing otherwise (docs/benchmarks.md has the figures, docs/design.md "Group commit" the
+    /// design). false: every call is its own transaction, and a caller waits for a connection.
+    bool group_commit = true;
     /// How claim_batch / save_batch and group commit shape their statements (docs/scale-out.md).
     /// automatic: the database is asked once — one array statement for all rows on one node, and
     /// statements that each stay on one shard on a Citus-distributed table (by scope: one per

@@ -1,7 +1,8 @@
 // Group commit: leader/follower combining of concurrent calls into shared transactions (internal).
 //
-// A caller join()s. While fewer than `limit` groups are in flight it leads at once, alone: no timer,
-// no added latency at low load. Otherwise it queues. A leader sends its group, writes every
+// A caller join()s. While fewer than `limit` groups are in flight it leads at once: no timer. Its
+// group is itself and whoever queued while it waited for a connection (absorb()). Otherwise it
+// queues. A leader sends its group, writes every
 // member's answer, and then relays: take_next() makes the whole queue the next group, which the
 // finishing leader usually sends itself on the connection it holds (the server starts on it at
 // once, instead of after the next leader's thread has been woken and scheduled: on two cores that
@@ -57,6 +58,16 @@ public:
         if (me.state == Member::State::answered) return Role::answered;
         group = std::move(me.group);
         return Role::lead;
+    }
+
+    /// A leader that has just got its connection takes every caller queued meanwhile into its own
+    /// group (appended to `group`, in arrival order): they would otherwise wait for this group's
+    /// round trip before their own. They now wait for an answer however long it takes.
+    void absorb(std::vector<Member*>& group) noexcept {
+        std::lock_guard lock(mutex_);
+        for (Member* m : queue_) m->state = Member::State::grouped;
+        group.insert(group.end(), queue_.begin(), queue_.end());
+        queue_.clear();
     }
 
     /// A leader is done with its group's round trip. Returns false when nobody is queued (one group

@@ -113,35 +113,39 @@ struct PostgresStore::Impl::GroupCommit {
         return std::nullopt;
     }
 
-    // A group's own leader sends and reads its statements. Returns the connection when the next
-    // group may be relayed on it. Never throws: should anything throw all the same (out of memory),
-    // every member goes alone with its fence, a retry of its own that recognises whatever the group
-    // committed for it.
-    std::optional<pg::Lease> answer_claims(const std::vector<pg::Combiner::Member*>& group) noexcept {
+    // A group's own leader takes a connection (waiting for one: its callers found none free), takes
+    // in the callers that queued meanwhile, then sends and reads its statements. Returns the
+    // connection when the next group may be relayed on it. Never throws: should anything throw all
+    // the same (out of memory), every member goes alone with its fence, a retry of its own that
+    // recognises whatever the group committed for it.
+    std::optional<pg::Lease> answer_claims(pg::Combiner& groups, std::vector<pg::Combiner::Member*>& group) noexcept {
         std::vector<pg::ClaimSlot*> slots;
         try {
-            slots = slots_of<ClaimMember>(group);
-            if (slots.size() == 1) {  // alone: exactly the single-key round trip, with its retries
-                note_claims(1);
-                pg::ClaimSlot& c = *slots[0];
-                std::optional<pg::Lease> kept;
-                try {
-                    c.plain = s.claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention, &kept);
-                    c.got = pg::ClaimSlot::Got::plain;
-                } catch (...) {
-                    c.got = pg::ClaimSlot::Got::error, c.error = pg::own_copy(std::current_exception());
-                }
-                return kept;
-            }
             std::optional<pg::Lease> conn;
             try {
                 conn.emplace(s.acquire());
             } catch (...) {
                 // Nothing was sent: each member gets what its own call would have (pool_timeout,
                 // store_unavailable, config_error), without waiting for a connection once more.
+                slots = slots_of<ClaimMember>(group);
                 note_claims(slots.size());
                 pg::answer_all(slots, pg::ClaimSlot::Got::error, std::current_exception());
                 return std::nullopt;
+            }
+            groups.absorb(group);
+            slots = slots_of<ClaimMember>(group);
+            if (slots.size() == 1) {  // alone: exactly the single-key round trip, with its retries
+                note_claims(1);
+                pg::ClaimSlot& c = *slots[0];
+                std::optional<pg::Lease> kept;
+                try {
+                    c.plain = s.claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention, &kept,
+                                                 Impl::FirstTry{std::move(conn), nullptr});
+                    c.got = pg::ClaimSlot::Got::plain;
+                } catch (...) {
+                    c.got = pg::ClaimSlot::Got::error, c.error = pg::own_copy(std::current_exception());
+                }
+                return kept;
             }
             bool plain = false;
             try {
@@ -202,12 +206,15 @@ struct PostgresStore::Impl::GroupCommit {
         return nullptr;
     }
 
-    // A save group's own leader sends and reads its statement. Returns the connection for the next
+    // A save group's own leader takes a connection (waiting for one), takes in the callers that
+    // queued meanwhile, then sends and reads its statement. Returns the connection for the next
     // group. Never throws.
-    std::optional<pg::Lease> answer_saves(const std::vector<pg::Combiner::Member*>& group) noexcept {
+    std::optional<pg::Lease> answer_saves(pg::Combiner& groups, std::vector<pg::Combiner::Member*>& group) noexcept {
         std::unique_ptr<SaveFlight> f;
         try {
-            f = send_saves(group, s.acquire());
+            pg::Lease conn = s.acquire();
+            groups.absorb(group);
+            f = send_saves(group, std::move(conn));
         } catch (...) {
             // nothing sent: each goes alone (and keeps trying for its save_retry_window)
             note_saves(group.size());
@@ -234,12 +241,12 @@ struct PostgresStore::Impl::GroupCommit {
     // flight, or sending and reading its own statements), then the relay of the next group, then
     // its members woken. Never throws.
     template <class M>
-    void lead(pg::Combiner& groups, M& me, const std::vector<pg::Combiner::Member*>& group) noexcept {
+    void lead(pg::Combiner& groups, M& me, std::vector<pg::Combiner::Member*>& group) noexcept {
         constexpr bool claims = std::is_same_v<M, ClaimMember>;
         std::optional<pg::Lease> conn = me.flight    ? land(*me.flight)
                                         : me.relayed ? std::nullopt  // answered by the relay's failure
-                                        : claims     ? answer_claims(group)
-                                                     : answer_saves(group);
+                                        : claims     ? answer_claims(groups, group)
+                                                     : answer_saves(groups, group);
         me.flight.reset();
         std::vector<pg::Combiner::Member*> next;
         if (groups.take_next(next)) {

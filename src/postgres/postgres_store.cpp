@@ -64,9 +64,10 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     // replay decodes its row straight into it, with no Record moved or copied on the way out).
     // The decisions are pg::ClaimMachine's (shared with idem::asio); this loop does its I/O.
     Claim out;
-    // Group commit takes the first attempt only (one round trip); whatever follows (retries, an
-    // expired record, resume, wait) goes alone. Not from inside this store's own in-transaction
-    // effect: that call must not wait behind a group (acquire() says why).
+    // Group commit takes the first attempt only (one round trip), and only when no pooled
+    // connection is free (Impl::free_connection); whatever follows (retries, an expired record,
+    // resume, wait) goes alone. Not from inside this store's own in-transaction effect: that call
+    // must not wait behind a group (acquire() says why).
     bool grouped = m.options.group_commit && in_effect_of != &m;
 
     pg::ClaimMachine machine(out, fence, fp, options, m.options.claim_attempts, m.options.max_retry_after);
@@ -74,13 +75,13 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
     while (next != pg::ClaimMachine::Next::done) {
         switch (next) {
             case pg::ClaimMachine::Next::round_trip: {
-                if (grouped) {
-                    grouped = false;
-                    m.check_process();
+                Impl::FirstTry free = grouped ? m.free_connection() : Impl::FirstTry();
+                if (grouped && !free.found()) {
                     pg::ClaimSlot slot;
                     slot.key = &key, slot.fp = &fp, slot.fence = fence, slot.lease = lease, slot.retention = retention,
                     slot.out = &out;
                     const bool in_group = m.claim_in_group(slot);
+                    grouped = false;
                     if (auto after = pg::after_group(machine, slot)) {
                         next = *after;
                         break;
@@ -88,7 +89,8 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                     // (a group's failed statement counts as an attempt: going alone after it is a retry)
                     if (in_group) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
                 }
-                auto res = m.claim_round_trip(key, fp, fence, lease, retention);
+                grouped = false;
+                auto res = m.claim_round_trip(key, fp, fence, lease, retention, nullptr, std::move(free));
                 next = machine.on_round_trip(res);
                 break;
             }
@@ -123,10 +125,12 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                  std::string(result));
     }
     m.counters().saves.fetch_add(1, std::memory_order_relaxed);
-    // Group commit: the first attempt may share one UPDATE with concurrent saves (see claim()).
+    // Group commit: the first attempt may share one UPDATE with concurrent saves, when no pooled
+    // connection is free (see claim()).
     bool group_sent = false;  // the group's statement may have committed this save before it failed
-    if (m.options.group_commit && in_effect_of != &m) {
-        m.check_process();
+    const bool group_commit = m.options.group_commit && in_effect_of != &m;
+    Impl::FirstTry free = group_commit ? m.free_connection() : Impl::FirstTry();
+    if (group_commit && !free.found()) {
         pg::SaveSlot slot;
         slot.key = &key, slot.fence = fence, slot.result = result;
         m.save_in_group(slot);
@@ -137,7 +141,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
         group_sent = slot.sent;
         if (group_sent) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
     }
-    m.save_alone(key, fence, result, group_sent);
+    m.save_alone(key, fence, result, group_sent, std::move(free));
 }
 
 void PostgresStore::release(const Key& key, Fence fence) {

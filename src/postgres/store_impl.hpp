@@ -179,11 +179,19 @@ struct PostgresStore::Impl {
         }
     }
 
+    // A first attempt's connection, taken before with_connection (free_connection): the lease, or
+    // the failure to open one (an attempt that counts), or neither (with_connection acquires).
+    struct FirstTry {
+        std::optional<pg::Lease> lease;
+        std::exception_ptr failure;
+        bool found() const noexcept { return lease.has_value() || failure != nullptr; }
+    };
+
     // Runs an operation with the store's retries (with_connection); returns it, done.
     template <class Op>
-    Op& drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero()) {
+    Op& drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero(), FirstTry first = {}) {
         with_connection(
-            what, [&](pg::Connection& conn, int attempt) { run_op(conn, op, attempt); }, keep_trying);
+            what, [&](pg::Connection& conn, int attempt) { run_op(conn, op, attempt); }, keep_trying, std::move(first));
         return op;
     }
 
@@ -193,9 +201,9 @@ struct PostgresStore::Impl {
         return std::move(op.record());
     }
 
-    // Runs `f` on a pooled connection; on a broken connection retries on a fresh one, up to
-    // claim_attempts times in all. f(conn, attempt) gets the 1-based attempt number; attempt > 1
-    // means an earlier attempt may have committed.
+    // Runs `f` on a pooled connection (the first attempt on `first`, when given); on a broken
+    // connection retries on a fresh one, up to claim_attempts times in all. f(conn, attempt) gets
+    // the 1-based attempt number; attempt > 1 means an earlier attempt may have committed.
     //
     // Also retried: a serialization failure or deadlock (40001, 40P01) that f reports as a
     // database_error. Every caller's f sends single-statement writes and reads, each its own
@@ -205,11 +213,22 @@ struct PostgresStore::Impl {
     // victim, and a save must not fail for it — its effect has already run. (claim handles its own
     // conflicts; run_in_transaction does not come here.)
     template <class F>
-    auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero()) {
+    auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero(),
+                         FirstTry first = {}) {
         pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        if (first.failure) {  // the first attempt already failed to open its connection
+            try {
+                std::rethrow_exception(first.failure);
+            } catch (const store_unavailable&) {
+                after_failure(retry, what);
+            } catch (const database_error&) {
+                after_failure(retry, what);
+            }
+        }
         for (;;) {
             try {
-                pg::Lease lease = acquire();
+                pg::Lease lease = first.lease ? std::move(*first.lease) : acquire();
+                first.lease.reset();
                 if constexpr (std::is_invocable_v<F, pg::Lease&, int>) {
                     return f(lease, retry.attempt());  // f may keep the connection (group commit's relay)
                 } else {
@@ -444,22 +463,26 @@ struct PostgresStore::Impl {
     // The single-key claim round trip (pg::ClaimRoundTrip), [INSERT, SELECT | Sync] on one plain node,
     // a transaction block wherever Citus is installed (also for a table not known to be distributed:
     // it may be by now). `keep`: on one plain node, the connection is kept there after the round trip
-    // (group commit relays the next group on it) instead of going back to the pool.
+    // (group commit relays the next group on it) instead of going back to the pool. `first`: the
+    // connection for the first attempt, when the caller has one.
     pg::StepResults claim_round_trip(const Key& key, const Fingerprint& fp, Fence fence,
                                      std::chrono::milliseconds lease, std::chrono::seconds retention,
-                                     std::optional<pg::Lease>* keep = nullptr) {
-        return with_connection("claim", [&](pg::Lease& leased, int) {
-            pg::Connection& conn = *leased;
-            using Shape = pg::ClaimRoundTrip::Shape;
-            if (relay_possible(conn)) {
-                const pg::ClaimRoundTrip trip(defs, Shape::pipeline, key, fp, fence, lease, retention);
-                pg::StepResults res = run(conn, trip.steps());
-                if (keep) keep->emplace(std::move(leased));
-                return res;
-            }
-            const pg::ClaimRoundTrip trip(defs, Shape::block, key, fp, fence, lease, retention);
-            return trip.answers(run_block(conn, trip.steps()));
-        });
+                                     std::optional<pg::Lease>* keep = nullptr, FirstTry first = {}) {
+        return with_connection(
+            "claim",
+            [&](pg::Lease& leased, int) {
+                pg::Connection& conn = *leased;
+                using Shape = pg::ClaimRoundTrip::Shape;
+                if (relay_possible(conn)) {
+                    const pg::ClaimRoundTrip trip(defs, Shape::pipeline, key, fp, fence, lease, retention);
+                    pg::StepResults res = run(conn, trip.steps());
+                    if (keep) keep->emplace(std::move(leased));
+                    return res;
+                }
+                const pg::ClaimRoundTrip trip(defs, Shape::block, key, fp, fence, lease, retention);
+                return trip.answers(run_block(conn, trip.steps()));
+            },
+            Clock::duration::zero(), std::move(first));
     }
 
     // Whether the next group may be sent by the leader that relays it: on one plain node. A
@@ -471,9 +494,24 @@ struct PostgresStore::Impl {
 
     // A save's own round trips (without group commit, and after a group's failure): the one-row UPDATE,
     // sent again within save_retry_window. `group_sent`: a group's UPDATE may have saved it already.
-    void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent) {
+    // `first`: the connection for the first attempt, when the caller has one.
+    void save_alone(const Key& key, Fence fence, std::string_view result, bool group_sent, FirstTry first = {}) {
         pg::SaveOp op(key, fence, result, group_sent);
-        if (drive("save", op, options.save_retry_window).waiters()) wake_waiters(key);
+        if (drive("save", op, options.save_retry_window, std::move(first)).waiters()) wake_waiters(key);
+    }
+
+    // Group commit engages only for a caller that would wait for a pooled connection: one that
+    // finds a connection free goes alone on it, exactly as without group commit, so grouping never
+    // costs a caller that could have gone at once (docs/design.md, "Group commit"). found() false:
+    // join the group. Opening a new connection failed: the failure is the caller's first attempt,
+    // which goes on alone with its retries (with_connection), as without group commit.
+    FirstTry free_connection() {
+        check_process();
+        try {
+            return FirstTry{pool->try_acquire(), nullptr};
+        } catch (...) {
+            return FirstTry{std::nullopt, std::current_exception()};
+        }
     }
 };
 

@@ -1,7 +1,8 @@
-// Group commit (PostgresOptions::group_commit): concurrent claim() / save() callers share one
-// statement and one commit, and each still gets exactly its own outcome, fence and error. Groups are
-// forced to form by holding the groups in flight on a lock that the test's own session holds, so
-// that the next callers must queue; everything is checked against what the database holds.
+// Group commit (PostgresOptions::group_commit): concurrent claim() / save() callers that find no
+// pooled connection free share one statement and one commit, and each still gets exactly its own
+// outcome, fence and error. Groups are forced to form by holding every connection of the store on a
+// lock that the test's own session holds, so that the next callers must queue; everything is
+// checked against what the database holds.
 // Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "pg.hpp"
@@ -21,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -40,9 +42,11 @@ std::string require_db() {
 
 const idem::Fingerprint kFp = idem::fingerprint("POST /group"s);
 
-/// Groups of each kind a PostgresStore has in flight at once (its kGroupsInFlight): the test holds
-/// that many on its own lock, so that every caller that arrives meanwhile queues.
-constexpr int kInFlight = 1;
+/// Group commit engages only for a caller that finds no pooled connection free. The tests that
+/// watch groups form give their store kHeld connections and tie each up with a claim (or a save)
+/// waiting on the test's own lock: every caller that arrives meanwhile finds none free, queues in
+/// the group commit, and its leader waits for a connection.
+constexpr int kHeld = 1;
 
 /// A private idem table (dropped at the end) and a superuser session to look at it.
 struct Table {
@@ -96,20 +100,20 @@ struct Table {
     }
 };
 
-/// Holds kInFlight claims (keys blocker-1, ...) so that the groups allowed in flight wait on the
-/// test's own uncommitted rows of them: every caller that arrives meanwhile queues for the next group.
+/// Holds kHeld claims (keys blocker-1, ...), each on a pooled connection of its own, waiting on the
+/// test's own uncommitted rows of them: a store with kHeld connections has none free meanwhile.
 /// `release()` rolls back, and the held claims win.
 class Hold {
 public:
     Hold(Table& t, const std::string& scope, idem::PostgresStore& store) : blocker_(t.url) {
         blocker_.exec("BEGIN");
-        for (int b = 1; b <= kInFlight; ++b) {
+        for (int b = 1; b <= kHeld; ++b) {
             blocker_.exec("INSERT INTO " + t.name +
                               " (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, expires_at) "
                               "VALUES ($1, $2, 'in_progress', '\\x00', 1, 1, now(), now() + interval '1 day')",
                           {scope, "blocker-" + std::to_string(b)});
         }
-        for (std::size_t b = 0; b < kInFlight; ++b) {
+        for (std::size_t b = 0; b < kHeld; ++b) {
             held_.emplace_back([&store, scope, b, this] {
                 try {
                     held_claims_[b] = store.claim(idem::Key(scope, "blocker-" + std::to_string(b + 1)), kFp);
@@ -118,7 +122,7 @@ public:
             });
         }
         try {
-            t.await_lock_waiters(kInFlight);
+            t.await_lock_waiters(kHeld);
         } catch (...) {
             release();  // join the held claims: a joinable thread must not be destroyed
             throw;
@@ -138,7 +142,7 @@ public:
 private:
     PgConn blocker_;
     std::vector<std::thread> held_;
-    std::array<idem::Claim, kInFlight> held_claims_;
+    std::array<idem::Claim, kHeld> held_claims_;
     bool released_ = false;
 };
 
@@ -168,11 +172,11 @@ void queue_behind(Hold& hold, int n, Body body) {
 
 }  // namespace
 
-TEST_CASE("claims queued behind groups in flight share one group: each keeps its outcome, fence, lease",
+TEST_CASE("claims that find no connection free share one group: each keeps its outcome, fence, lease",
           "[group_commit]") {
     IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
     Table t(require_db());
-    idem::PostgresStore store(t.url, t.options());
+    idem::PostgresStore store(t.url, t.options(kHeld));
     const auto scope = idem_test::unique_name("claims");
     constexpr int kDistinct = 12, kSame = 8;
     std::vector<idem::Claim> claims(kDistinct + kSame);
@@ -190,8 +194,8 @@ TEST_CASE("claims queued behind groups in flight share one group: each keeps its
     const auto stats = store.stats();
     INFO("groups " << stats.claim_groups << ", grouped claims " << stats.grouped_claims << ", largest "
                    << stats.largest_claim_group);
-    CHECK(stats.largest_claim_group > 1);  // a group did form
-    CHECK(stats.grouped_claims == stats.claims);
+    CHECK(stats.largest_claim_group > 1);                 // a group did form
+    CHECK(stats.grouped_claims == stats.claims - kHeld);  // all but the held ones, which found a connection
     // group_commit_stats() says the same (StoreStats' copy of it is deprecated).
     const idem::GroupCommitStats groups = store.group_commit_stats();
     CHECK(groups.claim_groups == stats.claim_groups);
@@ -224,24 +228,70 @@ TEST_CASE("claims queued behind groups in flight share one group: each keeps its
     CHECK(t.rows_with(scope, "same", winner) == 1);
     // The held claims won once the test's rows were rolled back.
     CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%'", {scope}) ==
-          kInFlight);
+          kHeld);
 }
 
-TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goes alone", "[group_commit]") {
-    IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
+TEST_CASE("group commit engages only for callers that find no connection free", "[group_commit]") {
     Table t(require_db());
-    auto options = t.options();
-    options.pool_wait = 200ms;
+    // T threads, each claiming and saving its own keys, on a pool of P connections.
+    const auto [threads, pool] = GENERATE(std::pair{16, 16}, std::pair{64, 8});
+    CAPTURE(threads, pool);
+    auto options = t.options(static_cast<std::size_t>(pool));
+    options.pool_wait = 120s;  // a loaded machine: one effect per key is the point, not the wait
     idem::PostgresStore store(t.url, options);
-    const auto scope = idem_test::unique_name("patience");
-    Hold hold(t, scope, store);  // the groups in flight wait on the test's lock
+    const auto scope = idem_test::unique_name("engage");
+    constexpr int kPerThread = 20;
+    std::mutex mutex;
+    std::map<std::string, idem::Fence> won;
+    std::atomic<int> not_claimed{0};
+    idem_test::run_threads(threads, [&](int th) {
+        for (int i = 0; i < kPerThread; ++i) {
+            const idem::Key key(scope, "t" + std::to_string(th) + "-" + std::to_string(i));
+            const auto c = store.claim(key, kFp);
+            if (c.status != ClaimStatus::claimed) {
+                ++not_claimed;
+                continue;
+            }
+            store.save(key, c.fence, "done " + key.value());
+            std::lock_guard lock(mutex);
+            won[key.value()] = c.fence;
+        }
+    });
+    const auto stats = store.stats();
+    const auto groups = store.group_commit_stats();
+    INFO("claim groups " << groups.claim_groups << " (" << groups.grouped_claims << " claims, largest "
+                         << groups.largest_claim_group << "), save groups " << groups.save_groups << " ("
+                         << groups.grouped_saves << " saves), round trips " << stats.round_trips);
+    const auto calls = static_cast<std::uint64_t>(threads * kPerThread);
+    CHECK(not_claimed == 0);
+    REQUIRE(won.size() == calls);
+    CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND state = 'completed'", {scope}) ==
+          static_cast<long long>(calls));
+    if (threads <= pool) {
+        // Every caller found a connection: exactly the calls without group commit, 2 round trips each.
+        CHECK(groups.claim_groups == 0);
+        CHECK(groups.save_groups == 0);
+        CHECK(stats.round_trips == 2 * calls);
+    } else {
+        // Most callers found none free and shared transactions: fewer round trips than calls.
+        CHECK(groups.largest_claim_group > 1);
+        CHECK(groups.largest_save_group > 1);
+        CHECK(stats.round_trips < 2 * calls);
+    }
+}
+
+TEST_CASE("a caller that finds a connection free goes alone at once, whatever the groups do", "[group_commit]") {
+    IDEM_NOT_ON_CITUS("it sees the claims it holds through their lock waits in the coordinator's pg_stat_activity");
+    Table t(require_db());
+    idem::PostgresStore store(t.url, t.options(16));
+    const auto scope = idem_test::unique_name("free");
+    Hold hold(t, scope, store);  // kHeld claims wait on the test's lock; the other connections are free
     std::atomic<bool> done{false};
     idem::Claim c;
     std::thread caller([&] {
         c = store.claim(idem::Key(scope, "free"), kFp);
         done = true;
     });
-    // Without the bound it would wait for the hold (released only after this loop).
     for (int i = 0; i < 1000 && !done; ++i) std::this_thread::sleep_for(10ms);
     const bool before_release = done;
     hold.release();
@@ -249,12 +299,54 @@ TEST_CASE("a caller queued behind stuck groups waits at most pool_wait, then goe
     CHECK(before_release);
     CHECK(c.status == ClaimStatus::claimed);
     CHECK(t.rows_with(scope, "free", c.fence) == 1);
+    CHECK(store.group_commit_stats().claim_groups == 0);  // every claim found a connection: none grouped
 }
 
-TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its own answer", "[group_commit]") {
-    IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
+TEST_CASE("callers that find every connection held wait for one about pool_wait, then pool_timeout", "[group_commit]") {
+    IDEM_NOT_ON_CITUS("it sees the claims it holds through their lock waits in the coordinator's pg_stat_activity");
     Table t(require_db());
-    auto options = t.options();
+    auto options = t.options(kHeld);
+    options.pool_wait = 200ms;
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("patience");
+    Hold hold(t, scope, store);  // holds every connection
+    // The first caller leads a group and waits for a connection; the second queues behind it, then
+    // leads the next group. Neither waits for the hold (released only after the loop below).
+    constexpr int kCallers = 2;
+    std::atomic<int> done{0};
+    std::array<std::string, kCallers> outcome;
+    std::vector<std::thread> callers;
+    for (int i = 0; i < kCallers; ++i) {
+        callers.emplace_back([&, i] {
+            try {
+                (void)store.claim(idem::Key(scope, "k" + std::to_string(i)), kFp);
+                outcome[static_cast<std::size_t>(i)] = "claimed";
+            } catch (const idem::pool_timeout&) {
+                outcome[static_cast<std::size_t>(i)] = "pool_timeout";
+            } catch (const std::exception& e) {
+                outcome[static_cast<std::size_t>(i)] = e.what();
+            }
+            ++done;
+        });
+        std::this_thread::sleep_for(20ms);
+    }
+    for (int i = 0; i < 1000 && done < kCallers; ++i) std::this_thread::sleep_for(10ms);
+    const bool before_release = done == kCallers;
+    hold.release();
+    for (auto& th : callers) th.join();
+    CHECK(before_release);
+    for (int i = 0; i < kCallers; ++i) {
+        CAPTURE(i);
+        CHECK(outcome[static_cast<std::size_t>(i)] == "pool_timeout");
+        CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key = $2",
+                             {scope, "k" + std::to_string(i)}) == 0);
+    }
+}
+
+TEST_CASE("saves that find no connection free share one UPDATE: each keeps its own answer", "[group_commit]") {
+    IDEM_NOT_ON_CITUS("it sees the saves it holds through their lock waits in the coordinator's pg_stat_activity");
+    Table t(require_db());
+    auto options = t.options(kHeld);
     options.max_result_bytes = 64;
     idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("saves");
@@ -265,22 +357,22 @@ TEST_CASE("saves queued behind groups in flight share one UPDATE: each keeps its
         REQUIRE(c.status == ClaimStatus::claimed);
         fences.push_back(c.fence);
     }
-    // Hold the saves in flight on row locks the test's session holds.
+    // Hold every connection: kHeld saves wait on row locks the test's session holds.
     std::vector<idem::Fence> blockers;
-    for (int b = 1; b <= kInFlight; ++b) {
+    for (int b = 1; b <= kHeld; ++b) {
         blockers.push_back(store.claim(idem::Key(scope, "blocker-" + std::to_string(b)), kFp).fence);
     }
     PgConn locker(t.url);
     locker.exec("BEGIN");
     locker.exec("SELECT 1 FROM " + t.name + " WHERE scope = $1 AND key LIKE 'blocker-%' FOR UPDATE", {scope});
     std::vector<std::thread> held;
-    for (int b = 0; b < kInFlight; ++b) {
+    for (int b = 0; b < kHeld; ++b) {
         held.emplace_back([&, b] {
             store.save(idem::Key(scope, "blocker-" + std::to_string(b + 1)), blockers[static_cast<std::size_t>(b)],
                        "held");
         });
     }
-    t.await_lock_waiters(kInFlight);
+    t.await_lock_waiters(kHeld);
     const auto before = store.stats();
 
     // Saver 0: a result over max_result_bytes (refused before any I/O, alone); saver 1: a fence that
@@ -486,6 +578,7 @@ TEST_CASE("group commit, several processes x 16 threads on one key and on many k
                               (std::chrono::system_clock::now() + 1500ms).time_since_epoch())
                               .count();
     ::setenv("IDEM_TEST_GROUP_COMMIT", "1", 1);  // the workers' stores (support/store_env.hpp)
+    ::setenv("IDEM_RACE_POOL_SIZE", "4", 1);     // 16 threads on 4 connections: most calls find none free
     std::vector<pid_t> pids;
     for (int p = 0; p < kProcesses; ++p) {
         std::vector<std::string> args = {IDEM_RACE_WORKER,
@@ -520,13 +613,16 @@ TEST_CASE("group commit, several processes x 16 threads on one key and on many k
 TEST_CASE("a relayed group whose connection dies in flight: every member goes alone with its fence, once",
           "[group_commit][atomicity]") {
     IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
-    // A lone claim (blocker-1) held on the test's lock leads; callers queue behind it. Once it is let
-    // go, its leader sends the queued group on its own connection (the relay) and hands it over; that
-    // group meets a second uncommitted row (held-2) and waits there, on the relaying connection.
-    // The test terminates that backend: the group's answers are lost after it was sent by one thread
-    // and while another waited for them. Every member must then claim alone, exactly once.
+    // One connection. A claim of blocker-0 takes it and waits on the test's lock; a claim of
+    // blocker-1, finding none free, leads a group and waits for it; once blocker-0 is let go that
+    // group is sent and waits on the test's second lock (blocker-1), holding the connection. Callers
+    // now queue behind it. Once blocker-1 is let go, its leader sends the queued group on its own
+    // connection (the relay) and hands it over; that group meets a third uncommitted row (held-2)
+    // and waits there, on the relaying connection. The test terminates that backend: the group's
+    // answers are lost after it was sent by one thread and while another waited for them. Every
+    // member must then claim alone, exactly once.
     Table t(require_db());
-    auto options = t.options();
+    auto options = t.options(1);
     options.pool_wait = 60s;  // queued callers never give up and go alone while the test holds them
     idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("relay");
@@ -537,12 +633,19 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
                          "VALUES ($1, $2, 'in_progress', '\\x00', 1, 1, now(), now() + interval '1 day')",
                      {scope, key});
     };
-    PgConn first(t.url), second(t.url);
+    PgConn zero(t.url), first(t.url), second(t.url);
+    insert_held(zero, "blocker-0");
     insert_held(first, "blocker-1");
     insert_held(second, "held-2");
-    idem::Claim lone;
-    std::thread leader([&] { lone = store.claim(idem::Key(scope, "blocker-1"), kFp); });
+    idem::Claim alone, lone;
+    std::thread holder([&] { alone = store.claim(idem::Key(scope, "blocker-0"), kFp); });
     t.await_lock_waiters(1);
+    std::thread leader([&] { lone = store.claim(idem::Key(scope, "blocker-1"), kFp); });
+    std::this_thread::sleep_for(500ms);  // generous: blocker-1's leader waits for the connection
+    zero.exec("ROLLBACK");               // blocker-0 wins and gives the connection to blocker-1's group
+    holder.join();
+    REQUIRE(alone.status == ClaimStatus::claimed);
+    t.await_lock_waiters(1);     // blocker-1's group waits on the test's lock, on the only connection
     constexpr int kQueued = 10;  // k0..k8 and held-2
     std::vector<idem::Claim> claims(kQueued);
     std::vector<std::thread> queued;
@@ -552,7 +655,7 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
             claims[static_cast<std::size_t>(i)] = store.claim(idem::Key(scope, k), kFp);
         });
     }
-    std::this_thread::sleep_for(3000ms);  // generous: they queue behind the lone claim
+    std::this_thread::sleep_for(3000ms);  // generous: they queue behind blocker-1's group
     const auto before = store.stats();
     first.exec("ROLLBACK");  // the lone claim wins; its leader relays the queued group
     leader.join();

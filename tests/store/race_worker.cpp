@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
         idem::PostgresOptions options;
         options.table = table;
         options.pool_size = static_cast<std::size_t>(thread_count);
+        // Fewer connections than threads (the group commit suite): callers that find none free
+        // group their claims and saves.
+        if (const char* pool = std::getenv("IDEM_RACE_POOL_SIZE")) options.pool_size = std::stoul(pool);
         options.application_name = "idem_race_worker";
         // A race on a loaded machine (a Citus coordinator doing the work of three servers): one
         // effect per key is the point, not how long a caller waits for a connection or an answer.

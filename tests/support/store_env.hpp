@@ -1,10 +1,11 @@
 // tests/support/store_env.hpp — store options the test run chooses through the environment.
 //
 // IDEM_TEST_GROUP_COMMIT=1 turns PostgresOptions::group_commit on, =0 off; unset keeps the default
-// (off). IDEM_TEST_STATEMENT_SHAPE=per_scope|per_key|arrays forces PostgresOptions::statement_shape:
-// the Citus statements on one node, where the fault-injecting suites can run (_per_scope, _per_key). CTest registers
-// the contract, concurrency, atomicity and fault suites a second time with group commit on (tests/CMakeLists.txt,
-// suffix _gc_on), so every guarantee is shown both ways.
+// (on). IDEM_TEST_STATEMENT_SHAPE=per_scope|per_key|arrays forces PostgresOptions::statement_shape:
+// the Citus statements on one node, where the fault-injecting suites can run (_per_scope,
+// _per_key). CTest registers the contract, concurrency, atomicity and fault suites a second time
+// with group commit off (tests/CMakeLists.txt, suffix _gc_off), so every guarantee is shown both
+// ways.
 #pragma once
 
 #include <cstdlib>
