@@ -12,8 +12,8 @@
 //            execute_once are: every round waits until all `threads` callers have arrived (a perfect
 //            gather), the last one sends it, and the others are woken with its answer: perfect
 //            rounds for blocking callers, handoffs included, never two rounds at once;
-//   idem:    execute_once through a PostgresStore (pool size = threads), no-op effect, group commit
-//            off; idem_gc: the same with group commit on (--group-commit); replay-cached: both
+//   idem:    execute_once through a PostgresStore (pool size = threads, or P for --threads T/P),
+//            no-op effect, group commit off; idem_gc: the same with group commit on (--group-commit); replay-cached: both
 //            through a CachedStore (the in-process replay cache);
 // and, when pgbench is installed, pgbench with an equivalent script (informational). Each side's
 // phases also record WAL bytes and commit records per call (pg_current_wal_lsn, pg_walinspect).

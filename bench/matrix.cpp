@@ -20,25 +20,6 @@
 namespace bench {
 namespace {
 
-// TODO-MERGE: PostgresOptions::group_commit comes with the group-commit branch. Until it is merged
-// the option does not exist and idem-bench runs the idem side only as it is today (group commit
-// "off"); once it exists this compiles the assignment in, with no edit here.
-template <class Options>
-concept HasGroupCommit = requires(Options& o) {
-    o.group_commit = true;
-};
-
-/// Sets group commit on or off; false when this build of idem cannot do what was asked.
-template <class Options>
-bool set_group_commit(Options& options, bool on) {
-    if constexpr (HasGroupCommit<Options>) {
-        options.group_commit = on;
-        return true;
-    } else {
-        return !on;
-    }
-}
-
 std::string hex(std::string_view bytes) {
     static constexpr char digits[] = "0123456789abcdef";
     std::string s;
@@ -98,16 +79,9 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
     if (o.use_pgbench && !pgbench) std::fprintf(stderr, "note: %s not found; no pgbench column\n", o.pgbench.c_str());
     const bool walinspect = admin.enable_walinspect();
 
-    // The idem side(s) this build can run: group commit off is today's behaviour; on needs the option.
+    // The idem side(s): group commit off (idem) and on (idem_gc).
     std::vector<std::pair<SideKind, bool>> lib_sides;
-    for (const bool gc : o.group_commit) {
-        idem::PostgresOptions probe;
-        if (set_group_commit(probe, gc)) {
-            lib_sides.emplace_back(gc ? SideKind::idem_gc : SideKind::idem, gc);
-        } else {
-            std::fprintf(stderr, "note: this build of idem has no PostgresOptions::group_commit: no idem_gc side\n");
-        }
-    }
+    for (const bool gc : o.group_commit) lib_sides.emplace_back(gc ? SideKind::idem_gc : SideKind::idem, gc);
 
     std::fprintf(stderr, "preloading %lld completed + %lld in-progress keys per table...\n",
                  static_cast<long long>(o.preload), static_cast<long long>(o.preload));
@@ -131,16 +105,19 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
 
     std::vector<Run> runs;
     print_header();
-    for (const int threads : o.threads) {
-        // Each idem side: normally one store, pool size = threads. --store-per-thread (a diagnostic):
-        // one store with a pool of 1 per thread, so each thread keeps its own connection, like the floor.
+    for (std::size_t load = 0; load < o.threads.size(); ++load) {
+        const int threads = o.threads[load];
+        const int pool = o.pools[load] > 0 ? o.pools[load] : threads;
+        // Each idem side: normally one store, pool size = threads (or the entry's own pool, T/P).
+        // --store-per-thread (a diagnostic): one store with a pool of 1 per thread, so each thread
+        // keeps its own connection, like the floor.
         std::vector<LibrarySide> libs;
         for (const auto& [kind, gc] : lib_sides) {
             idem::PostgresOptions options;
             options.table = lib_table;
-            options.pool_size = o.store_per_thread ? 1 : static_cast<std::size_t>(threads);
+            options.pool_size = o.store_per_thread ? 1 : static_cast<std::size_t>(pool);
             options.application_name = std::string("idem-bench-") + side_name(kind);
-            (void)set_group_commit(options, gc);
+            options.group_commit = gc;
             LibrarySide side{kind, {}, {}};
             for (int i = 0; i < (o.store_per_thread ? threads : 1); ++i) {
                 side.stores.push_back(std::make_unique<idem::PostgresStore>(o.db, options));
@@ -176,6 +153,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
         for (const Case kind : o.cases) {
             Run run;
             run.threads = threads;
+            run.pool = o.store_per_thread ? threads : pool;
             run.kind = kind;
             std::vector<SideKind> order{SideKind::floor};
             if (ideal) {

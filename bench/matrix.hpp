@@ -70,6 +70,7 @@ struct Side {
 
 struct Run {
     int threads = 0;
+    int pool = 0;  ///< the idem sides' connections (= threads unless --threads T/P or --pool)
     Case kind = Case::fresh;
     std::vector<Side> sides;  ///< in SideKind order; only the sides that ran
     std::optional<double> pgbench_tps;

@@ -17,10 +17,11 @@ namespace {
                  R"(usage: idem-bench [--db CONNINFO] [options]
 
 Throughput matrix (default):
-  --threads LIST          thread counts, e.g. 1,4,16 (default)
+  --threads LIST          thread counts, each T (the idem sides get a pool of T connections) or T/P
+                          (a pool of P < T): default 1,4,16,64/8,64/16
+  --pool N                no idem side gets more than N connections (T/P entries above N get N)
   --cases LIST            new,replay,conflict,replay-cached (default: all four)
-  --group-commit LIST     the idem side(s): off (idem), on (idem_gc); default off,on. "on" is
-                          skipped (with a note) while PostgresOptions::group_commit does not exist
+  --group-commit LIST     the idem side(s): off (idem), on (idem_gc); default off,on
   --no-ideal              skip the ideal-grouping floors (ideal, ideal_threads)
   --seconds N             measured seconds per case and side (library / floor), default 6
   --rounds N              alternating floor/library rounds per case, default 3 (ABBA order)
@@ -69,6 +70,7 @@ long long to_int(const std::string& s, const char* what) {
 
 Options parse(int argc, char** argv) {
     Options o;
+    int pool_cap = 0;  // --pool N: no idem side gets more than N connections
     for (Args args(argc, argv, usage); args.next();) {
         const std::string& arg = args.name();
         const auto value = [&args] { return args.value(); };
@@ -76,10 +78,20 @@ Options parse(int argc, char** argv) {
             o.db = value();
         } else if (arg == "--threads") {
             o.threads.clear();
-            for (const auto& t : split(value())) o.threads.push_back(static_cast<int>(to_int(t, "--threads")));
-            if (o.threads.empty() || std::any_of(o.threads.begin(), o.threads.end(), [](int t) { return t < 1; })) {
-                usage(2);
+            o.pools.clear();
+            for (const auto& t : split(value())) {
+                const auto slash = t.find('/');
+                o.threads.push_back(static_cast<int>(to_int(t.substr(0, slash), "--threads")));
+                o.pools.push_back(
+                    slash == std::string::npos ? 0 : static_cast<int>(to_int(t.substr(slash + 1), "--threads")));
             }
+            for (std::size_t i = 0; i < o.threads.size(); ++i) {
+                if (o.threads[i] < 1 || o.pools[i] < 0 || o.pools[i] > o.threads[i]) usage(2);
+            }
+            if (o.threads.empty()) usage(2);
+        } else if (arg == "--pool") {
+            pool_cap = static_cast<int>(to_int(value(), "--pool"));
+            if (pool_cap < 1) usage(2);
         } else if (arg == "--cases") {
             o.cases.clear();
             for (const auto& c : split(value())) {
@@ -160,6 +172,12 @@ Options parse(int argc, char** argv) {
         } else {
             std::fprintf(stderr, "idem-bench: unknown argument '%s'\n", arg.c_str());
             usage(2);
+        }
+    }
+    if (pool_cap > 0) {
+        for (std::size_t i = 0; i < o.threads.size(); ++i) {
+            const int pool = o.pools[i] > 0 ? o.pools[i] : o.threads[i];
+            o.pools[i] = pool > pool_cap ? pool_cap : o.pools[i];
         }
     }
     return o;

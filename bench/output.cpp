@@ -26,6 +26,11 @@ std::string json_side(const Side& side, const Run& run) {
         json_number(side.mean_save_group()), side.counters.largest_save_group);
 }
 
+// "16", or "64/8" for 64 threads on a pool of 8.
+std::string load_name(const Run& r) {
+    return r.pool > 0 && r.pool != r.threads ? fmt::format("{}/{}", r.threads, r.pool) : std::to_string(r.threads);
+}
+
 }  // namespace
 
 void print_header() {
@@ -44,8 +49,8 @@ void print_run(const Run& r) {
         const std::string save_grp = side.counters.save_groups ? fmt::format("{:.1f}/{}", side.mean_save_group(),
                                                                              side.counters.largest_save_group)
                                                                : "-";
-        std::printf("%-7d %-13s %-13s %11.0f %6.3f %8.0f %8.0f %7.3f %7.1f %9s %10.0f %11s %11s\n", r.threads,
-                    case_name(r.kind), side_name(side.kind), side.ops(), r.ratio(side.kind),
+        std::printf("%-7s %-13s %-13s %11.0f %6.3f %8.0f %8.0f %7.3f %7.1f %9s %10.0f %11s %11s\n",
+                    load_name(r).c_str(), case_name(r.kind), side_name(side.kind), side.ops(), r.ratio(side.kind),
                     side.hist.percentile_us(0.50), side.hist.percentile_us(0.99), side.rt_per_call(),
                     side.cpu_us_per_call(), commits.c_str(), side.wal_bytes_per_call(), claim_grp.c_str(),
                     save_grp.c_str());
@@ -57,7 +62,7 @@ void print_run(const Run& r) {
         }
     }
     if (r.pgbench_tps)
-        std::printf("%-7d %-13s %-13s %11.0f  (informational)\n", r.threads, case_name(r.kind), "pgbench",
+        std::printf("%-7s %-13s %-13s %11.0f  (informational)\n", load_name(r).c_str(), case_name(r.kind), "pgbench",
                     *r.pgbench_tps);
     std::fflush(stdout);
 }
@@ -73,12 +78,13 @@ void write_json(const std::string& path, const Options& o, const std::string& se
         const Side& floor = r.find(SideKind::floor) ? *r.find(SideKind::floor) : none;
         s += i ? ",\n    " : "\n    ";
         s += fmt::format(
-            "{{\"threads\": {}, \"case\": \"{}\", \"ops_per_s\": {}, \"floor_ops_per_s\": {}, \"ratio\": {}, "
+            "{{\"threads\": {}, \"pool\": {}, \"case\": \"{}\", \"ops_per_s\": {}, \"floor_ops_per_s\": {}, \"ratio\": "
+            "{}, "
             "\"p50_us\": {}, \"p99_us\": {}, \"round_trips_per_call\": {}, \"floor_p50_us\": {}, "
             "\"floor_p99_us\": {}, \"floor_round_trips_per_call\": {}, \"pgbench_tps\": {}, \"calls\": {}, "
             "\"floor_calls\": {}, \"unexpected_outcomes\": {}, \"client_cpu_us_per_call\": {}, "
             "\"floor_client_cpu_us_per_call\": {}, \"sides\": {{",
-            r.threads, case_name(r.kind), json_number(lib.ops()), json_number(floor.ops()),
+            r.threads, r.pool, case_name(r.kind), json_number(lib.ops()), json_number(floor.ops()),
             json_number(floor.ops() > 0 ? lib.ops() / floor.ops() : NAN), json_number(lib.hist.percentile_us(0.5)),
             json_number(lib.hist.percentile_us(0.99)), json_number(lib.rt_per_call()),
             json_number(floor.hist.percentile_us(0.5)), json_number(floor.hist.percentile_us(0.99)),

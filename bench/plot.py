@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Draws docs/benchmarks.svg from idem-bench's --json output: ops/s by thread count, one panel per
+"""Draws docs/benchmarks.svg from idem-bench's --json output: ops/s by load (threads, or threads on a
+smaller pool), one panel per
 case, one line per side (floor, ideal grouping on one thread and with a thread per call, idem,
 idem + group commit).
 
@@ -28,6 +29,11 @@ SIDES = [  # JSON side name, legend, style
 CASES = ["new", "replay", "conflict", "replay-cached"]
 
 
+def load(run):
+    pool = run.get("pool") or run["threads"]
+    return f"{run['threads']}/{pool}" if pool != run["threads"] else f"{run['threads']}"
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
@@ -45,18 +51,21 @@ def main():
     flat = [ax for row in axes for ax in row]
     for ax in flat[len(cases):]:
         ax.set_visible(False)
+    # One x position per load (threads, or threads/pool), in the order of the runs.
+    loads = []
+    for r in runs:
+        if load(r) not in loads:
+            loads.append(load(r))
     for ax, case in zip(flat, cases):
-        rows = sorted((r for r in runs if r["case"] == case), key=lambda r: r["threads"])
-        threads = [r["threads"] for r in rows]
+        rows = [r for r in runs if r["case"] == case]
         for side, label, style in SIDES:
-            points = [(r["threads"], r["sides"][side]["ops_per_s"]) for r in rows if side in r.get("sides", {})]
+            points = [(loads.index(load(r)), r["sides"][side]["ops_per_s"]) for r in rows if side in r.get("sides", {})]
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
         ax.set_title(case + (" (idem through CachedStore)" if case == "replay-cached" else ""), fontsize=10)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(threads)
-        ax.set_xticklabels([str(t) for t in threads])
-        ax.set_xlabel("threads")
+        ax.set_xticks(range(len(loads)))
+        ax.set_xticklabels(loads)
+        ax.set_xlabel("threads (threads/pool: fewer connections than threads)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}".replace(",", " ")))

@@ -4,7 +4,7 @@
 Usage: bench/table.py FILE.json [FILE2.json ...]
        bench/table.py --update-doc DOC.md FILE.json   (replaces the table between DOC's
                       <!-- figures-table:begin --> and <!-- figures-table:end --> lines)
-One row per (threads, case): ops/s of every side (floor, ideal grouping on one thread, ideal
+One row per (threads or threads/pool, case): ops/s of every side (floor, ideal grouping on one thread, ideal
 grouping with a thread per call, idem, idem + group commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
 (mean / max), p99 latency. A side that did not run shows "—".
 With several files (repeated runs of the same command) it prints one table per file and then one
@@ -21,6 +21,12 @@ DASH = "—"
 
 def fmt_int(x):
     return f"{round(x):,}".replace(",", " ") if x >= 10000 else f"{round(x)}"
+
+
+def load(run):
+    """The run's load: "16" threads, or "64/8" for 64 threads on a pool of 8 connections."""
+    pool = run.get("pool") or run["threads"]
+    return f"{run['threads']}/{pool}" if pool != run["threads"] else f"{run['threads']}"
 
 
 def side(run, name):
@@ -63,7 +69,7 @@ def table(runs):
     for r in runs:
         if "sides" not in r:
             sys.exit("table.py: this JSON has no per-side figures (made by an older idem-bench)")
-        print(f"| {r['threads']} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'ideal_threads')} | {ops(r, 'idem')} | "
+        print(f"| {load(r)} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'ideal_threads')} | {ops(r, 'idem')} | "
               f"{ops(r, 'idem_gc')} | {ratio(r, 'idem', 'floor')} | {ratio(r, 'idem_gc', 'floor')} | "
               f"{ratio(r, 'idem_gc', 'ideal')} | {ratio(r, 'idem_gc', 'ideal_threads')} | "
               f"{per_side(r, ['floor', 'ideal', 'ideal_threads', 'idem', 'idem_gc'], 'commits_per_call', lambda v: f'{v:.2f}')} | "
@@ -107,7 +113,7 @@ def main():
             same = [d["runs"][i] for d in docs]
             ratios = " / ".join(f"{x['ratio']:.2f}" for x in same)
             pooled = sum(x["calls"] for x in same) / sum(x["floor_calls"] for x in same)
-            print(f"| {r['threads']} | {r['case']} | {ratios} | **{pooled:.2f}** |")
+            print(f"| {load(r)} | {r['case']} | {ratios} | **{pooled:.2f}** |")
 
 
 if __name__ == "__main__":
