@@ -24,10 +24,13 @@ struct PoolStats {
     static constexpr std::array<double, 14> wait_bounds{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                         0.1,    0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
 
-    std::size_t size = 0;     ///< the most connections the pool may open (PostgresOptions::pool_size)
-    std::size_t open = 0;     ///< connections open now: idle, leased, or being opened
-    std::size_t idle = 0;     ///< open connections no caller holds now
-    std::size_t waiters = 0;  ///< callers waiting now for a connection to come back (none was free)
+    std::size_t size = 0;  ///< the most connections the pool may open (PostgresOptions::pool_size)
+    std::size_t open = 0;  ///< connections open now: idle, leased, or being opened
+    std::size_t idle = 0;  ///< open connections no caller holds now
+    /// Callers waiting now for a connection to come back (none was free), including those group
+    /// commit queues. The counters below count the pool's own waits: a caller queued by group
+    /// commit waits in the pool only when it leads a group.
+    std::size_t waiters = 0;
     /// Requests for a connection (one per statement or pipeline a call sends, roughly), including
     /// those that then waited, timed out, or failed to connect.
     std::uint64_t acquires = 0;

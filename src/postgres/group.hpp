@@ -8,7 +8,8 @@
 // once, instead of after the next leader's thread has been woken and scheduled: on two cores that
 // wake-up was most of a group's time), then hand_over() gives it to the group's first member, who
 // reads its answers and leads it; finally answered() wakes the finishing leader's own members. A
-// queued caller waits at most `patience` (PostgresOptions::pool_wait), then leaves and goes alone.
+// queued caller waits at most until its `deadline` (its wait for a connection: pool_wait from when it
+// found none free), then leaves and goes alone.
 // Members live on their callers' stacks.
 //
 // Invariant: the queue is non-empty only while `limit` groups are in flight, so a group in flight
@@ -29,7 +30,8 @@ public:
     struct Member {
         std::condition_variable cv;
         enum class State { queued, grouped, lead, answered } state = State::queued;
-        std::vector<Member*> group;  // set when this member is promoted to lead a queued group
+        std::vector<Member*> group;                      // set when this member is promoted to lead a queued group
+        std::chrono::steady_clock::time_point deadline;  // when its wait for a connection ends
     };
 
     explicit Combiner(std::size_t limit) : limit_(limit) {}
@@ -37,10 +39,10 @@ public:
     enum class Role { lead, answered, alone };
 
     /// Blocks until `me` leads a group (`group` gets it, `me` first), another leader answered it, or
-    /// it waited `patience` in the queue (groups in flight stuck, e.g. on a lock, or holding every
+    /// its deadline passed in the queue (groups in flight stuck, e.g. on a lock, or holding every
     /// pooled connection): then it left the queue and the caller goes on alone, as it would without
-    /// group commit.
-    Role join(Member& me, std::chrono::milliseconds patience, std::vector<Member*>& group) {
+    /// group commit (its wait for a connection ends at the same deadline).
+    Role join(Member& me, std::vector<Member*>& group) {
         std::unique_lock lock(mutex_);
         if (in_flight_ < limit_) {
             ++in_flight_;
@@ -48,7 +50,7 @@ public:
             return Role::lead;
         }
         queue_.push_back(&me);
-        if (!me.cv.wait_for(lock, patience, [&] { return me.state != Member::State::queued; })) {
+        if (!me.cv.wait_until(lock, me.deadline, [&] { return me.state != Member::State::queued; })) {
             queue_.erase(std::find(queue_.begin(), queue_.end(), &me));  // still queued: in no group
             return Role::alone;
         }
@@ -58,6 +60,12 @@ public:
         if (me.state == Member::State::answered) return Role::answered;
         group = std::move(me.group);
         return Role::lead;
+    }
+
+    /// Callers in the queue now.
+    std::size_t queued() noexcept {
+        std::lock_guard lock(mutex_);
+        return queue_.size();
     }
 
     /// A leader that has just got its connection takes every caller queued meanwhile into its own

@@ -83,6 +83,7 @@ struct PostgresStore::Impl::GroupCommit {
                 f->plan.emplace(s.defs, pg::Layout::plain, slots);
                 f->deadline = s.deadline();
                 s.counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+                for (pg::ClaimSlot* c : slots) c->sent = true;
                 f->send(f->plan->steps(), std::move(conn));
                 return f;
             } catch (const pg::connection_broken&) {
@@ -123,10 +124,19 @@ struct PostgresStore::Impl::GroupCommit {
         try {
             std::optional<pg::Lease> conn;
             try {
-                conn.emplace(s.acquire());
+                conn.emplace(s.acquire(group.front()->deadline));
+            } catch (const pool_timeout&) {
+                // Nothing was sent. The leader (the first to queue) has waited its pool_wait: its
+                // call gets pool_timeout. The others' waits end later: each waits on alone, to its
+                // own deadline (Got::alone, not sent).
+                slots = slots_of<ClaimMember>(group);
+                note_claims(slots.size());
+                pg::answer_all(std::span(slots).first(1), pg::ClaimSlot::Got::error, std::current_exception());
+                pg::answer_all(std::span(slots).subspan(1), pg::ClaimSlot::Got::alone);
+                return std::nullopt;
             } catch (...) {
-                // Nothing was sent: each member gets what its own call would have (pool_timeout,
-                // store_unavailable, config_error), without waiting for a connection once more.
+                // Nothing was sent: each member gets what its own call would have (store_unavailable,
+                // config_error), without trying to connect once more.
                 slots = slots_of<ClaimMember>(group);
                 note_claims(slots.size());
                 pg::answer_all(slots, pg::ClaimSlot::Got::error, std::current_exception());
@@ -140,7 +150,7 @@ struct PostgresStore::Impl::GroupCommit {
                 std::optional<pg::Lease> kept;
                 try {
                     c.plain = s.claim_round_trip(*c.key, *c.fp, c.fence, c.lease, c.retention, &kept,
-                                                 Impl::FirstTry{std::move(conn), nullptr});
+                                                 Impl::FirstTry{std::move(conn), nullptr, std::nullopt});
                     c.got = pg::ClaimSlot::Got::plain;
                 } catch (...) {
                     c.got = pg::ClaimSlot::Got::error, c.error = pg::own_copy(std::current_exception());
@@ -164,6 +174,7 @@ struct PostgresStore::Impl::GroupCommit {
             // A distributed table: one-shard segments (pg::ClaimRowsPlan), in blocks where needed.
             note_claims(slots.size());
             const pg::ClaimGroupPlan plan(s.defs, s.layout_of(s.layout(**conn)), slots);
+            for (pg::ClaimSlot* c : slots) c->sent = true;
             try {
                 plan.read(plan.blocks() ? s.run_block(**conn, plan.steps(), plan.segments())
                                         : s.run(**conn, plan.steps(), plan.segments()));
@@ -174,6 +185,7 @@ struct PostgresStore::Impl::GroupCommit {
             return std::nullopt;
         } catch (...) {
             pg::answer_all(slots, pg::ClaimSlot::Got::alone);
+            for (pg::ClaimSlot* c : slots) c->sent = true;  // not known: go alone as after a send
             return std::nullopt;
         }
     }
@@ -212,11 +224,12 @@ struct PostgresStore::Impl::GroupCommit {
     std::optional<pg::Lease> answer_saves(pg::Combiner& groups, std::vector<pg::Combiner::Member*>& group) noexcept {
         std::unique_ptr<SaveFlight> f;
         try {
-            pg::Lease conn = s.acquire();
+            pg::Lease conn = s.acquire(group.front()->deadline);
             groups.absorb(group);
             f = send_saves(group, std::move(conn));
         } catch (...) {
-            // nothing sent: each goes alone (and keeps trying for its save_retry_window)
+            // Nothing sent: each goes alone, its first attempt waiting for a connection to its own
+            // deadline, as its call would without group commit (the leader's has passed).
             note_saves(group.size());
         }
         return f ? land(*f) : std::nullopt;
@@ -269,22 +282,24 @@ struct PostgresStore::Impl::GroupCommit {
     }
 
     template <class M>
-    bool join(pg::Combiner& groups, typename std::remove_pointer_t<decltype(M::slot)>& slot) {
+    bool join(pg::Combiner& groups, typename std::remove_pointer_t<decltype(M::slot)>& slot,
+              Clock::time_point deadline) {
         M me;
         me.slot = &slot;
+        me.deadline = deadline;
         std::vector<pg::Combiner::Member*> group;
-        const auto role = groups.join(me, s.options.pool_wait, group);
+        const auto role = groups.join(me, group);
         if (role == pg::Combiner::Role::lead) lead(groups, me, group);
         return role != pg::Combiner::Role::alone;
     }
 };
 
-bool PostgresStore::Impl::claim_in_group(pg::ClaimSlot& slot) {
-    return GroupCommit{*this}.join<GroupCommit::ClaimMember>(*claim_groups, slot);
+bool PostgresStore::Impl::claim_in_group(pg::ClaimSlot& slot, Clock::time_point deadline) {
+    return GroupCommit{*this}.join<GroupCommit::ClaimMember>(*claim_groups, slot, deadline);
 }
 
-bool PostgresStore::Impl::save_in_group(pg::SaveSlot& slot) {
-    return GroupCommit{*this}.join<GroupCommit::SaveMember>(*save_groups, slot);
+bool PostgresStore::Impl::save_in_group(pg::SaveSlot& slot, Clock::time_point deadline) {
+    return GroupCommit{*this}.join<GroupCommit::SaveMember>(*save_groups, slot, deadline);
 }
 
 }  // namespace idem

@@ -40,6 +40,9 @@ struct ClaimSlot {
     enum class Got { alone, plain, won, found, absent, error } got = Got::alone;
     StepResults plain;
     std::exception_ptr error;  ///< the member's own copy (see own_copy)
+    /// alone: the group's statements were sent (going alone is a retry); false: nothing was sent
+    /// for it, and its first attempt is still to come.
+    bool sent = false;
 };
 
 /// What the claim does after its group answered: the machine's next step, or nullopt when the

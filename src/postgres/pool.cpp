@@ -40,14 +40,14 @@ std::unique_ptr<Connection> Pool::take_parked() noexcept {
     return nullptr;
 }
 
-Lease Pool::acquire() { return *take(true); }
+Lease Pool::acquire(std::optional<Clock::time_point> deadline) { return *take(true, deadline); }
 
 std::optional<Lease> Pool::try_acquire() {
     if (blocked_now_.load(std::memory_order_relaxed) != 0) return std::nullopt;
-    return take(false);
+    return take(false, std::nullopt);
 }
 
-std::optional<Lease> Pool::take(bool wait) {
+std::optional<Lease> Pool::take(bool wait, std::optional<Clock::time_point> deadline) {
     // Counted in this thread's slot: its line is written by the exchange below anyway.
     own_slot().acquires.fetch_add(1, std::memory_order_relaxed);
     // The time this acquire spends blocked, recorded once however it ends (a lease, a timeout, a
@@ -63,7 +63,7 @@ std::optional<Lease> Pool::take(bool wait) {
             if (waited) pool.record_wait(total);
         }
     } waiting{*this};
-    std::optional<Clock::time_point> deadline;  // read the clock only if we have to wait
+    // `deadline` unset: pool_wait from the moment we first have to wait (the clock is read only then)
     for (;;) {
         // The common path: this thread's own parked connection, one atomic exchange, no lock.
         std::unique_ptr<Connection> conn(own_slot().conn.exchange(nullptr, std::memory_order_acquire));
@@ -96,6 +96,7 @@ std::optional<Lease> Pool::take(bool wait) {
                 }
                 if (!wait) {
                     waiters_.fetch_sub(1, std::memory_order_relaxed);
+                    own_slot().acquires.fetch_sub(1, std::memory_order_relaxed);
                     return std::nullopt;
                 }
                 if (!deadline) deadline = Clock::now() + wait_;

@@ -64,12 +64,13 @@ public:
          Factory factory, Ping ping, Event event);
     ~Pool();
 
-    /// Throws pool_timeout, or store_unavailable when a new connection cannot be opened.
-    Lease acquire();
+    /// Waits until `deadline` (default: pool_wait from now) for a connection. Throws pool_timeout;
+    /// store_unavailable or config_error when a new connection cannot be opened.
+    Lease acquire(std::optional<Clock::time_point> deadline = std::nullopt);
     /// A connection without waiting for one: an idle one, or a new one while under the bound;
     /// nullopt when every connection is leased, or when a caller is already blocked waiting for
-    /// one (a caller that may wait is not overtaken). Throws store_unavailable when a new
-    /// connection cannot be opened.
+    /// one (a caller that may wait is not overtaken). A nullopt is not counted as an acquire.
+    /// Throws store_unavailable or config_error when a new connection cannot be opened.
     std::optional<Lease> try_acquire();
 
     /// In a fork()ed child, before the pool is leaked: abandons (Connection::abandon_in_child) every
@@ -94,7 +95,7 @@ public:
 
 private:
     friend class Lease;
-    std::optional<Lease> take(bool wait);
+    std::optional<Lease> take(bool wait, std::optional<Clock::time_point> deadline);
     void give_back(std::unique_ptr<Connection> conn) noexcept;
     void record_wait(Clock::duration waited) noexcept;  // one acquire that waited, in total
     struct alignas(64) Slot {                           // one cache line each: no false sharing between threads' slots

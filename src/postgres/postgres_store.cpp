@@ -80,14 +80,19 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
                     pg::ClaimSlot slot;
                     slot.key = &key, slot.fp = &fp, slot.fence = fence, slot.lease = lease, slot.retention = retention,
                     slot.out = &out;
-                    const bool in_group = m.claim_in_group(slot);
+                    (void)m.claim_in_group(slot, *free.deadline);
                     grouped = false;
                     if (auto after = pg::after_group(machine, slot)) {
                         next = *after;
                         break;
                     }
-                    // (a group's failed statement counts as an attempt: going alone after it is a retry)
-                    if (in_group) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+                    // A group's failed statement counts as an attempt: going alone after it is a
+                    // retry, with a wait for a connection of its own. Nothing sent: the first
+                    // attempt's wait goes on to the same deadline.
+                    if (slot.sent) {
+                        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+                        free.deadline.reset();
+                    }
                 }
                 grouped = false;
                 auto res = m.claim_round_trip(key, fp, fence, lease, retention, nullptr, std::move(free));
@@ -133,13 +138,16 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
     if (group_commit && !free.found()) {
         pg::SaveSlot slot;
         slot.key = &key, slot.fence = fence, slot.result = result;
-        m.save_in_group(slot);
+        (void)m.save_in_group(slot, *free.deadline);
         if (pg::saved_by_group(slot)) {
             if (slot.waiters) m.wake_waiters(key);
             return;
         }
         group_sent = slot.sent;
-        if (group_sent) m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+        if (group_sent) {  // a retry (see claim())
+            m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+            free.deadline.reset();
+        }
     }
     m.save_alone(key, fence, result, group_sent, std::move(free));
 }
@@ -178,7 +186,12 @@ std::optional<Record> PostgresStore::read(const Key& key) {
     return std::move(m.drive("read", op).record());
 }
 
-PoolStats PostgresStore::pool_stats() const { return impl_->pool->stats(); }
+PoolStats PostgresStore::pool_stats() const {
+    PoolStats s = impl_->pool->stats();
+    // Callers that group commit queues found no connection free either: they wait for one too.
+    s.waiters += impl_->claim_groups->queued() + impl_->save_groups->queued();
+    return s;
+}
 
 GroupCommitStats PostgresStore::group_commit_stats() const {
     GroupCommitStats g;

@@ -94,7 +94,8 @@ struct PostgresStore::Impl {
     }
 
     /// A pooled connection for this store's own statements.
-    pg::Lease acquire() {
+    // A pooled connection, waiting for one until `deadline` (default: pool_wait from now).
+    pg::Lease acquire(std::optional<Clock::time_point> deadline = std::nullopt) {
         check_process();
         if (in_effect_of == this) {
             // Called from inside our own in-transaction effect, which holds a connection itself.
@@ -105,13 +106,13 @@ struct PostgresStore::Impl {
                     "Transaction, or give the store pool_size >= 2");
             }
             try {
-                return pool->acquire();
+                return pool->acquire(deadline);
             } catch (const pool_timeout& e) {
                 throw pool_timeout(std::string(e.what()) +
                                    "; called from inside an in-transaction effect, which holds one connection itself");
             }
         }
-        return pool->acquire();
+        return pool->acquire(deadline);
     }
 
     // Statistics, sharded by thread (counters.hpp); stats() adds the shards up.
@@ -180,10 +181,13 @@ struct PostgresStore::Impl {
     }
 
     // A first attempt's connection, taken before with_connection (free_connection): the lease, or
-    // the failure to open one (an attempt that counts), or neither (with_connection acquires).
+    // the failure to open one (an attempt that counts), or neither: with_connection acquires one,
+    // waiting until `deadline` when set (a caller that has waited in a group's queue already waits
+    // no longer in all than pool_wait).
     struct FirstTry {
         std::optional<pg::Lease> lease;
         std::exception_ptr failure;
+        std::optional<Clock::time_point> deadline;
         bool found() const noexcept { return lease.has_value() || failure != nullptr; }
     };
 
@@ -227,8 +231,9 @@ struct PostgresStore::Impl {
         }
         for (;;) {
             try {
-                pg::Lease lease = first.lease ? std::move(*first.lease) : acquire();
+                pg::Lease lease = first.lease ? std::move(*first.lease) : acquire(first.deadline);
                 first.lease.reset();
+                first.deadline.reset();
                 if constexpr (std::is_invocable_v<F, pg::Lease&, int>) {
                     return f(lease, retry.attempt());  // f may keep the connection (group commit's relay)
                 } else {
@@ -454,11 +459,12 @@ struct PostgresStore::Impl {
     std::unique_ptr<pg::Combiner> claim_groups, save_groups;
     struct GroupCommit;
 
-    /// A claim's first attempt through group commit: `slot` gets the group's answer. False: the
-    /// caller waited pool_wait in the queue and left it, nothing sent for it (Got::alone).
-    bool claim_in_group(pg::ClaimSlot& slot);
+    /// A claim's first attempt through group commit, by a caller that found no free connection
+    /// and waits for one until `deadline`: `slot` gets the group's answer. False: the deadline
+    /// passed in the queue and the caller left it, nothing sent for it (Got::alone).
+    bool claim_in_group(pg::ClaimSlot& slot, Clock::time_point deadline);
     /// A save's first attempt through group commit, as claim_in_group.
-    bool save_in_group(pg::SaveSlot& slot);
+    bool save_in_group(pg::SaveSlot& slot, Clock::time_point deadline);
 
     // The single-key claim round trip (pg::ClaimRoundTrip), [INSERT, SELECT | Sync] on one plain node,
     // a transaction block wherever Citus is installed (also for a table not known to be distributed:
@@ -503,14 +509,17 @@ struct PostgresStore::Impl {
     // Group commit engages only for a caller that would wait for a pooled connection: one that
     // finds a connection free goes alone on it, exactly as without group commit, so grouping never
     // costs a caller that could have gone at once (docs/design.md, "Group commit"). found() false:
-    // join the group. Opening a new connection failed: the failure is the caller's first attempt,
-    // which goes on alone with its retries (with_connection), as without group commit.
+    // join the group, which waits for a connection until `deadline` (pool_wait from now) for it.
+    // Opening a new connection failed: the failure is the caller's first attempt, which goes on
+    // alone with its retries (with_connection), as without group commit.
     FirstTry free_connection() {
         check_process();
         try {
-            return FirstTry{pool->try_acquire(), nullptr};
+            FirstTry out{pool->try_acquire(), nullptr, std::nullopt};
+            if (!out.lease) out.deadline = Clock::now() + options.pool_wait;
+            return out;
         } catch (...) {
-            return FirstTry{std::nullopt, std::current_exception()};
+            return FirstTry{std::nullopt, std::current_exception(), std::nullopt};
         }
     }
 };

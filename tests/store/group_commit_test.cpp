@@ -302,45 +302,66 @@ TEST_CASE("a caller that finds a connection free goes alone at once, whatever th
     CHECK(store.group_commit_stats().claim_groups == 0);  // every claim found a connection: none grouped
 }
 
-TEST_CASE("callers that find every connection held wait for one about pool_wait, then pool_timeout", "[group_commit]") {
+TEST_CASE("callers that find every connection held get pool_timeout after pool_wait, not later", "[group_commit]") {
     IDEM_NOT_ON_CITUS("it sees the claims it holds through their lock waits in the coordinator's pg_stat_activity");
     Table t(require_db());
     auto options = t.options(kHeld);
-    options.pool_wait = 200ms;
+    options.pool_wait = 1s;
     idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("patience");
+    const auto saved = store.claim(idem::Key(scope, "saved"), kFp);
+    REQUIRE(saved.status == ClaimStatus::claimed);
     Hold hold(t, scope, store);  // holds every connection
-    // The first caller leads a group and waits for a connection; the second queues behind it, then
-    // leads the next group. Neither waits for the hold (released only after the loop below).
-    constexpr int kCallers = 2;
-    std::atomic<int> done{0};
+    // The first claim leads a group and waits for a connection, the others queue behind it; when
+    // the leader's wait ends the queue becomes the next group, whose leader's wait is its own.
+    // Each call's wait ends pool_wait after it began: never a second pool_wait after the first
+    // (in the queue, then alone; or as a promoted leader). The save leads a save group alone.
+    constexpr int kCallers = 5;  // 4 claims, then the save
     std::array<std::string, kCallers> outcome;
+    std::array<std::chrono::milliseconds, kCallers> waited{};
     std::vector<std::thread> callers;
     for (int i = 0; i < kCallers; ++i) {
         callers.emplace_back([&, i] {
+            const auto began = std::chrono::steady_clock::now();
             try {
-                (void)store.claim(idem::Key(scope, "k" + std::to_string(i)), kFp);
-                outcome[static_cast<std::size_t>(i)] = "claimed";
+                if (i + 1 < kCallers) {
+                    (void)store.claim(idem::Key(scope, "k" + std::to_string(i)), kFp);
+                } else {
+                    store.save(idem::Key(scope, "saved"), saved.fence, "r");
+                }
+                outcome[static_cast<std::size_t>(i)] = "answered";
             } catch (const idem::pool_timeout&) {
                 outcome[static_cast<std::size_t>(i)] = "pool_timeout";
             } catch (const std::exception& e) {
                 outcome[static_cast<std::size_t>(i)] = e.what();
             }
-            ++done;
+            waited[static_cast<std::size_t>(i)] =
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
         });
-        std::this_thread::sleep_for(20ms);
+        std::this_thread::sleep_for(100ms);
     }
-    for (int i = 0; i < 1000 && done < kCallers; ++i) std::this_thread::sleep_for(10ms);
-    const bool before_release = done == kCallers;
-    hold.release();
+    // Every caller waits for a connection, queued or in the pool: all are waiters.
+    std::size_t most_waiters = 0;
+    for (int i = 0; i < 40 && most_waiters < kCallers; ++i) {
+        most_waiters = std::max(most_waiters, store.pool_stats().waiters);
+        std::this_thread::sleep_for(10ms);
+    }
     for (auto& th : callers) th.join();
-    CHECK(before_release);
+    hold.release();
+    CHECK(most_waiters == kCallers);
     for (int i = 0; i < kCallers; ++i) {
-        CAPTURE(i);
+        CAPTURE(i, waited[static_cast<std::size_t>(i)].count());
         CHECK(outcome[static_cast<std::size_t>(i)] == "pool_timeout");
-        CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key = $2",
-                             {scope, "k" + std::to_string(i)}) == 0);
+        // Generous for a loaded machine, and well under the two pool_waits of a second wait.
+        CHECK(waited[static_cast<std::size_t>(i)] >= 950ms);
+        CHECK(waited[static_cast<std::size_t>(i)] < 1700ms);
+        if (i + 1 < kCallers) {
+            CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key = $2",
+                                 {scope, "k" + std::to_string(i)}) == 0);
+        }
     }
+    CHECK(t.admin.scalar("SELECT count(*) FROM " + t.name + " WHERE scope = $1 AND key = 'saved' AND result IS NULL",
+                         {scope}) == 1);
 }
 
 TEST_CASE("saves that find no connection free share one UPDATE: each keeps its own answer", "[group_commit]") {
