@@ -31,7 +31,8 @@ inline const char* case_name(Case c) {
 inline std::uint64_t expected_round_trips(Case c) { return c == Case::fresh ? 2 : 1; }
 
 /// The sides of a case (see the top of bench/main.cpp), in the order of a round's first half.
-enum class SideKind { floor, ideal, ideal_threads, idem, idem_gc };
+/// async: idem::asio with N requests in flight (bench/async_side.hpp), only in the async points.
+enum class SideKind { floor, ideal, ideal_threads, idem, idem_gc, async };
 
 inline const char* side_name(SideKind k) {
     switch (k) {
@@ -40,6 +41,7 @@ inline const char* side_name(SideKind k) {
         case SideKind::ideal_threads: return "ideal_threads";
         case SideKind::idem: return "idem";
         case SideKind::idem_gc: return "idem_gc";
+        case SideKind::async: return "async";
     }
     return "?";
 }

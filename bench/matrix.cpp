@@ -1,5 +1,6 @@
 // The throughput matrix (see matrix.hpp): tables, stores and clients per thread count, then for
-// each case the sides' phases in alternating rounds, and pgbench after them.
+// each case the sides' phases in alternating rounds, and pgbench after them; then the async points
+// (--in-flight, with IDEM_BENCH_ASYNC): floor, ideal and async in alternating rounds per case.
 #include "matrix.hpp"
 
 #include <unistd.h>
@@ -14,11 +15,19 @@
 
 #include "floor.hpp"
 #include "output.hpp"
+#ifdef IDEM_BENCH_ASYNC
+#include "async_side.hpp"
+#endif
 #include "pgbench.hpp"
 #include "sides.hpp"
 
 namespace bench {
 namespace {
+
+// The async points' floor runs on min(N, kAsyncFloorThreads) threads: a thread (and a connection)
+// per request up to 16, the largest plain thread count of the default matrix; so the point at 64 in
+// flight measures, in its own rounds, the floor's p99 at 16 threads that its target compares with.
+[[maybe_unused]] constexpr int kAsyncFloorThreads = 16;
 
 std::string hex(std::string_view bytes) {
     static constexpr char digits[] = "0123456789abcdef";
@@ -65,6 +74,43 @@ struct LibrarySide {
     }
 };
 
+// run.sides: the sides of `order` (only --only's, when given).
+void add_sides(Run& run, std::vector<SideKind> order, const Options& o) {
+    if (!o.only.empty()) std::erase_if(order, [&](SideKind k) { return o.only != side_name(k); });
+    for (const SideKind k : order) {
+        run.sides.emplace_back();
+        run.sides.back().kind = k;
+    }
+}
+
+// Measures every side of `run` in o.rounds rounds, ABC… then …CBA: alternating the order cancels a
+// linear drift (ABBA for two sides). `phase(kind, seconds, seed)` runs one phase of one side.
+template <class Phase>
+void alternate(const Options& o, Admin& admin, bool walinspect, std::uint64_t& seed, Run& run, Phase phase) {
+    const double per_round = o.seconds / o.rounds;
+    for (int round = 0; round < o.rounds; ++round) {
+        for (std::size_t step = 0; step < run.sides.size(); ++step) {
+            const std::size_t i = round % 2 == 0 ? step : run.sides.size() - 1 - step;
+            Side& side = run.sides[i];
+            if (o.checkpoint) admin.checkpoint();
+            seed += 0x632BE59BD9B4E019ull;
+            const PhaseResult r = phase(side.kind, per_round, seed);
+            side.add(r);
+            side.wal_bytes += r.lsn_to - r.lsn_from;
+            if (walinspect) side.commits = side.commits.value_or(0) + admin.commit_records(r.lsn_from, r.lsn_to);
+        }
+    }
+}
+
+// The ideal side: one connection; each op is a round of op.group calls.
+template <class Snapshot>
+PhaseResult ideal_phase(Admin& admin, double seconds, std::uint64_t seed, IdealOp& op, Snapshot snapshot) {
+    PhaseResult r = run_phase(admin, 1, seconds, seed, op, snapshot);
+    r.calls *= op.group;
+    r.unexpected *= op.group;
+    return r;
+}
+
 }  // namespace
 
 std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
@@ -76,6 +122,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
     const std::string ideal_threads_table = o.ideal ? tables.add(prefix + "_ideal_threads") : std::string();
     const bool pgbench = o.use_pgbench && ::access(o.pgbench.c_str(), X_OK) == 0;
     const std::string pgb_table = pgbench ? tables.add(prefix + "_pgb") : std::string();
+    const std::string async_table = o.in_flight.empty() ? std::string() : tables.add(prefix + "_async");
     if (o.use_pgbench && !pgbench) std::fprintf(stderr, "note: %s not found; no pgbench column\n", o.pgbench.c_str());
     const bool walinspect = admin.enable_walinspect();
 
@@ -89,7 +136,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
     // (the `new` rounds add tens of thousands of rows, past autovacuum's thresholds) lands in
     // whichever rounds happen to run then, on one side only. Instead every table is vacuumed and
     // analyzed, untimed, before every case (vacuum_all below).
-    const std::string all_tables[] = {lib_table, floor_table, ideal_table, ideal_threads_table, pgb_table};
+    const std::string all_tables[] = {lib_table, floor_table, ideal_table, ideal_threads_table, pgb_table, async_table};
     for (const std::string& t : all_tables) {
         if (t.empty()) continue;
         admin.exec("ALTER TABLE " + quote_ident(t) + " SET (autovacuum_enabled = false)");
@@ -154,6 +201,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             Run run;
             run.threads = threads;
             run.pool = o.store_per_thread ? threads : pool;
+            run.floor_threads = threads;
             run.kind = kind;
             std::vector<SideKind> order{SideKind::floor};
             if (ideal) {
@@ -161,13 +209,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
                 order.push_back(SideKind::ideal_threads);
             }
             for (const auto& lib : libs) order.push_back(lib.kind);
-            if (!o.only.empty()) {
-                std::erase_if(order, [&](SideKind k) { return o.only != side_name(k); });
-            }
-            for (const SideKind k : order) {
-                run.sides.emplace_back();
-                run.sides.back().kind = k;
-            }
+            add_sides(run, order, o);
             // replay-cached: every side replays the same hot keys; the caches hold them before timing.
             const std::int64_t keys = kind == Case::replay_cached ? std::min(o.cached_keys, o.preload) : o.preload;
             if (kind == Case::replay_cached) {
@@ -184,39 +226,21 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             IdealOp ideal_op{ideal.get(), fp_bytes,    kind, keys, static_cast<std::size_t>(threads),
                              ideal_keys,  ideal_fences};
             vacuum_all();
-            const double per_round = o.seconds / o.rounds;
-            for (int round = 0; round < o.rounds; ++round) {
-                // ABC… then …CBA: alternating the order cancels a linear drift (ABBA for two sides).
-                for (std::size_t step = 0; step < run.sides.size(); ++step) {
-                    const std::size_t i = round % 2 == 0 ? step : run.sides.size() - 1 - step;
-                    Side& side = run.sides[i];
-                    if (o.checkpoint) admin.checkpoint();
-                    seed += 0x632BE59BD9B4E019ull;
-                    PhaseResult r;
-                    if (side.kind == SideKind::floor) {
-                        r = run_phase(admin, threads, per_round, seed, floor_op, floor_counters);
-                    } else if (side.kind == SideKind::ideal) {
-                        // One connection; each op is a round of `threads` calls.
-                        r = run_phase(admin, 1, per_round, seed, ideal_op, ideal_counters);
-                        r.calls *= static_cast<std::uint64_t>(threads);
-                        r.unexpected *= static_cast<std::uint64_t>(threads);
-                    } else if (side.kind == SideKind::ideal_threads) {
-                        IdealGather gather(ideal_threads.get(), static_cast<std::size_t>(threads));
-                        IdealThreadsOp op{gather, fp_bytes, kind, keys};
-                        r = run_phase(admin, threads, per_round, seed, op, ideal_threads_counters);
-                    } else {
-                        const LibrarySide& lib = *std::find_if(
-                            libs.begin(), libs.end(), [&](const LibrarySide& l) { return l.kind == side.kind; });
-                        LibraryOp lib_op{lib.for_case(kind), fp, kind, keys};
-                        r = run_phase(admin, threads, per_round, seed, lib_op,
-                                      [&lib]() noexcept { return lib.counters(); });
-                    }
-                    side.add(r);
-                    side.wal_bytes += r.lsn_to - r.lsn_from;
-                    if (walinspect)
-                        side.commits = side.commits.value_or(0) + admin.commit_records(r.lsn_from, r.lsn_to);
+            alternate(o, admin, walinspect, seed, run, [&](SideKind k, double per_round, std::uint64_t phase_seed) {
+                if (k == SideKind::floor)
+                    return run_phase(admin, threads, per_round, phase_seed, floor_op, floor_counters);
+                if (k == SideKind::ideal) return ideal_phase(admin, per_round, phase_seed, ideal_op, ideal_counters);
+                if (k == SideKind::ideal_threads) {
+                    IdealGather gather(ideal_threads.get(), static_cast<std::size_t>(threads));
+                    IdealThreadsOp op{gather, fp_bytes, kind, keys};
+                    return run_phase(admin, threads, per_round, phase_seed, op, ideal_threads_counters);
                 }
-            }
+                const LibrarySide& lib =
+                    *std::find_if(libs.begin(), libs.end(), [&](const LibrarySide& l) { return l.kind == k; });
+                LibraryOp lib_op{lib.for_case(kind), fp, kind, keys};
+                return run_phase(admin, threads, per_round, phase_seed, lib_op,
+                                 [&lib]() noexcept { return lib.counters(); });
+            });
             runs.push_back(std::move(run));
         }
         // pgbench (informational) after every case of this thread count, not between them: the
@@ -233,6 +257,65 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             print_run(run);
         }
     }
+#ifdef IDEM_BENCH_ASYNC
+    // The async points: for each N in flight, every case but replay-cached, with the floor at
+    // min(N, kAsyncFloorThreads) threads and ideal in rounds of N in the same alternating rounds.
+    if (!o.in_flight.empty()) {
+        std::printf(
+            "async points (@N: N requests in flight on one io_context thread, one AsyncPostgresStore with a "
+            "pool of %d; floor at min(N, %d) threads; ideal in rounds of N)\n",
+            o.async_pool, kAsyncFloorThreads);
+        if (std::find(o.cases.begin(), o.cases.end(), Case::replay_cached) != o.cases.end()) {
+            std::printf(
+                "note: no replay-cached at the async points (no replay cache in front of AsyncPostgresStore)\n");
+        }
+    }
+    for (const int n : o.in_flight) {
+        const int floor_threads = std::min(n, kAsyncFloorThreads);
+        AsyncSide async(o.db, async_table, o.async_pool);
+        std::vector<std::unique_ptr<FloorClient>> clients;
+        for (int t = 0; t < floor_threads; ++t) clients.push_back(std::make_unique<FloorClient>(o.db, floor_table));
+        const std::unique_ptr<IdealClient> ideal = o.ideal ? std::make_unique<IdealClient>(o.db, ideal_table) : nullptr;
+        const auto floor_counters = [&clients]() noexcept {
+            Counters c;
+            for (const auto& client : clients) c.round_trips += client->round_trips();
+            return c;
+        };
+        const auto ideal_counters = [&ideal]() noexcept {
+            Counters c;
+            c.round_trips = ideal ? ideal->round_trips() : 0;
+            return c;
+        };
+        std::vector<std::string> ideal_keys;
+        std::vector<std::int64_t> ideal_fences;
+        for (const Case kind : o.cases) {
+            if (kind == Case::replay_cached) continue;
+            Run run;
+            run.threads = 1;
+            run.pool = o.async_pool;
+            run.in_flight = n;
+            run.floor_threads = floor_threads;
+            run.kind = kind;
+            std::vector<SideKind> order{SideKind::floor};
+            if (ideal) order.push_back(SideKind::ideal);
+            order.push_back(SideKind::async);
+            add_sides(run, order, o);
+            FloorOp floor_op{clients, fp_bytes, kind, o.preload};
+            IdealOp ideal_op{ideal.get(), fp_bytes,    kind, o.preload, static_cast<std::size_t>(n),
+                             ideal_keys,  ideal_fences};
+            vacuum_all();
+            alternate(o, admin, walinspect, seed, run, [&](SideKind k, double per_round, std::uint64_t phase_seed) {
+                if (k == SideKind::floor) {
+                    return run_phase(admin, floor_threads, per_round, phase_seed, floor_op, floor_counters);
+                }
+                if (k == SideKind::ideal) return ideal_phase(admin, per_round, phase_seed, ideal_op, ideal_counters);
+                return async.phase(admin, kind, n, per_round, phase_seed, fp, o.preload);
+            });
+            print_run(run);
+            runs.push_back(std::move(run));
+        }
+    }
+#endif
     return runs;
 }
 

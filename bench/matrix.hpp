@@ -1,5 +1,6 @@
 // The throughput matrix (the default run): every thread count, case and side in alternating rounds,
-// and its figures: a Side is one side of one case, a Run one case at one thread count.
+// then the async points (--in-flight), and its figures: a Side is one side of one case, a Run one
+// case at one thread count or one number of requests in flight.
 #pragma once
 
 #include <idem/idem.hpp>
@@ -69,8 +70,12 @@ struct Side {
 };
 
 struct Run {
-    int threads = 0;
-    int pool = 0;  ///< the idem sides' connections (= threads unless --threads T/P or --pool)
+    int threads = 0;  ///< 1 for an async point (its one io_context thread)
+    int pool = 0;     ///< the idem sides' connections (= threads unless --threads T/P or --pool); async: its pool
+    /// An async point: the requests in flight (0 otherwise); its floor ran on floor_threads threads
+    /// and its ideal in rounds of in_flight calls.
+    int in_flight = 0;
+    int floor_threads = 0;  ///< the floor's threads (= threads, except in an async point)
     Case kind = Case::fresh;
     std::vector<Side> sides;  ///< in SideKind order; only the sides that ran
     std::optional<double> pgbench_tps;
@@ -81,11 +86,15 @@ struct Run {
         }
         return nullptr;
     }
-    /// The side the ratio column compares with the floor: idem (group commit off), else idem_gc.
+    /// The side the ratio column compares with the floor: idem (group commit off), else idem_gc,
+    /// else async.
     [[nodiscard]] const Side* lib() const {
         const Side* s = find(SideKind::idem);
-        return s ? s : find(SideKind::idem_gc);
+        s = s ? s : find(SideKind::idem_gc);
+        return s ? s : find(SideKind::async);
     }
+    /// The calls the ideal side sends in one statement.
+    [[nodiscard]] int ideal_group() const { return in_flight > 0 ? in_flight : threads; }
     [[nodiscard]] double ratio(SideKind k) const {
         const Side* a = find(k);
         const Side* f = find(SideKind::floor);

@@ -28,6 +28,17 @@ Throughput matrix (default):
   --preload N             completed and in-progress keys preloaded for replay/conflict (100000)
   --cached-keys N         replay-cached: every side replays the first N preloaded keys (1000), and
                           the cache is filled with them, untimed, before the case
+  --in-flight LIST        the async points: N requests in flight on one io_context thread through
+                          one idem::asio::AsyncPostgresStore (async_execute_once, no-op effect, its
+                          own group commit), each N a point of its own: default 16,64,256; none:
+                          skip them. Cases new, replay, conflict (not replay-cached: no replay cache
+                          sits in front of AsyncPostgresStore). Each point alternates, in ABBA order,
+                          the async side with the floor at min(N, 16) threads (so the point at 64
+                          measures the floor's p99 at 16 threads that it is held to) and ideal in
+                          rounds of N calls; the targets compare new and replay calls with the
+                          floor's best ops/s at any thread count in the run. Only when idem-bench
+                          is built with the idem::asio component (Boost >= 1.81)
+  --async-pool N          the AsyncPostgresStore's pool_size (default 8)
   --json FILE             write the figures as JSON
   --pgbench PATH          pgbench binary (default /usr/lib/postgresql/15/bin/pgbench, if present)
   --no-pgbench            skip the pgbench column
@@ -35,9 +46,10 @@ Throughput matrix (default):
   --expect-round-trips    exit 3 unless every call had the expected outcome and round trips per call
                           are exactly new 2, replay 1, conflict 1 (floor, idem), the same per round
                           (ideal; ideal_threads: plus at most T short last rounds), at most one per
-                          preloaded key and thread (replay-cached) (the CTest smoke test)
+                          preloaded key and thread (replay-cached), at most these (async: its
+                          group commit) (the CTest smoke test)
   --print-pgbench-scripts print the pgbench scripts and exit
-  --only SIDE             floor, ideal, ideal_threads, idem or idem_gc: run one side only (to
+  --only SIDE             floor, ideal, ideal_threads, idem, idem_gc or async: run one side only (to
                           profile it with perf or strace; no ratio)
   --store-per-thread      diagnostic: one PostgresStore (pool of 1) per thread instead of one
                           shared store with a pool of T: isolates the cost of sharing the pool
@@ -129,6 +141,25 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--cached-keys") {
             o.cached_keys = to_int(value(), "--cached-keys");
             if (o.cached_keys < 1) usage(2);
+        } else if (arg == "--in-flight") {
+            o.in_flight.clear();
+            const std::string v = value();
+            if (v != "none") {
+                for (const auto& n : split(v)) o.in_flight.push_back(static_cast<int>(to_int(n, "--in-flight")));
+                if (o.in_flight.empty()) usage(2);
+                for (const int n : o.in_flight) {
+                    if (n < 1) usage(2);
+                }
+#ifndef IDEM_BENCH_ASYNC
+                std::fprintf(stderr,
+                             "idem-bench: --in-flight needs the idem::asio component (Boost >= 1.81); this "
+                             "idem-bench is built without it\n");
+                std::exit(2);
+#endif
+            }
+        } else if (arg == "--async-pool") {
+            o.async_pool = static_cast<int>(to_int(value(), "--async-pool"));
+            if (o.async_pool < 1) usage(2);
         } else if (arg == "--json") {
             o.json = value();
         } else if (arg == "--pgbench") {
@@ -158,7 +189,7 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--only") {
             o.only = value();
             if (o.only != "idem" && o.only != "floor" && o.only != "ideal" && o.only != "ideal_threads" &&
-                o.only != "idem_gc") {
+                o.only != "idem_gc" && o.only != "async") {
                 usage(2);
             }
         } else if (arg == "--store-per-thread") {

@@ -37,6 +37,14 @@ struct Options {
     std::int64_t rss_calls = 1'000'000;
     int rss_threads = 4;
     bool print_scripts = false;
+    /// The async points (bench/async_side.hpp): requests in flight on one io_context thread, each
+    /// its own point; empty: none (always empty without the idem::asio component).
+#ifdef IDEM_BENCH_ASYNC
+    std::vector<int> in_flight{16, 64, 256};
+#else
+    std::vector<int> in_flight;
+#endif
+    int async_pool = 8;             ///< the AsyncPostgresStore's pool_size (PostgresOptions' default)
     std::string only;               ///< a side name: run that side only (for profiling; no ratio)
     bool store_per_thread = false;  ///< diagnostic: T stores with a pool of 1 instead of one pool of T
 };

@@ -26,9 +26,40 @@ std::string json_side(const Side& side, const Run& run) {
         json_number(side.mean_save_group()), side.counters.largest_save_group);
 }
 
-// "16", or "64/8" for 64 threads on a pool of 8.
+// "16", or "64/8" for 64 threads on a pool of 8, or "@64" for 64 requests in flight (async points).
 std::string load_name(const Run& r) {
+    if (r.in_flight > 0) return fmt::format("@{}", r.in_flight);
     return r.pool > 0 && r.pool != r.threads ? fmt::format("{}/{}", r.threads, r.pool) : std::to_string(r.threads);
+}
+
+// The side's label in the table: at an async point the floor says on how many threads it ran.
+std::string side_label(const Run& r, const Side& side) {
+    if (r.in_flight > 0 && side.kind == SideKind::floor) return fmt::format("floor {} thr", r.floor_threads);
+    return side_name(side.kind);
+}
+
+// The floor's best ops/s for `kind` over every run (any thread count, the async points' floors too).
+const Run* best_floor(const std::vector<Run>& runs, Case kind) {
+    const Run* best = nullptr;
+    for (const Run& r : runs) {
+        const Side* f = r.find(SideKind::floor);
+        if (r.kind == kind && f && (!best || f->ops() > best->find(SideKind::floor)->ops())) best = &r;
+    }
+    return best;
+}
+
+// The floor's p99 at 16 threads for `at`'s case: its own floor when it ran on 16 threads (@64 by
+// default), else the matrix's 16-thread run, else another async point whose floor ran on 16.
+const Side* floor_at_16(const std::vector<Run>& runs, const Run& at) {
+    if (at.floor_threads == 16 && at.find(SideKind::floor)) return at.find(SideKind::floor);
+    const Side* other = nullptr;
+    for (const Run& r : runs) {
+        const Side* f = r.find(SideKind::floor);
+        if (r.kind != at.kind || !f || r.floor_threads != 16) continue;
+        if (r.in_flight == 0) return f;
+        other = other ? other : f;
+    }
+    return other;
 }
 
 }  // namespace
@@ -50,10 +81,10 @@ void print_run(const Run& r) {
                                                                              side.counters.largest_save_group)
                                                                : "-";
         std::printf("%-7s %-13s %-13s %11.0f %6.3f %8.0f %8.0f %7.3f %7.1f %9s %10.0f %11s %11s\n",
-                    load_name(r).c_str(), case_name(r.kind), side_name(side.kind), side.ops(), r.ratio(side.kind),
-                    side.hist.percentile_us(0.50), side.hist.percentile_us(0.99), side.rt_per_call(),
-                    side.cpu_us_per_call(), commits.c_str(), side.wal_bytes_per_call(), claim_grp.c_str(),
-                    save_grp.c_str());
+                    load_name(r).c_str(), case_name(r.kind), side_label(r, side).c_str(), side.ops(),
+                    r.ratio(side.kind), side.hist.percentile_us(0.50), side.hist.percentile_us(0.99),
+                    side.rt_per_call(), side.cpu_us_per_call(), commits.c_str(), side.wal_bytes_per_call(),
+                    claim_grp.c_str(), save_grp.c_str());
         if (side.unexpected || side.counters.retries || side.counters.opened) {
             std::printf("        note: %s: unexpected outcomes %llu; retries %llu; connections opened %llu\n",
                         side_name(side.kind), static_cast<unsigned long long>(side.unexpected),
@@ -64,6 +95,44 @@ void print_run(const Run& r) {
     if (r.pgbench_tps)
         std::printf("%-7s %-13s %-13s %11.0f  (informational)\n", load_name(r).c_str(), case_name(r.kind), "pgbench",
                     *r.pgbench_tps);
+    std::fflush(stdout);
+}
+
+std::vector<AsyncTarget> async_targets(const std::vector<Run>& runs) {
+    std::vector<AsyncTarget> out;
+    for (const Run& r : runs) {
+        const Side* a = r.find(SideKind::async);
+        if (r.in_flight == 0 || !a) continue;
+        const Run* best = best_floor(runs, r.kind);
+        const double best_ops = best ? best->find(SideKind::floor)->ops() : NAN;
+        const std::string best_at =
+            best ? fmt::format(" ({:.0f} ops/s, {} threads)", best_ops, best->floor_threads) : "";
+        if (r.kind == Case::fresh || r.kind == Case::replay) {
+            out.push_back({"ops/s vs the floor's best" + best_at, r.in_flight, r.kind, a->ops() / best_ops,
+                           r.kind == Case::fresh ? 3.0 : 2.0, true});
+        }
+        if (const Side* ideal = r.find(SideKind::ideal); ideal && r.kind == Case::fresh) {
+            out.push_back({fmt::format("ops/s vs ideal in rounds of {} ({:.0f} ops/s)", r.in_flight, ideal->ops()),
+                           r.in_flight, r.kind, a->ops() / ideal->ops(), 0.8, true});
+        }
+        if (const Side* f16 = floor_at_16(runs, r); f16 && r.in_flight == 64) {
+            out.push_back({fmt::format("p99 vs the floor's p99 at 16 threads ({:.0f} vs {:.0f} us)",
+                                       a->hist.percentile_us(0.99), f16->hist.percentile_us(0.99)),
+                           r.in_flight, r.kind, a->hist.percentile_us(0.99) / f16->hist.percentile_us(0.99), 1.0,
+                           false});
+        }
+    }
+    return out;
+}
+
+void print_async_targets(const std::vector<Run>& runs) {
+    const std::vector<AsyncTarget> targets = async_targets(runs);
+    if (targets.empty()) return;
+    std::printf("async targets (async side / the floor or ideal; the floor's best: its most ops/s in this run):\n");
+    for (const AsyncTarget& t : targets) {
+        std::printf("  @%-4d %-9s %-70s %6.2f  %s %.1f  %s\n", t.in_flight, case_name(t.kind), t.what.c_str(), t.value,
+                    t.at_least ? ">=" : "<=", t.target, t.met() ? "met" : "MISSED");
+    }
     std::fflush(stdout);
 }
 
@@ -97,9 +166,25 @@ void write_json(const std::string& path, const Options& o, const std::string& se
             s += fmt::format("{}\"{}\": {}", first ? "" : ", ", side_name(side.kind), json_side(side, r));
             first = false;
         }
-        s += "}}";
+        s += "}";
+        if (r.in_flight > 0)
+            s += fmt::format(", \"in_flight\": {}, \"floor_threads\": {}", r.in_flight, r.floor_threads);
+        s += "}";
     }
     s += runs.empty() ? "],\n" : "\n  ],\n";
+    const std::vector<AsyncTarget> targets = async_targets(runs);
+    if (!targets.empty()) {
+        s += "  \"async_targets\": [";
+        for (std::size_t i = 0; i < targets.size(); ++i) {
+            const AsyncTarget& t = targets[i];
+            s += fmt::format(
+                "{}\n    {{\"what\": \"{}\", \"in_flight\": {}, \"case\": \"{}\", \"value\": {}, \"target\": {}, "
+                "\"at_least\": {}, \"met\": {}}}",
+                i ? "," : "", t.what, t.in_flight, case_name(t.kind), json_number(t.value), json_number(t.target),
+                t.at_least, t.met());
+        }
+        s += "\n  ],\n";
+    }
     s += fmt::format("  \"rss_mb\": {},\n", json_number(rss_mb));
     if (ts) {
         s += fmt::format(

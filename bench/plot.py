@@ -2,7 +2,8 @@
 """Draws docs/benchmarks.svg from idem-bench's --json output: ops/s by load (threads, or threads on a
 smaller pool), one panel per
 case, one line per side (floor, ideal grouping on one thread and with a thread per call, idem,
-idem + group commit).
+idem + group commit). The async points (runs with "in_flight") come after the thread counts on the
+x axis, as their own series: idem::asio with N requests in flight on one thread.
 
 Usage: bench/plot.py FILE.json [OUT.svg|OUT.png]      (default OUT: docs/benchmarks.svg)
 Needs matplotlib (Debian: apt-get install -y python3-matplotlib; hence /usr/bin/python3).
@@ -26,10 +27,13 @@ SIDES = [  # JSON side name, legend, style
     ("idem", "idem", {"color": "tab:blue", "marker": "o"}),
     ("idem_gc", "idem + group commit", {"color": "tab:orange", "marker": "^"}),
 ]
+ASYNC = ("async", "idem::asio (N in flight, one thread)", {"color": "tab:red", "marker": "v"})
 CASES = ["new", "replay", "conflict", "replay-cached"]
 
 
 def load(run):
+    if run.get("in_flight"):
+        return f"{run['in_flight']} in flight"
     pool = run.get("pool") or run["threads"]
     return f"{run['threads']}/{pool}" if pool != run["threads"] else f"{run['threads']}"
 
@@ -53,25 +57,31 @@ def main():
         ax.set_visible(False)
     # One x position per load (threads, or threads/pool), in the order of the runs.
     loads = []
-    for r in runs:
+    for r in sorted(runs, key=lambda r: bool(r.get("in_flight"))):
         if load(r) not in loads:
             loads.append(load(r))
     for ax, case in zip(flat, cases):
-        rows = [r for r in runs if r["case"] == case]
-        for side, label, style in SIDES:
-            points = [(loads.index(load(r)), r["sides"][side]["ops_per_s"]) for r in rows if side in r.get("sides", {})]
+        rows = [r for r in runs if r["case"] == case and not r.get("in_flight")]
+        async_rows = [r for r in runs if r["case"] == case and r.get("in_flight")]
+        for (side, label, style), these in [(s, rows) for s in SIDES] + [(ASYNC, async_rows)]:
+            points = [(loads.index(load(r)), r["sides"][side]["ops_per_s"]) for r in these if side in r.get("sides", {})]
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
         ax.set_title(case + (" (idem through CachedStore)" if case == "replay-cached" else ""), fontsize=10)
         ax.set_xticks(range(len(loads)))
         ax.set_xticklabels(loads)
-        ax.set_xlabel("threads (threads/pool: fewer connections than threads)")
+        ax.set_xlabel("threads (T/P: a pool of P; N in flight: idem::asio)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}".replace(",", " ")))
     for row in axes:
         row[0].set_ylabel("calls per second")
-    handles, labels = flat[0].get_legend_handles_labels()
+    handles, labels = [], []
+    for ax in flat:  # every side that ran in some panel (replay-cached has no async series)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
     fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False, fontsize=9)
     seconds, rounds = data.get("seconds_per_case"), data.get("rounds")
     server = ", ".join(data.get("server", "").split(", ")[:2])

@@ -7,6 +7,9 @@ Usage: bench/table.py FILE.json [FILE2.json ...]
 One row per (threads or threads/pool, case): ops/s of every side (floor, ideal grouping on one thread, ideal
 grouping with a thread per call, idem, idem + group commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
 (mean / max), p99 latency. A side that did not run shows "—".
+The async points (runs with "in_flight": idem::asio, N requests in flight on one thread) follow in a
+table of their own: async ops/s next to the floor of the same point (min(N, 16) threads), the
+floor's best (its most ops/s at any thread count in the file) and ideal in rounds of N.
 With several files (repeated runs of the same command) it prints one table per file and then one
 line per (threads, case) with every run's idem / floor ratio, so the run-to-run spread is visible,
 and the pooled ratio (all runs' idem calls / all runs' floor calls: both sides ran equally long).
@@ -24,7 +27,9 @@ def fmt_int(x):
 
 
 def load(run):
-    """The run's load: "16" threads, or "64/8" for 64 threads on a pool of 8 connections."""
+    """The run's load: "16" threads, "64/8" for 64 threads on a pool of 8 connections, or "64 in flight"."""
+    if run.get("in_flight"):
+        return f"{run['in_flight']} in flight"
     pool = run.get("pool") or run["threads"]
     return f"{run['threads']}/{pool}" if pool != run["threads"] else f"{run['threads']}"
 
@@ -53,14 +58,47 @@ def per_side(run, names, field, fmt):
     return " / ".join(vals)
 
 
-def groups(run):
-    s = side(run, "idem_gc")
+def groups(run, name="idem_gc"):
+    s = side(run, name)
     if not s or not s.get("claim_group_max"):
         return DASH
     return f"{s['claim_group_mean']:.1f} / {s['claim_group_max']}"
 
 
-def table(runs):
+def floor_best(runs, case):
+    """The floor's most ops/s for `case` in any run (any thread count, the async points' floors too)."""
+    best = None
+    for r in runs:
+        f = side(r, "floor")
+        if r["case"] == case and f and (best is None or f["ops_per_s"] > side(best, "floor")["ops_per_s"]):
+            best = r
+    return best
+
+
+def async_table(runs, everything):
+    print("| in flight | case | async ops/s | floor ops/s (threads) | ideal ops/s (rounds of N) | async / floor | "
+          "async / floor's best (threads) | async / ideal | p99 µs: async / floor | round trips / call: async | "
+          "commits / call: floor / ideal / async | claim group mean / max | client CPU µs / call: async / floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        best = floor_best(everything, r["case"])
+        a = side(r, "async")
+        if a and best:
+            best_ratio = f"**{a['ops_per_s'] / side(best, 'floor')['ops_per_s']:.2f}** ({best.get('floor_threads', best['threads'])})"
+        else:
+            best_ratio = DASH
+        rt = f"{a['round_trips_per_call']:.2f}" if a and a.get("round_trips_per_call") is not None else DASH
+        print(f"| {r['in_flight']} | {r['case']} | {ops(r, 'async')} | {ops(r, 'floor')} ({r.get('floor_threads', DASH)}) | "
+              f"{ops(r, 'ideal')} | {ratio(r, 'async', 'floor')} | {best_ratio} | {ratio(r, 'async', 'ideal')} | "
+              f"{per_side(r, ['async', 'floor'], 'p99_us', lambda v: f'{round(v)}')} | {rt} | "
+              f"{per_side(r, ['floor', 'ideal', 'async'], 'commits_per_call', lambda v: f'{v:.2f}')} | "
+              f"{groups(r, 'async')} | "
+              f"{per_side(r, ['async', 'floor'], 'client_cpu_us_per_call', lambda v: f'{v:.1f}')} |")
+
+
+def table(everything):
+    runs = [r for r in everything if not r.get("in_flight")]
+    async_runs = [r for r in everything if r.get("in_flight")]
     print("| threads | case | floor ops/s | ideal ops/s | ideal, threads ops/s | idem ops/s | idem + gc ops/s | "
           "idem / floor | idem + gc / floor | idem + gc / ideal | idem + gc / ideal, threads | "
           "commits / call: floor / ideal / ideal, threads / idem / idem + gc | "
@@ -76,6 +114,9 @@ def table(runs):
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'wal_bytes_per_call', lambda v: f'{round(v)}')} | "
               f"{groups(r)} | "
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'p99_us', lambda v: f'{round(v)}')} |")
+    if async_runs:
+        print()
+        async_table(async_runs, everything)
 
 
 BEGIN, END = "<!-- figures-table:begin -->", "<!-- figures-table:end -->"
