@@ -983,6 +983,11 @@ int main(int argc, char** argv) {
         check(value(after.body, "idem_reconcile_failures_total{kind=\"sweep\"}") == "0", "no failed reconciler sweep");
         check(value(after.body, "idem_store_claims_total") == std::to_string(kNew + kReplays + 1 + 2),
               "the store saw one claim per call that reached it: " + value(after.body, "idem_store_claims_total"));
+        check(value(after.body, "payments_store_saves_total") == std::to_string(kNew),
+              "one save per new payment: " + value(after.body, "payments_store_saves_total"));
+        check(value(after.body, "payments_group_commit_grouped_claims_total") == "0" &&
+                  value(after.body, "payments_group_commit_grouped_saves_total") == "0",
+              "--group-commit off: no claim or save went in a shared transaction");
 
         // F: the replay cache and group commit on. The first replay reads the completed record
         // from PostgreSQL and keeps it; the next ones never reach the store, and are byte-identical.

@@ -192,6 +192,32 @@ void reply_retry(httplib::Response& res, int status, const std::string& body, mi
     reply(res, status, body);
 }
 
+// What group commit did, in the Prometheus text format, after the observer's metrics: the shared
+// transactions it sent for claims and for saves, the calls they carried, and the save calls. A claim
+// or save outside a group is a transaction of its own, so idem's transactions are claims - grouped
+// claims + claim groups, and the same for saves: scrapes before and after a load tell how many
+// commits each request cost.
+std::string group_commit_metrics(const idem::PostgresStore& store) {
+    const idem::StoreStats calls = store.stats();
+    const idem::GroupCommitStats groups = store.group_commit_stats();
+    std::string out;
+    const auto counter = [&out](std::string_view name, std::string_view help, std::uint64_t value) {
+        out.append("# HELP ").append(name).append(" ").append(help).append("\n");
+        out.append("# TYPE ").append(name).append(" counter\n");
+        out.append(name).append(" ").append(std::to_string(value)).append("\n");
+    };
+    counter("payments_store_saves_total", "save() calls of idem's store.", calls.saves);
+    counter("payments_group_commit_claim_groups_total", "Shared transactions group commit sent for claims.",
+            groups.claim_groups);
+    counter("payments_group_commit_grouped_claims_total", "Claims sent in those shared transactions.",
+            groups.grouped_claims);
+    counter("payments_group_commit_save_groups_total", "Shared transactions group commit sent for saves.",
+            groups.save_groups);
+    counter("payments_group_commit_grouped_saves_total", "Saves sent in those shared transactions.",
+            groups.grouped_saves);
+    return out;
+}
+
 // ------------------------------------------------------------------------------------- the service
 
 struct Service {
@@ -454,9 +480,10 @@ int main(int argc, char** argv) {
                    [&service](const httplib::Request& req, httplib::Response& res) { service.get_charges(req, res); });
         server.Get("/healthz",
                    [](const httplib::Request&, httplib::Response& res) { reply(res, 200, "{\"status\":\"ok\"}"); });
-        server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
+        server.Get("/metrics", [&metrics, &store](const httplib::Request&, httplib::Response& res) {
             res.status = 200;
-            res.set_content(metrics->render(), std::string(idem::PrometheusObserver::content_type));
+            res.set_content(metrics->render() + group_commit_metrics(store),
+                            std::string(idem::PrometheusObserver::content_type));
         });
         server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
             try {
