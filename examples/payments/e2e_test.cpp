@@ -648,9 +648,11 @@ int main(int argc, char** argv) {
     }
     // E: only the /metrics section calls it, so its counters are exactly that section's calls (the
     // default 30 s lease and an hourly reconciler: no other section's key reaches its observer).
-    const auto metrics_instance = start_server(
-        server_exe,
-        {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--db-pool", "4", "--threads", "8"});
+    // Without the replay cache and group commit (both on by default), so that every call reaches the
+    // store and each claim and save is a transaction of its own.
+    const auto metrics_instance =
+        start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--db-pool",
+                                  "4", "--threads", "8", "--replay-cache-mb", "0", "--group-commit", "off"});
     if (!metrics_instance) {
         std::cout << "FAILED: could not start instance E" << std::endl;
         return 1;
@@ -989,12 +991,12 @@ int main(int argc, char** argv) {
                   value(after.body, "payments_group_commit_grouped_saves_total") == "0",
               "--group-commit off: no claim or save went in a shared transaction");
 
-        // F: the replay cache and group commit on. The first replay reads the completed record
-        // from PostgreSQL and keeps it; the next ones never reach the store, and are byte-identical.
+        // F: the defaults, the replay cache and group commit on. The first replay reads the
+        // completed record from PostgreSQL and keeps it; the next ones never reach the store, and
+        // are byte-identical.
         const auto cached_instance = start_server(
-            server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--db-pool", "4",
-                         "--threads", "8", "--replay-cache-mb", "8", "--group-commit", "on"});
-        check(cached_instance.has_value(), "instance F starts with --replay-cache-mb 8 --group-commit on");
+            server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--db-pool", "2"});
+        check(cached_instance.has_value(), "instance F starts with the default replay cache and group commit");
         if (cached_instance) {
             servers.push_back(*cached_instance);
             const std::string F = cached_instance->url;
@@ -1019,6 +1021,43 @@ int main(int argc, char** argv) {
             check(send(F, "GET", "/gateway/charges?idempotency_key=" + key, {}).body.find("\"count\":1") !=
                       std::string::npos,
                   "cache: one charge");
+
+            // More simultaneous payments than F has connections: the claims and saves that find
+            // none free share transactions. Each payment is still charged once and replays its own
+            // bytes.
+            constexpr int kBurst = 24;
+            std::vector<std::string> burst_keys;
+            for (int i = 0; i < kBurst; ++i) burst_keys.push_back(fresh_key("grouped"));
+            std::vector<Reply> firsts(kBurst);
+            std::latch go(kBurst);
+            std::vector<std::thread> threads;
+            for (int i = 0; i < kBurst; ++i) {
+                threads.emplace_back([&, i] {
+                    go.arrive_and_wait();
+                    const auto at = static_cast<std::size_t>(i);
+                    firsts[at] = pay(F, acct_m, burst_keys[at], payment_body(100 + i, 1000 + i, "tok_ok"));
+                });
+            }
+            for (auto& t : threads) t.join();
+            int paid = 0, charged_once = 0, replayed = 0;
+            for (int i = 0; i < kBurst; ++i) {
+                const auto at = static_cast<std::size_t>(i);
+                if (firsts[at].status == 201 && !firsts[at].replayed()) ++paid;
+                if (gateway_count(F, burst_keys[at]) == 1) ++charged_once;
+                const Reply again = pay(F, acct_m, burst_keys[at], payment_body(100 + i, 1000 + i, "tok_ok"));
+                if (again.status == 201 && again.replayed() && again.body == firsts[at].body) ++replayed;
+            }
+            check(paid == kBurst, "group commit: every simultaneous payment -> 201: " + std::to_string(paid));
+            check(charged_once == kBurst, "group commit: one charge each: " + std::to_string(charged_once));
+            check(replayed == kBurst, "group commit: each replays its own bytes: " + std::to_string(replayed));
+            const Reply g = send(F, "GET", "/metrics", {});
+            const std::string grouped_claims = value(g.body, "payments_group_commit_grouped_claims_total");
+            const std::string grouped_saves = value(g.body, "payments_group_commit_grouped_saves_total");
+            std::cout << "   grouped: " << grouped_claims << " claims in "
+                      << value(g.body, "payments_group_commit_claim_groups_total") << " transactions, " << grouped_saves
+                      << " saves in " << value(g.body, "payments_group_commit_save_groups_total") << std::endl;
+            check(!grouped_claims.empty() && grouped_claims != "0",
+                  "group commit: claims that found no connection free went in shared transactions");
         }
     }
 

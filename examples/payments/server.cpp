@@ -66,10 +66,10 @@ struct Options {
     milliseconds lease{30'000};
     milliseconds reconcile_every{1'000};
     std::int64_t rate_limit_per_second = 0;  // 0: off
-    std::size_t threads = 32;
+    std::size_t threads = 128;
     std::size_t db_pool = 8;
-    std::size_t replay_cache_mb = 0;  // 0: off
-    bool group_commit = false;
+    std::size_t replay_cache_mb = 64;  // 0: off
+    bool group_commit = true;
 };
 
 [[noreturn]] void usage(int status) {
@@ -86,11 +86,12 @@ struct Options {
            "it (30000)\n"
            "  --reconcile-every-ms  reconciler period (1000)\n"
            "  --rate-limit-per-second  per-account limit across all instances (default 0: off)\n"
-           "  --threads             HTTP worker threads, one per open connection (32)\n"
+           "  --threads             HTTP worker threads, one per open connection (128)\n"
            "  --db-pool             database connections for idem, and as many for the gateway "
            "(8)\n"
-           "  --replay-cache-mb     in-process replay cache for completed keys, MiB (0: off, the default)\n"
-           "  --group-commit        concurrent claims and saves share transactions (off)\n";
+           "  --replay-cache-mb     in-process replay cache for completed keys, MiB (64; 0: off)\n"
+           "  --group-commit        claims and saves that find no connection free share "
+           "transactions (on)\n";
     std::exit(status);
 }
 
