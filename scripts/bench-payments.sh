@@ -168,10 +168,13 @@ ticks_of() {
     done
     echo "$t"
 }
-postgres_pids() { # the cluster's postmaster and every backend / auxiliary process under it
+# CPU time used so far by the PostgreSQL cluster: the postmaster, the processes under it now, and
+# those it has reaped (a backend that ended: the Express peer's pool closes a connection idle for
+# 10 s, and opens a new one at its next run).
+postgres_ticks() {
     local pm
     pm="$(head -n1 "$IDEM_PG_DATA/postmaster.pid")"
-    echo "$pm" $(pgrep -P "$pm")
+    echo $(($(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat") + $(ticks_of $(pgrep -P "$pm"))))
 }
 hz="$(getconf CLK_TCK)"
 
@@ -179,11 +182,10 @@ hz="$(getconf CLK_TCK)"
 # (CPU per request: the server process's and the PostgreSQL cluster's CPU time during the wrk run,
 # divided by the requests wrk completed — where the two cores went)
 run_wrk() {
-    local out="$work/wrk.$1.$2.$3.$4" s0 s1 p0 p1 pg
-    pg="$(postgres_pids)"
-    s0="$(ticks_of "${pid_of[$1]}")"; p0="$(ticks_of $pg)"
+    local out="$work/wrk.$1.$2.$3.$4" s0 s1 p0 p1
+    s0="$(ticks_of "${pid_of[$1]}")"; p0="$(postgres_ticks)"
     wrk -t1 -c"$3" -d"${duration}s" --latency -s "$peer/$2.lua" "${url[$1]}" >"$out" 2>&1 || true
-    s1="$(ticks_of "${pid_of[$1]}")"; p1="$(ticks_of $pg)"
+    s1="$(ticks_of "${pid_of[$1]}")"; p1="$(postgres_ticks)"
     awk -v st=$((s1 - s0)) -v pt=$((p1 - p0)) -v hz="$hz" '
         function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
         /^Requests\/sec:/ { rps = $2 }
