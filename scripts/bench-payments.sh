@@ -9,14 +9,16 @@
 #   --rounds     runs per figure, alternating the two servers; the median is reported (default 3)
 #   --peer       the Express peer (default ../shared/peers/express-seed003, relative to the repo)
 #   --build-dir  release build directory (default build/release)
-#   --server-args  extra payments-server options, e.g. "--replay-cache-mb 64 --group-commit on"
+#   --server-args  extra payments-server options, e.g. "--replay-cache-mb 0 --group-commit off"
 #
 # For each server: the new-payment path (wrk new.lua: a fresh key per request) and the replay path
-# (wrk replay.lua: keys replay-1..100, each sent once first), at 1 and 16 connections (wrk -t1,
-# gateway latency 0). The two servers take turns (Express, ours, Express, ours, ...) so that a change
+# (wrk replay.lua: keys replay-1..100, each sent once first), at 1, 16 and 64 connections (wrk -t1,
+# gateway latency 0). Targets: new payments 1.5x Express at 1 connection and 2x at 16 and 64,
+# replays 4x at each. The two servers take turns (Express, ours, Express, ours, ...) so that a change
 # in the machine's load during the run hits both alike. Prints the figures as Markdown for
 # docs/benchmarks.md on stdout (progress on stderr), with the CPU time per request of each server
-# process and of the PostgreSQL cluster (where the two cores went); exits 1 if a target ratio was missed.
+# process and of the PostgreSQL cluster (where the two cores went) and the transactions that wrote
+# per request (how many commits group commit saved); exits 1 if a target ratio was missed.
 # Needs wrk, node and npm (the Express side is skipped if npm or node is missing).
 set -euo pipefail
 
@@ -42,7 +44,7 @@ while (($# > 0)); do
         --server-args) server_args="${2?}"; shift ;;
         --server-args=*) server_args="${1#*=}" ;;
         --inner) inner=1 ;;
-        -h | --help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "bench-payments: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -176,53 +178,78 @@ postgres_ticks() {
     pm="$(head -n1 "$IDEM_PG_DATA/postmaster.pid")"
     echo $(($(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat") + $(ticks_of $(pgrep -P "$pm"))))
 }
+# Transactions that wrote so far: for payments-server, idem's claim and save transactions (its
+# /metrics: a call that went alone is one, a group commit one for all its calls) and the gateway's
+# ledger rows (one commit each); for Express, three per payment (its claim INSERT, its charge
+# INSERT, its UPDATE, each a statement of its own) — its peer_charges rows times three.
+writes_of() {
+    if [[ $1 == idem ]]; then
+        local ledger
+        ledger="$(psql "$IDEM_TEST_DATABASE_URL" -Atc 'SELECT count(*) FROM gateway_charges')"
+        curl -s "${url[idem]}/metrics" | awk -v ledger="$ledger" '
+            $1 == "idem_store_claims_total" { c = $2 } $1 == "payments_store_saves_total" { s = $2 }
+            $1 == "payments_group_commit_claim_groups_total" { cg = $2 }
+            $1 == "payments_group_commit_grouped_claims_total" { gc = $2 }
+            $1 == "payments_group_commit_save_groups_total" { sg = $2 }
+            $1 == "payments_group_commit_grouped_saves_total" { gs = $2 }
+            END { print c - gc + cg + s - gs + sg + ledger }'
+    else
+        psql "$IDEM_TEST_DATABASE_URL" -Atc 'SELECT 3 * count(*) FROM peer_charges'
+    fi
+}
 hz="$(getconf CLK_TCK)"
 
-# run_wrk SERVER SCRIPT CONNECTIONS ROUND → "req/s p50_ms non2xx server_cpu_us_per_req pg_cpu_us_per_req"
+# run_wrk SERVER SCRIPT CONNECTIONS ROUND
+#   → "req/s p50_ms non2xx server_cpu_us_per_req pg_cpu_us_per_req writes_per_req"
 # (CPU per request: the server process's and the PostgreSQL cluster's CPU time during the wrk run,
-# divided by the requests wrk completed — where the two cores went)
+# divided by the requests wrk completed — where the two cores went; writes: writes_of)
 run_wrk() {
-    local out="$work/wrk.$1.$2.$3.$4" s0 s1 p0 p1
+    local out="$work/wrk.$1.$2.$3.$4" s0 s1 p0 p1 w0 w1
+    w0="$(writes_of "$1")"
     s0="$(ticks_of "${pid_of[$1]}")"; p0="$(postgres_ticks)"
     wrk -t1 -c"$3" -d"${duration}s" --latency -s "$peer/$2.lua" "${url[$1]}" >"$out" 2>&1 || true
     s1="$(ticks_of "${pid_of[$1]}")"; p1="$(postgres_ticks)"
-    awk -v st=$((s1 - s0)) -v pt=$((p1 - p0)) -v hz="$hz" '
+    w1="$(writes_of "$1")"
+    awk -v st=$((s1 - s0)) -v pt=$((p1 - p0)) -v wr=$((w1 - w0)) -v hz="$hz" '
         function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
         /^Requests\/sec:/ { rps = $2 }
         / requests in / { n = $1 }
         $1 == "50%" { p50 = ms($2) }
         /Non-2xx or 3xx responses:/ { bad = $5 }
-        END { n = n > 0 ? n : 1; printf "%d %.2f %d %d %d\n", rps + 0.5, p50, bad + 0, st * 1e6 / hz / n, pt * 1e6 / hz / n }' "$out"
+        END { n = n > 0 ? n : 1
+              printf "%d %.2f %d %d %d %.2f\n", rps + 0.5, p50, bad + 0, st * 1e6 / hz / n, pt * 1e6 / hz / n, wr / n }' "$out"
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
 
-declare -A runs_rps runs_p50 runs_scpu runs_pcpu bad
+declare -A runs_rps runs_p50 runs_scpu runs_pcpu runs_writes bad
 load_start="$(cut -d' ' -f1 /proc/loadavg)"
-for c in 1 16; do
+for c in 1 16 64; do
     for path in new replay; do
         for round in $(seq "$rounds"); do
             for s in "${servers[@]}"; do
-                read -r r p b sc pc < <(run_wrk "$s" "$path" "$c" "$round")
+                read -r r p b sc pc w < <(run_wrk "$s" "$path" "$c" "$round")
                 runs_rps[$s.$path.$c]+=" $r"
                 runs_p50[$s.$path.$c]+=" $p"
                 runs_scpu[$s.$path.$c]+=" $sc"
                 runs_pcpu[$s.$path.$c]+=" $pc"
+                runs_writes[$s.$path.$c]+=" $w"
                 bad[$s.$path.$c]=$((${bad[$s.$path.$c]:-0} + b))
-                printf '   %-7s %-6s -c%-2s round %d: %6d req/s, p50 %s ms, non-2xx %d, CPU/req: server %d us, postgres %d us\n' \
-                    "$s" "$path" "$c" "$round" "$r" "$p" "$b" "$sc" "$pc" >&2
+                printf '   %-7s %-6s -c%-2s round %d: %6d req/s, p50 %s ms, non-2xx %d, CPU/req: server %d us, postgres %d us, writes/req %s\n' \
+                    "$s" "$path" "$c" "$round" "$r" "$p" "$b" "$sc" "$pc" "$w" >&2
             done
         done
     done
 done
-declare -A rps p50 scpu pcpu
+declare -A rps p50 scpu pcpu writes
 for k in "${!runs_rps[@]}"; do
+    writes[$k]="$(median <<<"${runs_writes[$k]}")"
     rps[$k]="$(median <<<"${runs_rps[$k]}")"
     p50[$k]="$(median <<<"${runs_p50[$k]}")"
     scpu[$k]="$(median <<<"${runs_scpu[$k]}")"
     pcpu[$k]="$(median <<<"${runs_pcpu[$k]}")"
 done
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 fmt() { awk -v a="$1" 'BEGIN { printf "%d", a + 0.5 }'; }
 
 load_end="$(cut -d' ' -f1 /proc/loadavg)"
@@ -235,21 +262,23 @@ echo "Machine: $(nproc) cores ($cpu), PostgreSQL $pg on a Unix socket (fsync on,
 echo "wrk -t1 -d${duration}s, gateway latency 0, both servers and wrk on the same machine and database;"
 echo "each figure is the median of $rounds runs, the servers taking turns. Load average (1 min) at start / end: $load_start / $load_end."
 echo "Express: node $(node --version 2>/dev/null || echo '-'), express 5, pg 8, pool 8."
-echo "payments-server: Release build, defaults (32 HTTP threads, 8 + 8 database connections)${server_args:+, $server_args}."
+echo "payments-server: Release build, defaults (128 HTTP threads, 8 + 8 database connections, group commit on,"
+echo "replay cache 64 MiB)${server_args:+, $server_args}. Writes/req: transactions that wrote, per request (Express: three per"
+echo "payment; payments-server: idem's claim and save transactions, shared by group commit, and one ledger commit per payment)."
 echo
-echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target | CPU µs/req Express / PostgreSQL | CPU µs/req payments-server / PostgreSQL |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target | CPU µs/req Express / PostgreSQL | CPU µs/req payments-server / PostgreSQL | writes/req Express / payments-server |"
+echo "|---|---|---|---|---|---|---|---|---|"
 verdict=0
 for path in new replay; do
-    for c in 1 16; do
-        target=2; [[ $path == replay ]] && target=4
+    for c in 1 16 64; do
+        target=2; [[ $path == new && $c == 1 ]] && target=1.5; [[ $path == replay ]] && target=4
         e="${rps[express.$path.$c]:-0}"
         i="${rps[idem.$path.$c]:-0}"
         r="$(ratio "$i" "$e")"
         ok="$(awk -v a="$i" -v b="$e" -v t="$target" 'BEGIN { if (b == 0) print "n/a"; else if (a >= t * b) print "met"; else print "MISSED" }')"
         [[ $ok == MISSED ]] && verdict=1
         label="new payment"; [[ $path == replay ]] && label="replay"
-        echo "| $label | $c | $(fmt "$e") (${p50[express.$path.$c]:--} ms) | $(fmt "$i") (${p50[idem.$path.$c]:--} ms) | $r | ${target}x $ok | ${scpu[express.$path.$c]:--} / ${pcpu[express.$path.$c]:--} | ${scpu[idem.$path.$c]:--} / ${pcpu[idem.$path.$c]:--} |"
+        echo "| $label | $c | $(fmt "$e") (${p50[express.$path.$c]:--} ms) | $(fmt "$i") (${p50[idem.$path.$c]:--} ms) | $r | ${target}x $ok | ${scpu[express.$path.$c]:--} / ${pcpu[express.$path.$c]:--} | ${scpu[idem.$path.$c]:--} / ${pcpu[idem.$path.$c]:--} | ${writes[express.$path.$c]:--} / ${writes[idem.$path.$c]:--} |"
     done
 done
 echo
