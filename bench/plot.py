@@ -33,7 +33,7 @@ CASES = ["new", "replay", "conflict", "replay-cached"]
 
 def load(run):
     if run.get("in_flight"):
-        return f"{run['in_flight']} in flight"
+        return f"@{run['in_flight']}"
     pool = run.get("pool") or run["threads"]
     return f"{run['threads']}/{pool}" if pool != run["threads"] else f"{run['threads']}"
 
@@ -70,7 +70,7 @@ def main():
         ax.set_title(case + (" (idem through CachedStore)" if case == "replay-cached" else ""), fontsize=10)
         ax.set_xticks(range(len(loads)))
         ax.set_xticklabels(loads)
-        ax.set_xlabel("threads (T/P: a pool of P; N in flight: idem::asio)")
+        ax.set_xlabel("threads (T/P: a pool of P; @N: N in flight, idem::asio)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}".replace(",", " ")))

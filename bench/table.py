@@ -2,8 +2,10 @@
 """Prints the figures table of docs/benchmarks.md from idem-bench's --json output.
 
 Usage: bench/table.py FILE.json [FILE2.json ...]
-       bench/table.py --update-doc DOC.md FILE.json   (replaces the table between DOC's
-                      <!-- figures-table:begin --> and <!-- figures-table:end --> lines)
+       bench/table.py --update-doc DOC.md FILE.json   (replaces the tables between DOC's
+                      <!-- summary-table:begin/end --> and <!-- figures-table:begin/end --> lines)
+The summary: one row per point, ops/s of floor, ideal, idem, idem + gc and async, and the ratio of the
+library's default side (idem + gc; async at the in-flight points) to the floor.
 One row per (threads or threads/pool, case): ops/s of every side (floor, ideal grouping on one thread, ideal
 grouping with a thread per call, idem, idem + group commit), the ratios that matter, commit records and WAL bytes per call, the claim group sizes seen
 (mean / max), p99 latency. A side that did not run shows "—".
@@ -100,17 +102,22 @@ def table(everything):
     runs = [r for r in everything if not r.get("in_flight")]
     async_runs = [r for r in everything if r.get("in_flight")]
     print("| threads | case | floor ops/s | ideal ops/s | ideal, threads ops/s | idem ops/s | idem + gc ops/s | "
-          "idem / floor | idem + gc / floor | idem + gc / ideal | idem + gc / ideal, threads | "
+          "idem / floor | idem + gc / floor | idem + gc / idem | idem + gc / ideal | idem + gc / ideal, threads | "
+          "round trips / call: idem / idem + gc | "
           "commits / call: floor / ideal / ideal, threads / idem / idem + gc | "
+          "client CPU µs / call: floor / idem / idem + gc | "
           "WAL bytes / call: floor / idem / idem + gc | claim group mean / max | p99 µs: floor / idem / idem + gc |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         if "sides" not in r:
             sys.exit("table.py: this JSON has no per-side figures (made by an older idem-bench)")
         print(f"| {load(r)} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'ideal_threads')} | {ops(r, 'idem')} | "
               f"{ops(r, 'idem_gc')} | {ratio(r, 'idem', 'floor')} | {ratio(r, 'idem_gc', 'floor')} | "
+              f"{ratio(r, 'idem_gc', 'idem')} | "
               f"{ratio(r, 'idem_gc', 'ideal')} | {ratio(r, 'idem_gc', 'ideal_threads')} | "
+              f"{per_side(r, ['idem', 'idem_gc'], 'round_trips_per_call', lambda v: f'{v:.2f}')} | "
               f"{per_side(r, ['floor', 'ideal', 'ideal_threads', 'idem', 'idem_gc'], 'commits_per_call', lambda v: f'{v:.2f}')} | "
+              f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'client_cpu_us_per_call', lambda v: f'{v:.1f}')} | "
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'wal_bytes_per_call', lambda v: f'{round(v)}')} | "
               f"{groups(r)} | "
               f"{per_side(r, ['floor', 'idem', 'idem_gc'], 'p99_us', lambda v: f'{round(v)}')} |")
@@ -119,20 +126,37 @@ def table(everything):
         async_table(async_runs, everything)
 
 
-BEGIN, END = "<!-- figures-table:begin -->", "<!-- figures-table:end -->"
+def summary(everything):
+    """The short table: one row per point, the library's default side against the floors."""
+    print("| threads / in flight | case | floor ops/s | ideal ops/s | idem ops/s | idem + gc ops/s | async ops/s | "
+          "library / floor |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in everything:
+        lib = "async" if r.get("in_flight") else "idem_gc"
+        print(f"| {load(r)} | {r['case']} | {ops(r, 'floor')} | {ops(r, 'ideal')} | {ops(r, 'idem')} | "
+              f"{ops(r, 'idem_gc')} | {ops(r, 'async')} | {ratio(r, lib, 'floor')} |")
+
+
+MARKERS = {
+    "summary": ("<!-- summary-table:begin -->", "<!-- summary-table:end -->", summary),
+    "figures": ("<!-- figures-table:begin -->", "<!-- figures-table:end -->", table),
+}
 
 
 def update_doc(doc_path, json_path):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        table(json.load(open(json_path))["runs"])
+    runs = json.load(open(json_path))["runs"]
     text = open(doc_path).read()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        sys.exit(f"table.py: {doc_path} needs one {BEGIN} line and one {END} line after it")
-    head, rest = text.split(BEGIN)
-    tail = rest.split(END)[1]
-    open(doc_path, "w").write(head + BEGIN + "\n" + out.getvalue() + END + tail)
-    print(f"{doc_path}: table updated from {json_path}")
+    for begin, end, make in MARKERS.values():
+        if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+            sys.exit(f"table.py: {doc_path} needs one {begin} line and one {end} line after it")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            make(runs)
+        head, rest = text.split(begin)
+        tail = rest.split(end)[1]
+        text = head + begin + "\n" + out.getvalue() + end + tail
+    open(doc_path, "w").write(text)
+    print(f"{doc_path}: tables updated from {json_path}")
 
 
 def main():
