@@ -111,12 +111,13 @@ Connection::Connection(const RedisOptions& options) : where_(location(options)) 
     try {
         const std::string db = std::to_string(options.database);
         std::size_t queued = 0;
-        if (!options.password.empty()) {
-            if (options.username.empty()) {
-                append({"AUTH", options.password});
-            } else {
-                append({"AUTH", options.username, options.password});
-            }
+        // A username alone still authenticates: an ACL user made with `nopass` takes any password,
+        // and without AUTH the connection would act as `default`, with its rights instead.
+        if (!options.username.empty()) {
+            append({"AUTH", options.username, options.password});
+            ++queued;
+        } else if (!options.password.empty()) {
+            append({"AUTH", options.password});
             ++queued;
         }
         if (options.database != 0) {

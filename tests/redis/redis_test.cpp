@@ -182,6 +182,42 @@ TEST_CASE("RedisStore: the persistence check refuses what cannot keep the promis
     }
 }
 
+TEST_CASE("RedisStore: a username without a password connects as that ACL user", "[redis]") {
+    RedisServer server;
+    // A `nopass` user confined to keys under app: (and without CONFIG, so durability is unchecked).
+    REQUIRE(redis_command(server.socket(), {"ACL", "SETUSER", "app", "on", "nopass", "~app:*", "+@all", "-config"}) ==
+            "+OK");
+    idem::RedisOptions o = store_options(server);
+    o.username = "app";
+    o.durability = idem::RedisDurability::unchecked;
+    SECTION("keys outside the user's pattern are refused with config_error, nothing written") {
+        o.key_prefix = "idem:";
+        idem::RedisStore store(o);
+        int runs = 0;
+        CHECK_THROWS_AS(idem::execute_once(store, idem::Key("s", "k"), fp_of("a"),
+                                           [&] {
+                                               ++runs;
+                                               return "x"s;
+                                           }),
+                        idem::config_error);
+        CHECK(runs == 0);
+        CHECK(integer_answer(redis_command(server.socket(), {"DBSIZE"})) == 0);
+    }
+    SECTION("keys inside it: the store works as that user") {
+        o.key_prefix = "app:idem:";
+        idem::RedisStore store(o);
+        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of("a"), [] { return "x"s; }).outcome() ==
+              Outcome::executed);
+        CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of("a"), [] { return "y"s; }).response() == "x");
+    }
+    SECTION("the durability check runs as that user: without CONFIG it is refused") {
+        o.key_prefix = "app:idem:";
+        o.durability = idem::RedisDurability::fsync_always;
+        idem::RedisStore store(o);
+        CHECK_THROWS_AS(store.read(idem::Key("s", "k")), idem::config_error);
+    }
+}
+
 TEST_CASE("RedisStore: a wrong password is config_error and never shows the password", "[redis]") {
     RedisServer server;
     REQUIRE(redis_command(server.socket(), {"CONFIG", "SET", "requirepass", "right-password"}) == "+OK");

@@ -99,9 +99,11 @@ struct RedisOptions {
     int port = 6379;
     /// Path of the server's unix socket; when set, host and port are not used.
     std::string unix_socket{};
-    /// ACL user (Redis 6+); empty with a password means the default user.
+    /// ACL user (Redis 6+): when set, every connection authenticates as it (`AUTH username
+    /// password`, also with an empty password, for a user made with `nopass`); empty with a
+    /// password means the default user.
     std::string username{};
-    /// Password for AUTH; empty sends no AUTH. Never appears in an error message.
+    /// Password for AUTH; empty with no username sends no AUTH. Never appears in an error message.
     std::string password{};
     /// Logical database (SELECT), 0 to 15 on a default server.
     int database = 0;
