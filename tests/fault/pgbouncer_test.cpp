@@ -1,4 +1,4 @@
-// Fault scenario 6 — PgBouncer (Debian's 1.18) in transaction pooling mode between idem and
+// Fault scenario 5 — PgBouncer (Debian's 1.18) in transaction pooling mode between idem and
 // PostgreSQL, on loopback, with fewer server connections than idem opens. Guarantee: with
 // prepared_statements=false and session_options=false the whole contract holds (executed, replayed
 // byte-identical, mismatch, in_progress, not_performed → released, 8 threads × 200 keys exactly
@@ -265,7 +265,7 @@ bool skip_without_pgbouncer() {
 
 }  // namespace
 
-TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds", "[fault][pgbouncer]") {
+TEST_CASE("scenario 5: PgBouncer 1.18 in transaction mode — the contract holds", "[fault][pgbouncer]") {
     const std::string url = require_db();
     if (skip_without_pgbouncer()) return;
     PgBouncer bouncer(3);  // 3 server connections for up to 8 of idem's
@@ -367,7 +367,7 @@ TEST_CASE("scenario 6: PgBouncer 1.18 in transaction mode — the contract holds
     CHECK(f.anomalies.empty());
 }
 
-TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[fault][pgbouncer]") {
+TEST_CASE("scenario 5: PgBouncer misconfigured — fails typed, never twice", "[fault][pgbouncer]") {
     const std::string url = require_db();
     if (skip_without_pgbouncer()) return;
     PgBouncer bouncer(2);
@@ -446,7 +446,7 @@ TEST_CASE("scenario 6: PgBouncer misconfigured — fails typed, never twice", "[
 // Now: automatic sees the pooler (the server's backend pid is not the one PgBouncer gave libpq)
 // and polls the key; poll always polls; notify reads the key at the wait's end (replays late).
 // Each strategy also runs directly against PostgreSQL, where all three are prompt.
-TEST_CASE("scenario 6: PgBouncer in transaction mode — ClaimOptions::wait replays the owner's save",
+TEST_CASE("scenario 5: PgBouncer in transaction mode — ClaimOptions::wait replays the owner's save",
           "[fault][pgbouncer][wait]") {
     using Strategy = idem::PostgresOptions::WaitStrategy;
     const std::string url = require_db();
