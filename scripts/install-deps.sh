@@ -4,7 +4,7 @@
 # Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--all]
 #
 #   (core, always)    cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev
-#                     catch2 postgresql-15 postgresql-client-15
+#                     catch2 postgresql-15 postgresql-client-15 libcli11-dev (idemctl)
 #   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
 #   --with-asio       libboost1.81-dev (the idem::asio component: Boost.Asio and Beast, header-only)
 #   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
@@ -22,7 +22,7 @@
 set -euo pipefail
 
 core=(cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
-      postgresql-client-15)
+      postgresql-client-15 libcli11-dev)
 examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
 asio_pkgs=(libboost1.81-dev)
 clang_pkgs=(clang libclang-rt-14-dev clang-format-14)

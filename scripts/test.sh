@@ -50,7 +50,7 @@ while (($# > 0)); do
     shift
 done
 
-# ON, not the default AUTO: every test, example and the API reference are built, and a missing
+# ON, not the default AUTO: every test, example, the API reference and idemctl are built, and a missing
 # dependency stops the configure instead of skipping a part.
 cmake_args=(
     -DCMAKE_BUILD_TYPE=Debug
@@ -58,6 +58,7 @@ cmake_args=(
     -DIDEM_BUILD_TESTS=ON
     -DIDEM_BUILD_EXAMPLES=ON
     -DIDEM_BUILD_DOCS=ON
+    -DIDEM_BUILD_TOOLS=ON
     -DIDEM_ASIO=ON
     -DIDEM_REDIS=ON
 )

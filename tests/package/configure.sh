@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # A library-only user's machine: configure idem with every optional dependency hidden (the CMake
-# finders of Catch2, nlohmann_json, Boost and Doxygen disabled with CMAKE_DISABLE_FIND_PACKAGE_<name>;
-# cpp-httplib and hiredis, found by pkg-config, left out of a scratch PKG_CONFIG_LIBDIR), then
+# finders of Catch2, nlohmann_json, CLI11, Boost and Doxygen disabled with
+# CMAKE_DISABLE_FIND_PACKAGE_<name>; cpp-httplib and hiredis, found by pkg-config, left out of a
+# scratch PKG_CONFIG_LIBDIR), then
 #   1. the default configure succeeds and prints one "skipped (needs ...)" line per part it leaves
 #      out; `cmake --build` and `cmake --install` work and install the CMake package and idem.pc;
-#   2. an explicit -DIDEM_BUILD_TESTS=ON, -DIDEM_BUILD_EXAMPLES=ON or -DIDEM_BUILD_DOCS=ON with its
-#      dependency missing stops the configure with an error naming the option.
+#   2. an explicit -DIDEM_BUILD_TESTS=ON, -DIDEM_BUILD_EXAMPLES=ON, -DIDEM_BUILD_DOCS=ON or
+#      -DIDEM_BUILD_TOOLS=ON with its dependency missing stops the configure with an error naming
+#      the option.
 #
 # Usage: tests/package/configure.sh SOURCE_DIR WORK_DIR [extra cmake configure args...]
 set -euo pipefail
 
 if (($# < 2)); then
-    sed -n '10p' "$0" | sed 's/^# //' >&2
+    sed -n '12p' "$0" | sed 's/^# //' >&2
     exit 2
 fi
 source_dir="$(cd "$1" && pwd)"
 mkdir -p "$2"
 work_dir="$(cd "$2" && pwd)"
 shift 2
-rm -rf "$work_dir/minimal" "$work_dir/prefix" "$work_dir/tests-on" "$work_dir/examples-on" "$work_dir/docs-on"
+rm -rf "$work_dir/minimal" "$work_dir/prefix" "$work_dir/tests-on" "$work_dir/examples-on" "$work_dir/docs-on" \
+    "$work_dir/tools-on"
 
 without=(-DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
-         -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_Doxygen=ON)
+         -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON
+         -DCMAKE_DISABLE_FIND_PACKAGE_Doxygen=ON)
 # pkg-config sees every module of this machine but the optional ones (FindOpenSSL asks pkg-config
 # too, so pkg-config itself stays).
 pc_dir="$work_dir/pkgconfig"
@@ -62,6 +66,7 @@ expect_line "$log" "-- idem: examples/payments skipped (needs libcpp-httplib-dev
 expect_line "$log" "-- idem: examples/consumer skipped (needs nlohmann-json3-dev)"
 expect_line "$log" "-- idem: examples/beast-http skipped (needs the idem::asio component: Boost >= 1.81)"
 expect_line "$log" "-- idem: the docs target skipped (needs doxygen: apt-get install doxygen)"
+expect_line "$log" "-- idem: idemctl skipped (needs CLI11: apt-get install libcli11-dev)"
 if grep -q "CMake Warning" "$log"; then
     fail "the configure printed warnings"
 fi
@@ -75,6 +80,7 @@ for file in include/idem/idem.hpp lib/cmake/idem/idemConfig.cmake lib/pkgconfig/
     [[ -f "$work_dir/prefix/$file" ]] || fail "cmake --install did not install $file"
 done
 [[ ! -e "$work_dir/prefix/include/idem/asio.hpp" ]] || fail "the asio headers were installed without the component"
+[[ ! -e "$work_dir/prefix/bin/idemctl" ]] || fail "idemctl was installed although it was skipped"
 
 # An explicit ON is a promise: a missing dependency is an error, not a skip.
 expect_failure() {
@@ -91,4 +97,5 @@ expect_failure() {
 expect_failure tests-on IDEM_BUILD_TESTS -DIDEM_BUILD_TESTS=ON "$@"
 expect_failure examples-on IDEM_BUILD_EXAMPLES -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_EXAMPLES=ON "$@"
 expect_failure docs-on IDEM_BUILD_DOCS -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_DOCS=ON "$@"
+expect_failure tools-on IDEM_BUILD_TOOLS -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_TOOLS=ON "$@"
 echo "configure test: ok"

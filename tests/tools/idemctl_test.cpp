@@ -340,6 +340,50 @@ TEST_CASE("idemctl show: unknown key, invalid scope or key, bad command lines", 
     CHECK(help.out.find("Exit codes:\n  0  ok\n  1  not found") != std::string::npos);
 }
 
+TEST_CASE("idemctl help: the commands, each command's options, and where options may go", "[idemctl]") {
+    Fixture f;
+    const Run help = idemctl({"--help"});
+    REQUIRE(help.exit_code == 0);
+    CHECK(
+        help.out.starts_with("idemctl — inspect and operate idem's idempotency keys in PostgreSQL.\n"
+                             "Usage: idemctl [OPTIONS] COMMAND\n"));
+    CHECK(help.out.find("\n  reconcile-report        in-progress keys past their lease") != std::string::npos);
+    CHECK(help.out.find("\n  --fence") == std::string::npos);  // a command's option: in its own help
+
+    const Run release = idemctl({"release", "--help"});
+    REQUIRE(release.exit_code == 0);
+    CHECK(release.has_line("Usage: idemctl release [OPTIONS] SCOPE KEY"));
+    CHECK(
+        release.has_line("  --fence F               required: the fence the key must still have (idemctl show "
+                         "prints it)"));
+    CHECK(release.has_line("  --yes                   do not ask for confirmation"));
+    CHECK(release.out.find("--stale") == std::string::npos);
+
+    const Run all = idemctl({"--help-all"});
+    REQUIRE(all.exit_code == 0);
+    CHECK(all.has_line("    --older-than DURATION   only keys created longer ago than DURATION (90s, 10m, 2h, 3d)"));
+    CHECK(all.has_line("    --batch N               rows per transaction (default 1000)"));
+
+    // A command's own option before the command is taken as after it, and refused by the others.
+    const Run before = f.ctl({"--stale", "--json", "list"});
+    REQUIRE(before.exit_code == 0);
+    CHECK(before.doc()["count"] == 1);
+    CHECK(before.doc()["records"][0]["key"] == "stale-1");
+    const Run misplaced = idemctl({"--fence", "1", "list"});
+    CHECK(misplaced.exit_code == 2);
+    CHECK(misplaced.err == "idemctl: list does not take --fence (idemctl --help lists commands and options)\n");
+    const Run unknown = idemctl({"frobnicate"});
+    CHECK(unknown.exit_code == 2);
+    CHECK(unknown.err == "idemctl: unknown command 'frobnicate' (idemctl --help lists commands and options)\n");
+    const Run bogus = idemctl({"list", "--bogus=1"});
+    CHECK(bogus.exit_code == 2);
+    CHECK(bogus.err == "idemctl: unknown option '--bogus' (idemctl --help lists commands and options)\n");
+    // After --, a key may start with '-'.
+    const Run dashed = idemctl({"show", "--json", "--db", f.url, "--table", f.table, "--", f.scope, "-k"});
+    CHECK(dashed.exit_code == 1);
+    CHECK(dashed.doc()["error"]["code"] == "not_found");
+}
+
 TEST_CASE("idemctl list: filters, limit, stale only, older than", "[idemctl]") {
     Fixture f;
     const auto keys_of = [](const Run& run) {

@@ -1,57 +1,28 @@
-// tools/idemctl/cli.cpp — parsing idemctl's command line (see cli.hpp).
+// tools/idemctl/cli.cpp — idemctl's command line, parsed and explained by CLI11 (see cli.hpp).
 #include "cli.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <charconv>
+#include <functional>
 #include <limits>
 
 namespace idemctl {
 namespace {
 
-constexpr std::string_view kHelp =
-    R"(idemctl — inspect and operate idem's idempotency keys in PostgreSQL.
+constexpr std::string_view kDescription = "idemctl — inspect and operate idem's idempotency keys in PostgreSQL.";
 
-Usage: idemctl [OPTIONS] COMMAND [ARGS]   (after --, every argument is an argument: a key may
-                                           start with '-')
+constexpr std::string_view kFooter =
+    R"(The global options (--db, --table, --json) may come before or after the command; a command's
+own options may too. After --, every argument is an argument (a key may start with '-').
+`idemctl COMMAND --help` shows one command's options; `idemctl --help-all` shows every one.
 
-Commands:
-  show SCOPE KEY          one key: state, attempt, fence, phase and its data, lease and expiry
-                          (passed or not, by the database's clock), result size, and the stored
-                          HTTP response decoded when the result is one
-  list                    keys, oldest first: --scope, --scope-prefix, --state, --stale,
-                          --older-than, --limit (default 50)
-  stats                   counts by state, keys past their lease, expired records awaiting purge,
-                          the oldest in-progress key, table and index size
-  purge                   deletes completed records past their retention, --batch rows (default
-                          1000) per transaction, until none is left; progress on stderr when it is
-                          a terminal
-  release SCOPE KEY --fence F
-                          deletes an in-progress key whose effect CERTAINLY did not happen, so a
-                          retry runs it again; only while F is still the key's fence. Asks for
-                          confirmation on a terminal; without one it needs --yes. Refused while
-                          the key's lease has not passed (its effect may be running) unless --force
-  reconcile-report        in-progress keys past their lease, oldest lease first, with attempt,
-                          phase, phase data and lease age: what a reconciler faces (--scope,
-                          --scope-prefix, --limit, default 100)
-
-Options:
-  --db CONNINFO           libpq conninfo or URI; default: libpq's environment (PGHOST, PGPORT,
-                          PGDATABASE, PGUSER, PGPASSWORD, PGSERVICE, ...)
-  --table NAME            idem's table, [schema.]table (default idem_keys)
-  --json                  one JSON document on stdout (errors too: {"error": {...}})
-  --scope SCOPE           only this scope (exact)
-  --scope-prefix PREFIX   only scopes starting with PREFIX (literally: no wildcards)
-  --state STATE           list: in_progress, completed or expired (completed, past retention)
-  --stale                 list: only in-progress keys past their lease
-  --older-than DURATION   list: only keys created longer ago than DURATION (90s, 10m, 2h, 3d)
-  --limit N               list / reconcile-report: at most N keys
-  --batch N               purge: rows per transaction
-  --fence F               release: the fence the key must still have (idemctl show prints it)
-  --yes                   release: do not ask for confirmation
-  --force                 release: also while the key's lease has not passed
-  -h, --help              this text
+Examples:
+  idemctl show 'acct_42:POST /payments' 9f1c0e       state, fence, phase, lease, stored response
+  idemctl list --scope-prefix 'acct_42:' --stale     that tenant's keys stuck in progress
+  idemctl release 'acct_42:POST /payments' 9f1c0e --fence 7
+  idemctl stats --json
 
 Exit codes:
   0  ok
@@ -64,96 +35,178 @@ Exit codes:
      authentication, missing privilege
   6  other failure: the database refused a statement, or a record cannot be decoded
 
-Passwords are never printed: conninfo in messages is shown without its password.
-)";
+Passwords are never printed: conninfo in messages is shown without its password.)";
 
-struct OptionSpec {
-    std::string_view name;
-    bool takes_value;
-    /// Commands that accept it; empty: every command.
-    std::array<std::string_view, 3> commands;
-};
-
-constexpr std::array<OptionSpec, 15> kOptions{{
-    {"--db", true, {}},
-    {"--table", true, {}},
-    {"--json", false, {}},
-    {"--help", false, {}},
-    {"-h", false, {}},
-    {"--yes", false, {"release"}},
-    {"--force", false, {"release"}},
-    {"--fence", true, {"release"}},
-    {"--scope", true, {"list", "reconcile-report"}},
-    {"--scope-prefix", true, {"list", "reconcile-report"}},
-    {"--state", true, {"list"}},
-    {"--stale", false, {"list"}},
-    {"--older-than", true, {"list"}},
-    {"--limit", true, {"list", "reconcile-report"}},
-    {"--batch", true, {"purge"}},
-}};
+constexpr std::string_view kCommandFooter =
+    "Global options, before or after the command: --db CONNINFO, --table NAME, --json\n"
+    "(idemctl --help has them and the exit codes).";
 
 struct CommandSpec {
     std::string_view name;
-    std::size_t arguments;  ///< positional arguments it needs
+    bool takes_key;  ///< SCOPE KEY positional arguments
+    std::string_view description;
 };
 
-constexpr std::array<CommandSpec, 6> kCommands{{
-    {"show", 2},
-    {"list", 0},
-    {"stats", 0},
-    {"purge", 0},
-    {"release", 2},
-    {"reconcile-report", 0},
-}};
+constexpr CommandSpec kCommands[] = {
+    {"show", true,
+     "one key: state, attempt, fence, phase and its data, lease and expiry\n"
+     "(passed or not, by the database's clock), result size, and the stored\n"
+     "HTTP response decoded when the result is one"},
+    {"list", false,
+     "keys, oldest first: --scope, --scope-prefix, --state, --stale,\n"
+     "--older-than, --limit (default 50)"},
+    {"stats", false,
+     "counts by state, keys past their lease, expired records awaiting purge,\n"
+     "the oldest in-progress key, table and index size"},
+    {"purge", false,
+     "deletes completed records past their retention, --batch rows (default\n"
+     "1000) per transaction, until none is left; progress on stderr when it is\n"
+     "a terminal"},
+    {"release", true,
+     "deletes an in-progress key whose effect CERTAINLY did not happen, so a\n"
+     "retry runs it again; only while --fence F is still the key's fence. Asks\n"
+     "for confirmation on a terminal; without one it needs --yes. Refused while\n"
+     "the key's lease has not passed (its effect may be running) unless --force"},
+    {"reconcile-report", false,
+     "in-progress keys past their lease, oldest lease first, with attempt,\n"
+     "phase, phase data and lease age: what a reconciler faces (--scope,\n"
+     "--scope-prefix, --limit, default 100)"},
+};
+
+// --limit and --batch: far below what the SQL's bigint (and limit + 1) can hold.
+constexpr std::size_t kMostRows = 1'000'000'000;
 
 [[noreturn]] void usage(const std::string& message) {
     throw ToolError(Exit::usage, message + " (idemctl --help lists commands and options)");
 }
 
-template <class Int>
-Int parse_integer(std::string_view text, std::string_view what, Int min, Int max = std::numeric_limits<Int>::max()) {
-    Int value{};
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc{} || end != text.data() + text.size() || value < min || value > max) {
-        usage(fmt::format(
-            "{} must be an integer{}{}, not '{}'", what, min > 0 ? fmt::format(" of at least {}", min) : std::string(),
-            max < std::numeric_limits<Int>::max() ? fmt::format(" and at most {}", max) : std::string(), text));
-    }
-    return value;
+/// A command's own option: which commands take it, and how to add it to one (CLI11) app.
+struct CommandOption {
+    std::string_view name;
+    std::vector<std::string_view> commands;
+    std::function<CLI::Option*(CLI::App&)> add;
+};
+
+/// The commands' own options, bound to `o`. Each is added to its commands and, hidden, to the
+/// top-level app, where it is taken when given before the command (checked against the command
+/// once it is known).
+std::vector<CommandOption> command_options(Options& o) {
+    const CLI::Validator duration(
+        [](std::string& text) -> std::string {
+            try {
+                (void)parse_duration(text);
+                return {};
+            } catch (const ToolError& e) {
+                return e.what();
+            }
+        },
+        "");
+    return {
+        {"--fence",
+         {"release"},
+         [&o](CLI::App& app) {
+             return app
+                 .add_option_function<std::int64_t>(
+                     "--fence", [&o](const std::int64_t& f) { o.fence = f; },
+                     "required: the fence the key must still have (idemctl show prints it)")
+                 ->type_name("F");
+         }},
+        {"--yes",
+         {"release"},
+         [&o](CLI::App& app) { return app.add_flag("--yes", o.yes, "do not ask for confirmation"); }},
+        {"--force",
+         {"release"},
+         [&o](CLI::App& app) { return app.add_flag("--force", o.force, "also while the key's lease has not passed"); }},
+        {"--scope",
+         {"list", "reconcile-report"},
+         [&o](CLI::App& app) {
+             return app
+                 .add_option_function<std::string>(
+                     "--scope", [&o](const std::string& s) { o.scope = s; }, "only this scope (exact)")
+                 ->type_name("SCOPE");
+         }},
+        {"--scope-prefix",
+         {"list", "reconcile-report"},
+         [&o](CLI::App& app) {
+             return app
+                 .add_option_function<std::string>(
+                     "--scope-prefix", [&o](const std::string& s) { o.scope_prefix = s; },
+                     "only scopes starting with PREFIX (literally: no wildcards)")
+                 ->type_name("PREFIX");
+         }},
+        {"--state",
+         {"list"},
+         [&o](CLI::App& app) {
+             return app
+                 .add_option_function<std::string>(
+                     "--state", [&o](const std::string& s) { o.state = s; },
+                     "in_progress, completed or expired (completed, past retention)")
+                 ->check(CLI::IsMember({"in_progress", "completed", "expired"}).description(""))
+                 ->type_name("STATE");
+         }},
+        {"--stale",
+         {"list"},
+         [&o](CLI::App& app) { return app.add_flag("--stale", o.stale, "only in-progress keys past their lease"); }},
+        {"--older-than",
+         {"list"},
+         [&o, duration](CLI::App& app) {
+             return app
+                 .add_option_function<std::string>(
+                     "--older-than", [&o](const std::string& s) { o.older_than = parse_duration(s); },
+                     "only keys created longer ago than DURATION (90s, 10m, 2h, 3d)")
+                 ->check(duration)
+                 ->type_name("DURATION");
+         }},
+        {"--limit",
+         {"list", "reconcile-report"},
+         [&o](CLI::App& app) {
+             return app.add_option("--limit", o.limit, "at most N keys")
+                 ->check(CLI::Range(std::size_t{1}, kMostRows).description(""))
+                 ->type_name("N");
+         }},
+        {"--batch",
+         {"purge"},
+         [&o](CLI::App& app) {
+             return app.add_option("--batch", o.batch, "rows per transaction (default 1000)")
+                 ->check(CLI::Range(std::size_t{1}, kMostRows).description(""))
+                 ->type_name("N");
+         }},
+    };
 }
 
-// --limit and --batch: far below what the SQL's bigint (and limit + 1) can hold.
-constexpr std::size_t kMostRows = 1'000'000'000;
-
-void apply(Options& o, std::string_view name, const std::string& value) {
-    if (name == "--db") o.conninfo = value;
-    else if (name == "--table") o.table = value;
-    else if (name == "--json") o.json = true;
-    else if (name == "--help" || name == "-h") o.help = true;
-    else if (name == "--yes") o.yes = true;
-    else if (name == "--force") o.force = true;
-    else if (name == "--fence")
-        o.fence = parse_integer<std::int64_t>(value, "--fence", std::numeric_limits<std::int64_t>::min());
-    else if (name == "--scope") o.scope = value;
-    else if (name == "--scope-prefix") o.scope_prefix = value;
-    else if (name == "--state") {
-        if (value != "in_progress" && value != "completed" && value != "expired") {
-            usage(fmt::format("--state must be in_progress, completed or expired, not '{}'", value));
-        }
-        o.state = value;
-    } else if (name == "--stale") o.stale = true;
-    else if (name == "--older-than") o.older_than = parse_duration(value);
-    else if (name == "--limit") o.limit = parse_integer<std::size_t>(value, "--limit", 1, kMostRows);
-    else if (name == "--batch") o.batch = parse_integer<std::size_t>(value, "--batch", 1, kMostRows);
+/// What is left on the command line that no option or argument took: an unknown option, an
+/// unknown command, or an argument too many.
+/// `before_dashes`: the words before the first "--" (after it every word is an argument).
+void refuse_leftovers(const CLI::App& app, const CLI::App* command, const std::vector<std::string>& before_dashes) {
+    std::vector<std::string> left = app.remaining();
+    if (command != nullptr) {
+        const auto more = command->remaining();
+        left.insert(left.end(), more.begin(), more.end());
+    }
+    left.erase(std::remove(left.begin(), left.end(), "--"), left.end());
+    if (left.empty()) return;
+    const std::string& first = left.front();
+    const auto given_as_option = [&](const std::string& word) {
+        return word == first || word.starts_with(first + "=");
+    };
+    if (first.size() > 1 && first[0] == '-' &&
+        std::any_of(before_dashes.begin(), before_dashes.end(), given_as_option)) {
+        usage(fmt::format("unknown option '{}'", first.substr(0, first.find('='))));
+    }
+    if (command == nullptr) usage(fmt::format("unknown command '{}'", first));
+    const auto spec = std::find_if(std::begin(kCommands), std::end(kCommands),
+                                   [&](const CommandSpec& c) { return c.name == command->get_name(); });
+    usage(spec->takes_key ? fmt::format("{} needs 2 arguments: SCOPE KEY", spec->name)
+                          : fmt::format("{} takes no arguments", spec->name));
 }
 
 }  // namespace
 
-std::string_view help_text() noexcept { return kHelp; }
-
 std::chrono::seconds parse_duration(std::string_view text) {
     const auto bad = [&] {
-        usage(fmt::format("'{}' is not a duration: a positive whole number and a unit, s, m, h or d (e.g. 10m)", text));
+        throw ToolError(
+            Exit::usage,
+            fmt::format("'{}' is not a duration: a positive whole number and a unit, s, m, h or d (e.g. 10m)", text));
     };
     if (text.size() < 2) bad();
     std::int64_t per_unit = 0;
@@ -176,64 +229,83 @@ std::chrono::seconds parse_duration(std::string_view text) {
 
 Options parse(int argc, const char* const* argv) {
     Options o;
-    std::vector<std::pair<const OptionSpec*, std::string>> given;
-    std::vector<std::string> positional;
-    bool options_ended = false;  // after "--" everything is positional (a key may start with '-')
-    for (int i = 1; i < argc; ++i) {
-        std::string_view arg = argv[i];
-        if (!options_ended && arg == "--") {
-            options_ended = true;
-            continue;
+    CLI::App app{std::string(kDescription), "idemctl"};
+    // As the hand-written parser did: an option given twice takes its last value.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app.fallthrough();   // (inherited by the commands) global options after the command
+    app.allow_extras();  // leftovers are refused below, with idemctl's own words
+    app.require_subcommand(1);
+    app.set_help_all_flag("--help-all", "this help with every command's options");
+    app.get_formatter()->column_width(26);
+    app.get_formatter()->label("SUBCOMMAND", "COMMAND");
+    app.footer(std::string(kFooter));
+
+    app.add_option("--db", o.conninfo,
+                   "libpq conninfo or URI; default: libpq's environment (PGHOST, PGPORT,\n"
+                   "PGDATABASE, PGUSER, PGPASSWORD, PGSERVICE, ...)")
+        ->type_name("CONNINFO");
+    app.add_option("--table", o.table, "idem's table, [schema.]table (default idem_keys)")->type_name("NAME");
+    app.add_flag("--json", o.json, "one JSON document on stdout, errors too: {\"error\": {...}}");
+
+    std::vector<std::pair<std::string_view, CLI::App*>> commands;
+    std::string scope, key;
+    for (const CommandSpec& spec : kCommands) {
+        CLI::App* command = app.add_subcommand(std::string(spec.name), std::string(spec.description));
+        command->group("Commands");
+        command->footer(std::string(kCommandFooter));
+        if (spec.takes_key) {
+            command->add_option("SCOPE", scope, "the key's scope, e.g. 'acct_42:POST /payments'")
+                ->required()
+                ->type_name("");
+            command->add_option("KEY", key, "the idempotency key")->required()->type_name("");
         }
-        if (options_ended || arg.size() < 2 || arg[0] != '-') {
-            positional.emplace_back(arg);
-            continue;
-        }
-        std::string_view name = arg;
-        std::optional<std::string> inline_value;
-        if (const auto eq = arg.find('='); eq != std::string_view::npos && arg.starts_with("--")) {
-            name = arg.substr(0, eq);
-            inline_value = std::string(arg.substr(eq + 1));
-        }
-        const auto spec =
-            std::find_if(kOptions.begin(), kOptions.end(), [&](const OptionSpec& s) { return s.name == name; });
-        if (spec == kOptions.end()) usage(fmt::format("unknown option '{}'", name));
-        std::string value;
-        if (spec->takes_value) {
-            if (inline_value) {
-                value = *inline_value;
-            } else if (i + 1 < argc) {
-                value = argv[++i];
-            } else {
-                usage(fmt::format("{} needs a value", name));
-            }
-        } else if (inline_value) {
-            usage(fmt::format("{} takes no value", name));
-        }
-        given.emplace_back(&*spec, std::move(value));
+        commands.emplace_back(spec.name, command);
     }
-    for (const auto& [spec, value] : given) {
-        if (spec->name == "--help" || spec->name == "-h") o.help = true;
-    }
-    if (o.help) return o;
-    if (positional.empty()) usage("no command given");
-    o.command = positional.front();
-    const auto command =
-        std::find_if(kCommands.begin(), kCommands.end(), [&](const CommandSpec& c) { return c.name == o.command; });
-    if (command == kCommands.end()) usage(fmt::format("unknown command '{}'", o.command));
-    o.arguments.assign(positional.begin() + 1, positional.end());
-    if (o.arguments.size() != command->arguments) {
-        usage(command->arguments == 0 ? fmt::format("{} takes no arguments", o.command)
-                                      : fmt::format("{} needs {} arguments: SCOPE KEY", o.command, command->arguments));
-    }
-    for (const auto& [spec, value] : given) {
-        const auto& allowed = spec->commands;
-        const bool everywhere =
-            std::all_of(allowed.begin(), allowed.end(), [](std::string_view c) { return c.empty(); });
-        if (!everywhere && std::find(allowed.begin(), allowed.end(), o.command) == allowed.end()) {
-            usage(fmt::format("{} does not take {}", o.command, spec->name));
+    const std::vector<CommandOption> own = command_options(o);
+    std::vector<CLI::Option*> given_first;  // the hidden top-level copies
+    for (const CommandOption& option : own) {
+        for (const auto name : option.commands) {
+            const auto it =
+                std::find_if(commands.begin(), commands.end(), [&](const auto& c) { return c.first == name; });
+            option.add(*it->second);
         }
-        apply(o, spec->name, value);
+        given_first.push_back(option.add(app)->group(""));
+    }
+
+    std::vector<std::string> before_dashes;
+    for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) before_dashes.emplace_back(argv[i]);
+    const auto selected = [&]() -> CLI::App* {
+        const auto chosen = app.get_subcommands();
+        return chosen.empty() ? nullptr : chosen.front();
+    };
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+        o.help = app.help();
+        return o;
+    } catch (const CLI::CallForAllHelp&) {
+        o.help = app.help("", CLI::AppFormatMode::All);
+        return o;
+    } catch (const CLI::RequiredError& e) {
+        const CLI::App* command = selected();
+        refuse_leftovers(app, command, before_dashes);
+        if (command == nullptr) usage("no command given");
+        if (command->count("SCOPE") == 0 || command->count("KEY") == 0) {
+            usage(fmt::format("{} needs 2 arguments: SCOPE KEY", command->get_name()));
+        }
+        usage(e.what());
+    } catch (const CLI::ParseError& e) {
+        usage(e.what());
+    }
+    const CLI::App* command = selected();
+    refuse_leftovers(app, command, before_dashes);
+    o.command = command->get_name();
+    if (command->get_option_no_throw("SCOPE") != nullptr) o.arguments = {scope, key};
+    for (std::size_t i = 0; i < own.size(); ++i) {
+        const auto& allowed = own[i].commands;
+        if (given_first[i]->count() > 0 && std::find(allowed.begin(), allowed.end(), o.command) == allowed.end()) {
+            usage(fmt::format("{} does not take {}", o.command, own[i].name));
+        }
     }
     if (o.command == "release" && !o.fence) usage("release needs --fence F (the fence idemctl show prints)");
     if (o.scope && o.scope_prefix) usage("--scope and --scope-prefix exclude each other");

@@ -1,5 +1,5 @@
 // tools/idemctl/cli.hpp — idemctl's command line: the exit codes, the parsed options, the help
-// text.
+// text (CLI11 parses the command line and writes the help).
 //
 // Every option may come before or after the command. Parsing never touches the database: a bad
 // command line is exit 2 (Exit::usage) before any connection is made.
@@ -43,7 +43,8 @@ private:
 struct Options {
     std::string command;                 ///< show, list, stats, purge, release, reconcile-report
     std::vector<std::string> arguments;  ///< the command's positional arguments (SCOPE KEY)
-    bool help = false;
+    /// --help / --help-all (or a command's --help): the text to print; nothing else is set then.
+    std::optional<std::string> help;
     bool json = false;
     bool yes = false;
     bool force = false;  // release: also while the key's lease has not passed
@@ -66,8 +67,5 @@ struct Options {
 /// A duration such as 90s, 10m, 2h or 3d (a positive whole number and one unit). Throws
 /// ToolError(Exit::usage).
 [[nodiscard]] std::chrono::seconds parse_duration(std::string_view text);
-
-/// `idemctl --help`: commands, options and exit codes.
-[[nodiscard]] std::string_view help_text() noexcept;
 
 }  // namespace idemctl

@@ -4,8 +4,8 @@
 //   idemctl list --stale              keys stuck in progress
 //   idemctl stats | purge | release SCOPE KEY --fence F | reconcile-report
 //
-// `idemctl --help` has every command, option and exit code; docs/reliability.md ("Operating idem")
-// says when to use which. This file maps every failure to one exit code and one message (on
+// `idemctl --help` has every command and exit code (`--help-all` every option); docs/reliability.md
+// ("Operating idem") says when to use which. This file maps every failure to one exit code and one message (on
 // stderr; with --json also as {"error": {...}} on stdout), with any password scrubbed out.
 #include "cli.hpp"
 #include "commands.hpp"
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
         json = options.json;
         conninfo = options.conninfo;
         if (options.help) {
-            std::cout << idemctl::help_text();
+            std::cout << *options.help;
             return 0;
         }
         return static_cast<int>(idemctl::run(options, std::cout));
