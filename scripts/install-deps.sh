@@ -4,8 +4,9 @@
 # Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--all]
 #
 #   (core, always)    cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev
-#                     catch2 postgresql-15 postgresql-client-15 libcli11-dev (idemctl)
-#   --with-examples   libcpp-httplib-dev nlohmann-json3-dev wrk
+#                     catch2 postgresql-15 postgresql-client-15 libcli11-dev nlohmann-json3-dev
+#                     (idemctl; nlohmann-json3-dev also for its test and some examples)
+#   --with-examples   libcpp-httplib-dev wrk
 #   --with-asio       libboost1.81-dev (the idem::asio component: Boost.Asio and Beast, header-only)
 #   --with-fault      pgbouncer (the fault suite's transaction-pooling scenario)
 #   --with-clang      clang libclang-rt-14-dev clang-format-14 (libFuzzer and clang sanitizer
@@ -22,8 +23,8 @@
 set -euo pipefail
 
 core=(cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
-      postgresql-client-15 libcli11-dev)
-examples=(libcpp-httplib-dev nlohmann-json3-dev wrk)
+      postgresql-client-15 libcli11-dev nlohmann-json3-dev)
+examples=(libcpp-httplib-dev wrk)
 asio_pkgs=(libboost1.81-dev)
 clang_pkgs=(clang libclang-rt-14-dev clang-format-14)
 fault_pkgs=(pgbouncer)
@@ -31,7 +32,7 @@ failover_pkgs=(patroni etcd-server etcd-client)
 docs_pkgs=(doxygen)
 redis_pkgs=(libhiredis-dev redis-server)
 
-usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,22s/^# \{0,1\}//p' "$0"; }
 
 wanted=("${core[@]}")
 with_examples=0

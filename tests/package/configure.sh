@@ -66,7 +66,7 @@ expect_line "$log" "-- idem: examples/payments skipped (needs libcpp-httplib-dev
 expect_line "$log" "-- idem: examples/consumer skipped (needs nlohmann-json3-dev)"
 expect_line "$log" "-- idem: examples/beast-http skipped (needs the idem::asio component: Boost >= 1.81)"
 expect_line "$log" "-- idem: the docs target skipped (needs doxygen: apt-get install doxygen)"
-expect_line "$log" "-- idem: idemctl skipped (needs CLI11: apt-get install libcli11-dev)"
+expect_line "$log" "-- idem: idemctl skipped (needs CLI11 and nlohmann-json: apt-get install libcli11-dev nlohmann-json3-dev)"
 if grep -q "CMake Warning" "$log"; then
     fail "the configure printed warnings"
 fi

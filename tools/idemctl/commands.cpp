@@ -98,37 +98,43 @@ std::optional<idem::Response> as_response(const std::string& result) {
 
 Json record_json(const idem::Key& key, const idem::Record& r) {
     Json j = Json::object();
-    j.set("scope", key.scope()).set("key", key.value());
-    j.set("state", idem::to_string(r.state));
-    j.set("attempt", r.attempt).set("fence", r.fence);
-    j.set("fingerprint", "sha256:" + r.fingerprint.hex());
-    j.set("created_at", format_time(r.created_at));
-    j.set("lease_until", format_time(r.lease_until)).set("lease_passed", r.lease_until < r.read_at);
-    j.set("stale", r.lease_expired);
-    j.set("expires_at", format_time(r.expires_at)).set("expired", r.expired);
-    j.set("read_at", format_time(r.read_at));
+    j["scope"] = key.scope();
+    j["key"] = key.value();
+    j["state"] = idem::to_string(r.state);
+    j["attempt"] = r.attempt;
+    j["fence"] = r.fence;
+    j["fingerprint"] = "sha256:" + r.fingerprint.hex();
+    j["created_at"] = format_time(r.created_at);
+    j["lease_until"] = format_time(r.lease_until);
+    j["lease_passed"] = r.lease_until < r.read_at;
+    j["stale"] = r.lease_expired;
+    j["expires_at"] = format_time(r.expires_at);
+    j["expired"] = r.expired;
+    j["read_at"] = format_time(r.read_at);
     set_optional_bytes(j, "phase", r.phase);
     set_optional_bytes(j, "phase_data", r.phase_data);
     if (!r.result) {
-        j.set("result_bytes", nullptr).set("response", nullptr);
+        j["result_bytes"] = nullptr;
+        j["response"] = nullptr;
         return j;
     }
-    j.set("result_bytes", static_cast<std::uint64_t>(r.result->size()));
+    j["result_bytes"] = static_cast<std::uint64_t>(r.result->size());
     if (const auto response = as_response(*r.result)) {
         Json headers = Json::array();
         for (const auto& [name, value] : response->headers) {
             Json h = Json::object();
             set_bytes(h, "name", name);
             set_bytes(h, "value", value);
-            headers.push(std::move(h));
+            headers.push_back(std::move(h));
         }
         Json rj = Json::object();
-        rj.set("status", response->status).set("headers", std::move(headers));
-        rj.set("body_bytes", static_cast<std::uint64_t>(response->body.size()));
+        rj["status"] = response->status;
+        rj["headers"] = std::move(headers);
+        rj["body_bytes"] = static_cast<std::uint64_t>(response->body.size());
         set_bytes(rj, "body", response->body);
-        j.set("response", std::move(rj));
+        j["response"] = std::move(rj);
     } else {
-        j.set("response", nullptr);
+        j["response"] = nullptr;
         set_bytes(j, "result", *r.result);
     }
     return j;
@@ -179,7 +185,7 @@ Exit show(const Options& o, std::ostream& out) {
     const auto store = open_store(o);
     const auto record = store->read(key);
     if (!record) throw not_found(o, key);
-    if (o.json) out << record_json(key, *record).dump() << '\n';
+    if (o.json) out << dump(record_json(key, *record)) << '\n';
     else print_record(out, key, *record);
     return Exit::ok;
 }
@@ -232,13 +238,18 @@ Exit list(const Options& o, std::ostream& out) {
             // (text columns, but in a database whose encoding is not UTF8 they may hold any bytes)
             set_bytes(r, "scope", rows.text(i, 0));
             set_bytes(r, "key", rows.text(i, 1));
-            r.set("state", rows.text(i, 2)).set("attempt", rows.integer(i, 3)).set("fence", rows.integer(i, 4));
+            r["state"] = rows.text(i, 2);
+            r["attempt"] = rows.integer(i, 3);
+            r["fence"] = rows.integer(i, 4);
             set_optional_bytes(r, "phase", rows.optional_text(i, 5));
-            r.set("created_at", format_time(created)).set("age_ms", millis_between(created, now));
-            r.set("lease_until", format_time(lease)).set("stale", stale);
-            r.set("expires_at", format_time(expires)).set("expired", expired);
-            r.set("result_bytes", rows.is_null(i, 9) ? Json() : Json(rows.integer(i, 9)));
-            records.push(std::move(r));
+            r["created_at"] = format_time(created);
+            r["age_ms"] = millis_between(created, now);
+            r["lease_until"] = format_time(lease);
+            r["stale"] = stale;
+            r["expires_at"] = format_time(expires);
+            r["expired"] = expired;
+            r["result_bytes"] = rows.is_null(i, 9) ? Json() : Json(rows.integer(i, 9));
+            records.push_back(std::move(r));
         } else {
             table_rows.push_back(
                 {printable(rows.text(i, 0)), printable(rows.text(i, 1)), state + (stale ? " (stale)" : ""),
@@ -248,9 +259,11 @@ Exit list(const Options& o, std::ostream& out) {
     }
     if (o.json) {
         Json j = Json::object();
-        j.set("table", table_of(o)).set("count", static_cast<std::uint64_t>(shown)).set("more", more);
-        j.set("records", std::move(records));
-        out << j.dump() << '\n';
+        j["table"] = table_of(o);
+        j["count"] = static_cast<std::uint64_t>(shown);
+        j["more"] = more;
+        j["records"] = std::move(records);
+        out << dump(j) << '\n';
         return Exit::ok;
     }
     if (shown == 0) {
@@ -287,23 +300,27 @@ Exit stats(const Options& o, std::ostream& out) {
     const TimePoint now = from_micros(counts.integer(0, 4));
     if (o.json) {
         Json j = Json::object();
-        j.set("table", table_of(o)).set("in_progress", in_progress).set("stale", stale);
-        j.set("completed", completed).set("expired", expired).set("total", in_progress + completed);
+        j["table"] = table_of(o);
+        j["in_progress"] = in_progress;
+        j["stale"] = stale;
+        j["completed"] = completed;
+        j["expired"] = expired;
+        j["total"] = in_progress + completed;
         if (oldest.count() == 1) {
             const TimePoint created = from_micros(oldest.integer(0, 2));
             Json k = Json::object();
             set_bytes(k, "scope", oldest.text(0, 0));
             set_bytes(k, "key", oldest.text(0, 1));
-            k.set("created_at", format_time(created));
-            k.set("age_ms", millis_between(created, now));
-            j.set("oldest_in_progress", std::move(k));
+            k["created_at"] = format_time(created);
+            k["age_ms"] = millis_between(created, now);
+            j["oldest_in_progress"] = std::move(k);
         } else {
-            j.set("oldest_in_progress", nullptr);
+            j["oldest_in_progress"] = nullptr;
         }
-        j.set("table_bytes", size.integer(0, 0))
-            .set("index_bytes", size.integer(0, 1))
-            .set("total_bytes", size.integer(0, 2));
-        out << j.dump() << '\n';
+        j["table_bytes"] = size.integer(0, 0);
+        j["index_bytes"] = size.integer(0, 1);
+        j["total_bytes"] = size.integer(0, 2);
+        out << dump(j) << '\n';
         return Exit::ok;
     }
     out << fmt::format("table        {}\n", table_of(o));
@@ -342,10 +359,10 @@ Exit purge(const Options& o, std::ostream& out) {
     if (progress) std::cerr << '\n';
     if (o.json) {
         Json j = Json::object();
-        j.set("table", table_of(o))
-            .set("purged", static_cast<std::uint64_t>(purged))
-            .set("batches", static_cast<std::uint64_t>(batches));
-        out << j.dump() << '\n';
+        j["table"] = table_of(o);
+        j["purged"] = static_cast<std::uint64_t>(purged);
+        j["batches"] = static_cast<std::uint64_t>(batches);
+        out << dump(j) << '\n';
     } else {
         out << fmt::format("purged {} expired records from {} in {} batches of up to {}\n", purged, table_of(o),
                            batches, o.batch);
@@ -407,8 +424,11 @@ Exit release(const Options& o, std::ostream& out) {
     }
     if (o.json) {
         Json j = Json::object();
-        j.set("released", true).set("scope", key.scope()).set("key", key.value()).set("fence", *o.fence);
-        out << j.dump() << '\n';
+        j["released"] = true;
+        j["scope"] = key.scope();
+        j["key"] = key.value();
+        j["fence"] = *o.fence;
+        out << dump(j) << '\n';
     } else {
         out << fmt::format("released {} (fence {}): the next request with this key runs its effect\n",
                            key_label(key.scope(), key.value()), *o.fence);
@@ -443,12 +463,17 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
         const auto age = milliseconds(millis_between(r.created_at, r.read_at));
         if (o.json) {
             Json k = Json::object();
-            k.set("scope", key.scope()).set("key", key.value()).set("attempt", r.attempt).set("fence", r.fence);
+            k["scope"] = key.scope();
+            k["key"] = key.value();
+            k["attempt"] = r.attempt;
+            k["fence"] = r.fence;
             set_optional_bytes(k, "phase", r.phase);
             set_optional_bytes(k, "phase_data", r.phase_data);
-            k.set("created_at", format_time(r.created_at)).set("lease_until", format_time(r.lease_until));
-            k.set("lease_passed_ms", lease_age.count()).set("age_ms", age.count());
-            keys.push(std::move(k));
+            k["created_at"] = format_time(r.created_at);
+            k["lease_until"] = format_time(r.lease_until);
+            k["lease_passed_ms"] = lease_age.count();
+            k["age_ms"] = age.count();
+            keys.push_back(std::move(k));
         } else {
             rows.push_back({printable(key.scope()), printable(key.value()), std::to_string(r.attempt),
                             std::to_string(r.fence), format_duration(lease_age) + " ago", format_duration(age),
@@ -458,9 +483,11 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
     const std::uint64_t bad = undecodable->count.load();
     if (o.json) {
         Json j = Json::object();
-        j.set("table", table_of(o)).set("count", static_cast<std::uint64_t>(stale.size()));
-        j.set("undecodable", bad).set("stale", std::move(keys));
-        out << j.dump() << '\n';
+        j["table"] = table_of(o);
+        j["count"] = static_cast<std::uint64_t>(stale.size());
+        j["undecodable"] = bad;
+        j["stale"] = std::move(keys);
+        out << dump(j) << '\n';
         return Exit::ok;
     }
     if (stale.empty() && bad == 0) {

@@ -78,8 +78,10 @@ int main(int argc, char** argv) {
         std::cerr << "idemctl: " << message << '\n';
         if (json) {
             idemctl::Json error = idemctl::Json::object();
-            error.set("code", exit_name(code)).set("exit", static_cast<int>(code)).set("message", message);
-            std::cout << idemctl::Json::object().set("error", std::move(error)).dump() << '\n';
+            error["code"] = exit_name(code);
+            error["exit"] = static_cast<int>(code);
+            error["message"] = message;
+            std::cout << idemctl::dump({{"error", std::move(error)}}) << '\n';
         }
         return static_cast<int>(code);
     }

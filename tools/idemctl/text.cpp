@@ -64,16 +64,16 @@ std::string base64(std::string_view bytes) {
 
 void set_bytes(Json& obj, const std::string& name, std::string_view bytes) {
     if (is_utf8(bytes)) {
-        obj.set(name, bytes);
+        obj[name] = bytes;
     } else {
-        obj.set(name, nullptr);
-        obj.set(name + "_base64", base64(bytes));
+        obj[name] = nullptr;
+        obj[name + "_base64"] = base64(bytes);
     }
 }
 
 void set_optional_bytes(Json& obj, const std::string& name, const std::optional<std::string>& bytes) {
     if (bytes) set_bytes(obj, name, std::string_view(*bytes));
-    else obj.set(name, nullptr);
+    else obj[name] = nullptr;
 }
 
 std::string format_time(TimePoint t) {
