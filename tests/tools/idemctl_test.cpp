@@ -650,6 +650,56 @@ TEST_CASE("idemctl: conninfo from the environment; unreachable databases; no pas
     CHECK(idemctl({"show", "s", "k", "--db", f.url + " sslmode=bogus"}).exit_code == 5);
 }
 
+TEST_CASE("idemctl --json: every error is one JSON document on stdout, nothing on stderr", "[idemctl]") {
+    Fixture f;
+    const auto error_of = [](const Run& run) {
+        CHECK(run.err.empty());
+        const json doc = run.doc();
+        REQUIRE(doc.size() == 1);
+        return doc["error"];
+    };
+    const Run missing = f.ctl({"show", f.scope, "nope", "--json"});
+    CHECK(missing.exit_code == 1);
+    CHECK(error_of(missing) ==
+          json{{"code", "not_found"},
+               {"exit", 1},
+               {"message", "no record for scope 'acct_1:POST /payments' key 'nope' in table " + f.table},
+               {"sqlstate", nullptr}});
+
+    // A bad command line, before any connection.
+    const Run usage = idemctl({"--json", "list", "--fence", "1"});
+    CHECK(usage.exit_code == 2);
+    CHECK(error_of(usage) == json{{"code", "usage"},
+                                  {"exit", 2},
+                                  {"message", "list does not take --fence (idemctl --help lists commands and options)"},
+                                  {"sqlstate", nullptr}});
+
+    // No such table: PostgreSQL's SQLSTATE, from idemctl's own SQL (stats) and through the library
+    // (show).
+    for (const auto& command : {std::vector<std::string>{"stats"}, {"show", "s", "k"}}) {
+        std::vector<std::string> args = command;
+        args.insert(args.end(), {"--json", "--db", f.url, "--table", "idemctl_no_such_table"});
+        const Run config = idemctl(args);
+        CHECK(config.exit_code == 5);
+        const json e = error_of(config);
+        CHECK(e["code"] == "config_error");
+        CHECK(e["exit"] == 5);
+        CHECK(e.at("sqlstate") == "42P01");
+    }
+
+    const Run unavailable = idemctl({"list", "--json", "--db", "host=/nonexistent-idemctl-dir port=1"});
+    CHECK(unavailable.exit_code == 3);
+    const json e = error_of(unavailable);
+    CHECK(e["code"] == "unavailable");
+    CHECK(e.at("sqlstate").is_null());
+    CHECK(e["message"].get<std::string>().starts_with("database unavailable (host=/nonexistent-idemctl-dir port=1): "));
+
+    // Without --json the same failure is one line on stderr, nothing on stdout.
+    const Run text = f.ctl({"show", f.scope, "nope"});
+    CHECK(text.out.empty());
+    CHECK(text.err == "idemctl: no record for scope 'acct_1:POST /payments' key 'nope' in table " + f.table + "\n");
+}
+
 TEST_CASE("idemctl --json stays valid JSON whatever bytes it is given", "[idemctl]") {
     Fixture f;
     const Run bad = f.ctl({"--json", "list", "--state", "\xff\xc3"});

@@ -18,6 +18,12 @@ constexpr std::string_view kFooter =
 own options may too. After --, every argument is an argument (a key may start with '-').
 `idemctl COMMAND --help` shows one command's options; `idemctl --help-all` shows every one.
 
+With --json, stdout has one JSON document, a failure too:
+  {"error": {"code": "not_found", "exit": 1, "message": "...", "sqlstate": null}}
+(code names the exit code below; sqlstate is PostgreSQL's code when the database refused a
+statement). stderr then stays empty but for purge's progress and release's confirmation prompt,
+which appear only on a terminal.
+
 Examples:
   idemctl show 'acct_42:POST /payments' 9f1c0e       state, fence, phase, lease, stored response
   idemctl list --scope-prefix 'acct_42:' --stale     that tenant's keys stuck in progress
@@ -245,7 +251,7 @@ Options parse(int argc, const char* const* argv) {
                    "PGDATABASE, PGUSER, PGPASSWORD, PGSERVICE, ...)")
         ->type_name("CONNINFO");
     app.add_option("--table", o.table, "idem's table, [schema.]table (default idem_keys)")->type_name("NAME");
-    app.add_flag("--json", o.json, "one JSON document on stdout, errors too: {\"error\": {...}}");
+    app.add_flag("--json", o.json, "one JSON document on stdout, errors too; nothing on stderr");
 
     std::vector<std::pair<std::string_view, CLI::App*>> commands;
     std::string scope, key;

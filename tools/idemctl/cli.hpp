@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace idemctl {
@@ -29,14 +30,19 @@ enum class Exit : int {
     failure = 6,      ///< anything else: the database refused a statement, a corrupt record
 };
 
-/// A failure idemctl reports: the message (without "idemctl: ") and the exit code it ends with.
+/// A failure idemctl reports: the message (without "idemctl: "), the exit code it ends with and,
+/// when the database refused a statement, PostgreSQL's SQLSTATE.
 class ToolError : public std::runtime_error {
 public:
-    ToolError(Exit exit_code, const std::string& message) : std::runtime_error(message), exit_(exit_code) {}
+    ToolError(Exit exit_code, const std::string& message, std::string sqlstate = {})
+        : std::runtime_error(message), exit_(exit_code), sqlstate_(std::move(sqlstate)) {}
     [[nodiscard]] Exit exit_code() const noexcept { return exit_; }
+    /// PostgreSQL's five-character code, or "" when no statement was refused.
+    [[nodiscard]] const std::string& sqlstate() const noexcept { return sqlstate_; }
 
 private:
     Exit exit_;
+    std::string sqlstate_;
 };
 
 /// Everything the command line said. Options a command does not take are refused by parse().

@@ -93,18 +93,22 @@ Rows Database::query(const std::string& sql, const std::vector<std::optional<std
     const std::string message = trimmed(result ? PQresultErrorMessage(result) : PQerrorMessage(conn_.get()));
     PQclear(result);
     if (sqlstate == "42P01") {
-        throw ToolError(Exit::config, fmt::format("table {} does not exist (create it: PostgresStore::ensure_schema(), "
-                                                  "or docs/schema.sql; or name another with --table)",
-                                                  table));
+        throw ToolError(Exit::config,
+                        fmt::format("table {} does not exist (create it: PostgresStore::ensure_schema(), "
+                                    "or docs/schema.sql; or name another with --table)",
+                                    table),
+                        sqlstate);
     }
     if (sqlstate.starts_with("42") || sqlstate.starts_with("28") || sqlstate == "3D000") {
-        throw ToolError(Exit::config, fmt::format("configuration error ({}): {}", table, message));
+        throw ToolError(Exit::config, fmt::format("configuration error ({}): {}", table, message), sqlstate);
     }
     if (sqlstate.empty() || sqlstate.starts_with("08") || sqlstate.starts_with("57") || sqlstate == "55P03" ||
         PQstatus(conn_.get()) != CONNECTION_OK) {
-        throw ToolError(Exit::unavailable, fmt::format("database unavailable ({}): {}", redacted(conninfo_), message));
+        throw ToolError(Exit::unavailable, fmt::format("database unavailable ({}): {}", redacted(conninfo_), message),
+                        sqlstate);
     }
-    throw ToolError(Exit::failure, fmt::format("the database refused a statement ({}): {}", sqlstate, message));
+    throw ToolError(Exit::failure, fmt::format("the database refused a statement ({}): {}", sqlstate, message),
+                    sqlstate);
 }
 
 std::string quoted_table(const std::string& table) {

@@ -5,8 +5,9 @@
 //   idemctl stats | purge | release SCOPE KEY --fence F | reconcile-report
 //
 // `idemctl --help` has every command and exit code (`--help-all` every option); docs/reliability.md
-// ("Operating idem") says when to use which. This file maps every failure to one exit code and one message (on
-// stderr; with --json also as {"error": {...}} on stdout), with any password scrubbed out.
+// ("Operating idem") says when to use which. This file maps every failure to one exit code and one
+// message, with any password scrubbed out: "idemctl: MESSAGE" on stderr, or with --json one document
+// on stdout, {"error": {"code", "exit", "message", "sqlstate"}}, and nothing on stderr.
 #include "cli.hpp"
 #include "commands.hpp"
 #include "conninfo.hpp"
@@ -24,27 +25,36 @@ namespace {
 
 using idemctl::Exit;
 
-/// The exit code and message for what a command threw.
-std::pair<Exit, std::string> classify(const std::exception_ptr& thrown, const std::string& conninfo) {
+/// What idemctl reports for a failure.
+struct Failure {
+    Exit exit;
+    std::string message;   ///< without "idemctl: "
+    std::string sqlstate;  ///< PostgreSQL's code when the database refused a statement, else ""
+};
+
+/// The exit code, message and SQLSTATE for what a command threw.
+Failure classify(const std::exception_ptr& thrown, const std::string& conninfo) {
     const auto lib = [](const std::exception& e) { return std::string(idem::detail::without_prefix(e.what())); };
     try {
         std::rethrow_exception(thrown);
     } catch (const idemctl::ToolError& e) {
-        return {e.exit_code(), e.what()};
+        return {e.exit_code(), e.what(), e.sqlstate()};
     } catch (const idem::invalid_key& e) {
-        return {Exit::usage, "invalid scope or key: " + lib(e)};
+        return {Exit::usage, "invalid scope or key: " + lib(e), e.sqlstate()};
     } catch (const idem::lease_lost& e) {
-        return {Exit::fence, "fence mismatch: " + lib(e)};
+        return {Exit::fence, "fence mismatch: " + lib(e), e.sqlstate()};
     } catch (const idem::store_unavailable& e) {
-        return {Exit::unavailable, fmt::format("database unavailable ({}): {}", idemctl::redacted(conninfo), lib(e))};
+        return {Exit::unavailable, fmt::format("database unavailable ({}): {}", idemctl::redacted(conninfo), lib(e)),
+                e.sqlstate()};
     } catch (const idem::config_error& e) {
-        return {Exit::config, fmt::format("configuration error ({}): {}", idemctl::redacted(conninfo), lib(e))};
+        return {Exit::config, fmt::format("configuration error ({}): {}", idemctl::redacted(conninfo), lib(e)),
+                e.sqlstate()};
     } catch (const idem::error& e) {
-        return {Exit::failure, lib(e)};
+        return {Exit::failure, lib(e), e.sqlstate()};
     } catch (const std::exception& e) {
-        return {Exit::failure, e.what()};
+        return {Exit::failure, e.what(), {}};
     } catch (...) {
-        return {Exit::failure, "unknown failure"};
+        return {Exit::failure, "unknown failure", {}};
     }
 }
 
@@ -73,16 +83,19 @@ int main(int argc, char** argv) {
         }
         return static_cast<int>(idemctl::run(options, std::cout));
     } catch (...) {
-        auto [code, message] = classify(std::current_exception(), conninfo);
-        message = idemctl::scrub(std::move(message), conninfo);
-        std::cerr << "idemctl: " << message << '\n';
-        if (json) {
-            idemctl::Json error = idemctl::Json::object();
-            error["code"] = exit_name(code);
-            error["exit"] = static_cast<int>(code);
-            error["message"] = message;
-            std::cout << idemctl::dump({{"error", std::move(error)}}) << '\n';
+        Failure failure = classify(std::current_exception(), conninfo);
+        failure.message = idemctl::scrub(std::move(failure.message), conninfo);
+        if (!json) {
+            std::cerr << "idemctl: " << failure.message << '\n';
+            return static_cast<int>(failure.exit);
         }
-        return static_cast<int>(code);
+        // With --json the document on stdout is the whole answer: nothing on stderr.
+        idemctl::Json error = idemctl::Json::object();
+        error["code"] = exit_name(failure.exit);
+        error["exit"] = static_cast<int>(failure.exit);
+        error["message"] = failure.message;
+        error["sqlstate"] = failure.sqlstate.empty() ? idemctl::Json() : idemctl::Json(failure.sqlstate);
+        std::cout << idemctl::dump({{"error", std::move(error)}}) << '\n';
+        return static_cast<int>(failure.exit);
     }
 }
