@@ -424,6 +424,70 @@ TEST_CASE("idemctl list: filters, limit, stale only, older than", "[idemctl]") {
     CHECK(f.ctl({"list", "--scope", "acct_9"}).out == "no records match\n");
 }
 
+/// Terminal columns of `text` up to byte `end` (the test's oracle: one per code point, two for the
+/// CJK ideographs the test uses).
+std::size_t columns(const std::string& text, std::size_t end) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < end; ++i) {
+        const auto b = static_cast<unsigned char>(text[i]);
+        if ((b & 0xC0) == 0x80) continue;  // a continuation byte
+        n += b == 0xE6 ? 2 : 1;            // 日 (U+65E5) and 本 (U+672C) start with 0xE6
+    }
+    return n;
+}
+
+TEST_CASE("idemctl list: long, wide and hostile keys keep the columns and the terminal intact", "[idemctl]") {
+    Fixture f;
+    const std::string scope = "acct_3:POST /keys";
+    const std::string long_key = "long-" + std::string(250, 'x');  // idem's longest: 255 bytes
+    const idem::Key long_one{scope, long_key}, wide{scope, "clé-ü-日本"}, bidi{scope, "bidi-\u202e-x"},
+        esc{scope, "esc-placeholder"};
+    for (const auto* k : {&long_one, &wide, &bidi, &esc}) f.claim(*k);
+    // Bytes idem refuses in a key, written by SQL: an escape sequence that would turn text red.
+    f.sql.exec("UPDATE \"" + f.table + "\" SET key = $3 WHERE scope = $1 AND key = $2",
+               {scope, esc.value(), "esc-\x1b[31m-red"});
+    f.move(long_one, "lease_until = now() - interval '1 minute'");  // stale: reconcile-report lists it
+
+    const std::string cut_note =
+        "(a value wider than 40 columns is cut short with …: --wide prints it whole, as --json always does)";
+    const Run text = f.ctl({"list", "--scope", scope});
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find('\x1b') == std::string::npos);
+    CHECK(text.out.find("\u202e") == std::string::npos);
+    CHECK(text.out.find(R"(esc-\x1b[31m-red)") != std::string::npos);
+    CHECK(text.out.find(R"(bidi-\u{202e}-x)") != std::string::npos);
+    CHECK(text.out.find("clé-ü-日本") != std::string::npos);
+    // The key is cut to 40 columns, the widest of its column: STATE follows after two spaces.
+    CHECK(text.out.find("long-" + std::string(34, 'x') + "…  in_progress (stale)") != std::string::npos);
+    CHECK(text.out.find(long_key) == std::string::npos);
+    CHECK(text.has_line(cut_note));
+    // Every row's STATE starts in the header's STATE column, whatever bytes the key holds.
+    std::istringstream lines(text.out);
+    std::string header;
+    std::getline(lines, header);
+    const std::size_t state_column = columns(header, header.find("STATE"));
+    int rows = 0;
+    for (std::string line; std::getline(lines, line) && line != cut_note; ++rows) {
+        CHECK(columns(line, line.find("in_progress")) == state_column);
+    }
+    CHECK(rows == 4);
+
+    const Run wide_run = f.ctl({"list", "--scope", scope, "--wide"});
+    REQUIRE(wide_run.exit_code == 0);
+    CHECK(wide_run.out.find(long_key + "  in_progress (stale)") != std::string::npos);
+    CHECK_FALSE(wide_run.has_line(cut_note));
+
+    const Run json_run = f.ctl({"list", "--scope", scope, "--json"});
+    REQUIRE(json_run.exit_code == 0);
+    CHECK(json_run.doc()["records"][0]["key"] == long_key);
+
+    const Run report = f.ctl({"reconcile-report", "--scope", scope});
+    REQUIRE(report.exit_code == 0);
+    CHECK(report.out.find("long-" + std::string(34, 'x') + "…  1 ") != std::string::npos);
+    CHECK(report.has_line(cut_note));
+    CHECK(f.ctl({"reconcile-report", "--scope", scope, "--wide"}).out.find(long_key + "  1 ") != std::string::npos);
+}
+
 TEST_CASE("idemctl stats and reconcile-report", "[idemctl]") {
     Fixture f;
     const Run stats = f.ctl({"stats", "--json"});

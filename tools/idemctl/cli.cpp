@@ -1,6 +1,8 @@
 // tools/idemctl/cli.cpp — idemctl's command line, parsed and explained by CLI11 (see cli.hpp).
 #include "cli.hpp"
 
+#include "table.hpp"
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -60,7 +62,7 @@ constexpr CommandSpec kCommands[] = {
      "HTTP response decoded when the result is one"},
     {"list", false,
      "keys, oldest first: --scope, --scope-prefix, --state, --stale,\n"
-     "--older-than, --limit (default 50)"},
+     "--older-than, --limit (default 50), --wide"},
     {"stats", false,
      "counts by state, keys past their lease, expired records awaiting purge,\n"
      "the oldest in-progress key, table and index size"},
@@ -76,7 +78,7 @@ constexpr CommandSpec kCommands[] = {
     {"reconcile-report", false,
      "in-progress keys past their lease, oldest lease first, with attempt,\n"
      "phase, phase data and lease age: what a reconciler faces (--scope,\n"
-     "--scope-prefix, --limit, default 100)"},
+     "--scope-prefix, --limit, default 100, --wide)"},
 };
 
 // --limit and --batch: far below what the SQL's bigint (and limit + 1) can hold.
@@ -153,6 +155,14 @@ std::vector<CommandOption> command_options(Options& o) {
         {"--stale",
          {"list"},
          [&o](CLI::App& app) { return app.add_flag("--stale", o.stale, "only in-progress keys past their lease"); }},
+        {"--wide",
+         {"list", "reconcile-report"},
+         [&o](CLI::App& app) {
+             return app.add_flag("--wide", o.wide,
+                                 fmt::format("scopes, keys and phases whole, however wide (the table cuts one\n"
+                                             "wider than {} columns short with …)",
+                                             kMostColumns));
+         }},
         {"--older-than",
          {"list"},
          [&o, duration](CLI::App& app) {

@@ -56,12 +56,13 @@ struct Options {
     bool force = false;  // release: also while the key's lease has not passed
     /// --db; unset: libpq's environment (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...).
     std::string conninfo;
-    std::string table;                               ///< --table; default: the library's default table
-    std::optional<std::int64_t> fence;               ///< release --fence
-    std::optional<std::string> scope;                ///< --scope (exact)
-    std::optional<std::string> scope_prefix;         ///< --scope-prefix (literal)
-    std::optional<std::string> state;                ///< list --state: in_progress, completed, expired
-    bool stale = false;                              ///< list --stale
+    std::string table;                        ///< --table; default: the library's default table
+    std::optional<std::int64_t> fence;        ///< release --fence
+    std::optional<std::string> scope;         ///< --scope (exact)
+    std::optional<std::string> scope_prefix;  ///< --scope-prefix (literal)
+    std::optional<std::string> state;         ///< list --state: in_progress, completed, expired
+    bool stale = false;                       ///< list --stale
+    bool wide = false;  ///< list / reconcile-report --wide: scopes, keys and phases never cut short
     std::optional<std::chrono::seconds> older_than;  ///< list --older-than (by created_at)
     std::size_t limit = 0;                           ///< list / reconcile-report --limit (0: the default)
     std::size_t batch = 1000;                        ///< purge --batch

@@ -8,6 +8,7 @@
 #include "idem/postgres_store.hpp"
 #include "idem/response.hpp"
 #include "json.hpp"
+#include "table.hpp"
 #include "text.hpp"
 
 #include <fmt/format.h>
@@ -62,25 +63,6 @@ std::string key_label(const std::string& scope, const std::string& key) {
 ToolError not_found(const Options& o, const idem::Key& key) {
     return ToolError(Exit::not_found,
                      fmt::format("no record for {} in table {}", key_label(key.scope(), key.value()), table_of(o)));
-}
-
-/// One column-aligned table; the last column is not padded.
-void print_table(std::ostream& out, const std::vector<std::string>& header,
-                 const std::vector<std::vector<std::string>>& rows) {
-    std::vector<std::size_t> width(header.size());
-    for (std::size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
-    for (const auto& row : rows) {
-        for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-    }
-    const auto line = [&](const std::vector<std::string>& cells) {
-        std::string s;
-        for (std::size_t c = 0; c < cells.size(); ++c) {
-            s += c + 1 < cells.size() ? fmt::format("{:<{}}  ", cells[c], width[c]) : cells[c];
-        }
-        out << s << '\n';
-    };
-    line(header);
-    for (const auto& row : rows) line(row);
 }
 
 // --- show -------------------------------------------------------------------------------------
@@ -228,6 +210,7 @@ Exit list(const Options& o, std::ostream& out) {
     const bool more = static_cast<std::size_t>(rows.count()) > limit;
     Json records = Json::array();
     std::vector<std::vector<std::string>> table_rows;
+    Cells cell(o.wide);
     for (int i = 0; i < static_cast<int>(shown); ++i) {
         const TimePoint created = from_micros(rows.integer(i, 6)), lease = from_micros(rows.integer(i, 7)),
                         expires = from_micros(rows.integer(i, 8)), now = from_micros(rows.integer(i, 12));
@@ -251,10 +234,10 @@ Exit list(const Options& o, std::ostream& out) {
             r["result_bytes"] = rows.is_null(i, 9) ? Json() : Json(rows.integer(i, 9));
             records.push_back(std::move(r));
         } else {
-            table_rows.push_back(
-                {printable(rows.text(i, 0)), printable(rows.text(i, 1)), state + (stale ? " (stale)" : ""),
-                 rows.text(i, 3), format_duration(milliseconds(millis_between(created, now))), relative(lease, now),
-                 rows.is_null(i, 5) ? "-" : printable(rows.text(i, 5)), rows.is_null(i, 9) ? "-" : rows.text(i, 9)});
+            table_rows.push_back({cell(rows.text(i, 0)), cell(rows.text(i, 1)), state + (stale ? " (stale)" : ""),
+                                  rows.text(i, 3), format_duration(milliseconds(millis_between(created, now))),
+                                  relative(lease, now), rows.is_null(i, 5) ? "-" : cell(rows.text(i, 5)),
+                                  rows.is_null(i, 9) ? "-" : rows.text(i, 9)});
         }
     }
     if (o.json) {
@@ -271,6 +254,7 @@ Exit list(const Options& o, std::ostream& out) {
         return Exit::ok;
     }
     print_table(out, {"SCOPE", "KEY", "STATE", "ATTEMPT", "AGE", "LEASE", "PHASE", "RESULT_BYTES"}, table_rows);
+    cell.note(out);
     if (more) out << fmt::format("(more than {} records match: raise --limit or narrow the filters)\n", limit);
     return Exit::ok;
 }
@@ -458,6 +442,7 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
     const auto stale = store->list_stale(limit, filter);
     Json keys = Json::array();
     std::vector<std::vector<std::string>> rows;
+    Cells cell(o.wide);
     for (const auto& [key, r] : stale) {
         const auto lease_age = milliseconds(millis_between(r.lease_until, r.read_at));
         const auto age = milliseconds(millis_between(r.created_at, r.read_at));
@@ -475,9 +460,9 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
             k["age_ms"] = age.count();
             keys.push_back(std::move(k));
         } else {
-            rows.push_back({printable(key.scope()), printable(key.value()), std::to_string(r.attempt),
-                            std::to_string(r.fence), format_duration(lease_age) + " ago", format_duration(age),
-                            r.phase ? printable(*r.phase) : "-", r.phase_data ? printable(*r.phase_data) : "-"});
+            rows.push_back({cell(key.scope()), cell(key.value()), std::to_string(r.attempt), std::to_string(r.fence),
+                            format_duration(lease_age) + " ago", format_duration(age), r.phase ? cell(*r.phase) : "-",
+                            r.phase_data ? printable(*r.phase_data) : "-"});
         }
     }
     const std::uint64_t bad = undecodable->count.load();
@@ -497,6 +482,7 @@ Exit reconcile_report(const Options& o, std::ostream& out) {
     if (!stale.empty()) {
         out << fmt::format("{} stale keys (in progress, lease passed), oldest lease first:\n", stale.size());
         print_table(out, {"SCOPE", "KEY", "ATTEMPT", "FENCE", "LEASE_PASSED", "AGE", "PHASE", "PHASE_DATA"}, rows);
+        cell.note(out);
     }
     if (bad > 0) {
         out << fmt::format("{} stale rows could not be decoded (corrupt records; idemctl list shows their keys)\n",

@@ -1,7 +1,8 @@
 // tools/idemctl/text.hpp — how idemctl shows bytes, times and durations.
 //
-// Stored bytes (result bodies, phase data) may be anything. On a terminal, printable() escapes
-// whatever is not printable UTF-8, so nothing stored can move the cursor or change colours; in
+// Stored bytes (keys, result bodies, phase data) may be anything. On a terminal, printable()
+// escapes whatever is not printable UTF-8, so nothing stored can move the cursor, change colours
+// or reorder what is shown; tables are aligned by display_width() and cut by printable_cut(); in
 // JSON, set_bytes() puts valid UTF-8 in a string member and anything else in a base64 member. Times
 // are shown in UTC, ISO 8601 with milliseconds; ages and leases relative to the database's clock
 // (the read time it reported), never the local one.
@@ -10,6 +11,7 @@
 #include "json.hpp"
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,9 +23,18 @@ using TimePoint = std::chrono::system_clock::time_point;
 /// Whether `bytes` is well-formed UTF-8 (as PostgreSQL and idem's keys define it).
 [[nodiscard]] bool is_utf8(std::string_view bytes) noexcept;
 
-/// `bytes` for a terminal: printable UTF-8 kept, '\n' '\t' '\\' and '"' as C escapes, any other
-/// control character or malformed byte as \xNN.
+/// `bytes` for a terminal: printable UTF-8 kept, '\n' '\t' and '\\' as C escapes, any other
+/// control character or malformed byte as \xNN, and a character a terminal would draw as nothing
+/// or use to reorder text (bidirectional controls, zero-width characters) as \u{XXXX}.
 [[nodiscard]] std::string printable(std::string_view bytes);
+
+/// The columns printable text (printable()'s, or any UTF-8 without control characters) takes on a
+/// terminal: East Asian wide characters and emoji take two, combining marks none.
+[[nodiscard]] std::size_t display_width(std::string_view text) noexcept;
+
+/// printable(bytes) in at most `max_columns` columns (at least 1): when it is wider, as much of it as
+/// fits before a final "…", and `cut` is set. An escape is never cut in half.
+[[nodiscard]] std::string printable_cut(std::string_view bytes, std::size_t max_columns, bool& cut);
 
 /// Standard base64 (RFC 4648, with padding).
 [[nodiscard]] std::string base64(std::string_view bytes);
