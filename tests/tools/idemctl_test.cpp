@@ -18,6 +18,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -422,6 +423,49 @@ TEST_CASE("idemctl list: filters, limit, stale only, older than", "[idemctl]") {
     CHECK(text.out.starts_with("SCOPE "));
     CHECK(text.out.find("stale-1  in_progress (stale)  1 ") != std::string::npos);
     CHECK(f.ctl({"list", "--scope", "acct_9"}).out == "no records match\n");
+}
+
+/// A table line's cells (cells are separated by two spaces or more; none holds two in a row).
+std::vector<std::string> cells_of(const std::string& line) {
+    std::vector<std::string> cells;
+    std::size_t i = 0;
+    while (i < line.size()) {
+        const std::size_t gap = line.find("  ", i);
+        cells.push_back(line.substr(i, gap == std::string::npos ? std::string::npos : gap - i));
+        if (gap == std::string::npos) break;
+        i = line.find_first_not_of(' ', gap);
+    }
+    return cells;
+}
+
+TEST_CASE("idemctl list: LEASE says what a lease means in each state", "[idemctl]") {
+    Fixture f;
+    const Run text = f.ctl({"list"});
+    REQUIRE(text.exit_code == 0);
+    std::istringstream lines(text.out);
+    std::string line;
+    std::getline(lines, line);
+    const auto header = cells_of(line);
+    const auto lease_at = std::find(header.begin(), header.end(), "LEASE") - header.begin();
+    const auto key_at = std::find(header.begin(), header.end(), "KEY") - header.begin();
+    std::map<std::string, std::string> lease;
+    while (std::getline(lines, line)) {
+        const auto cells = cells_of(line);
+        REQUIRE(cells.size() == header.size());
+        lease[cells[key_at]] = cells[lease_at];
+    }
+    REQUIRE(lease.size() == 5);
+    CHECK(lease["claimed-1"].starts_with("in 9m"));    // in progress: the time it has left
+    CHECK(lease["stale-1"].starts_with("passed 5m"));  // in progress, past it: how long ago it passed
+    CHECK(lease["stale-1"].ends_with("s ago"));
+    // A completed key holds no lease, whatever time its row kept from the claim.
+    CHECK(lease["completed-1"] == "-");
+    CHECK(lease["expired-1"] == "-");
+    CHECK(lease["expired-2"] == "-");
+
+    const Run show = f.ctl({"show", f.completed.scope(), f.completed.value()});
+    REQUIRE(show.exit_code == 0);
+    CHECK(show.has_line("lease_until  - (none: the key is completed)"));
 }
 
 /// Terminal columns of `text` up to byte `end` (the test's oracle: one per code point, two for the

@@ -65,6 +65,13 @@ ToolError not_found(const Options& o, const idem::Key& key) {
                      fmt::format("no record for {} in table {}", key_label(key.scope(), key.value()), table_of(o)));
 }
 
+/// An in-progress key's lease as of `now`: "in 4m10s", or "passed 1m05s ago". (A completed key
+/// holds none: its row keeps the time of its last claim, which means nothing any more.)
+std::string lease_left(TimePoint lease_until, TimePoint now) {
+    const std::string when = relative(lease_until, now);
+    return lease_until < now ? "passed " + when : when;
+}
+
 // --- show -------------------------------------------------------------------------------------
 
 /// The stored result as an HTTP response (idem::codec<Response>, as idem/http.hpp stores it), if it
@@ -133,10 +140,13 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
     row("fence", std::to_string(r.fence));
     row("fingerprint", "sha256:" + r.fingerprint.hex());
     row("created_at", fmt::format("{} ({})", format_time(r.created_at), relative(r.created_at, r.read_at)));
-    std::string lease = relative(r.lease_until, r.read_at);
-    if (r.lease_until < r.read_at) lease = "passed " + lease;
-    if (r.lease_expired) lease += "; stale: a reconciler may take it over";
-    row("lease_until", fmt::format("{} ({})", format_time(r.lease_until), lease));
+    if (r.state == idem::RecordState::in_progress) {
+        std::string lease = lease_left(r.lease_until, r.read_at);
+        if (r.lease_expired) lease += "; stale: a reconciler may take it over";
+        row("lease_until", fmt::format("{} ({})", format_time(r.lease_until), lease));
+    } else {
+        row("lease_until", "- (none: the key is completed)");
+    }
     std::string expiry = relative(r.expires_at, r.read_at);
     if (r.expires_at < r.read_at) {
         expiry = "passed " + expiry +
@@ -236,7 +246,8 @@ Exit list(const Options& o, std::ostream& out) {
         } else {
             table_rows.push_back({cell(rows.text(i, 0)), cell(rows.text(i, 1)), state + (stale ? " (stale)" : ""),
                                   rows.text(i, 3), format_duration(milliseconds(millis_between(created, now))),
-                                  relative(lease, now), rows.is_null(i, 5) ? "-" : cell(rows.text(i, 5)),
+                                  rows.text(i, 2) == "in_progress" ? lease_left(lease, now) : "-",
+                                  rows.is_null(i, 5) ? "-" : cell(rows.text(i, 5)),
                                   rows.is_null(i, 9) ? "-" : rows.text(i, 9)});
         }
     }
