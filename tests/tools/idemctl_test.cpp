@@ -31,6 +31,11 @@
 #include <string>
 #include <vector>
 
+#ifdef IDEMCTL_TEST_HTTPLIB
+#include "../http/http_support.hpp"
+#include "idem/http/httplib.hpp"
+#endif
+
 extern char** environ;
 
 namespace {
@@ -296,6 +301,70 @@ TEST_CASE("idemctl show: a stale in-progress key with its recovery point", "[ide
     CHECK(binary_json.doc()["response"]["body_bytes"] == 9);
     const Run binary_text = f.ctl({"show", binary.scope(), binary.value()});
     CHECK(binary_text.has_line(R"(body         9 bytes: \x00\xffok\x1b[31m)"));
+}
+
+/// What a client's request with `Idempotency-Key: "<sent>"` leaves in the table through idem's
+/// cpp-httplib adapter, which sees the header value percent-decoded: over real HTTP on 127.0.0.1
+/// when cpp-httplib is installed, else written as the adapter writes it (`stored`). The handler
+/// answers 201 "created".
+void post_through_httplib(Fixture& f, const std::string& scope, const std::string& sent, const std::string& stored) {
+#ifdef IDEMCTL_TEST_HTTPLIB
+    (void)stored;
+    const idem::http::Route route;
+    http_test::Server server([&](const httplib::Request& req, httplib::Response& res) {
+        idem::http::httplib::serve(f.store, req, res, scope, route, [] { return idem::Response{201, "created"}; });
+    });
+    const http_test::Wire wire =
+        http_test::exchange(server.port(), {"POST", "/orders", {{"Idempotency-Key", "\"" + sent + "\""}}, "{}"});
+    REQUIRE(wire.status == 201);
+#else
+    (void)sent;
+    const idem::Key key{scope, stored};
+    f.store.save(key, f.claim(key), idem::codec<idem::Response>::encode(idem::Response{201, "created"}));
+#endif
+}
+
+TEST_CASE("idemctl show: a key that cpp-httplib percent-decoded is found under its decoded form", "[idemctl]") {
+    Fixture f;
+    const std::string scope = "acct_4:POST /orders";
+    post_through_httplib(f, scope, "k%41", "kA");
+    const std::string note =
+        "note: no record for key 'k%41'; showing key 'kA', its percent-decoded form (cpp-httplib decodes "
+        "%XX in header values before idem sees them; --exact looks up only the key as given)";
+
+    const Run text = f.ctl({"show", scope, "k%41"});
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.starts_with(note + "\n"));
+    CHECK(text.has_line("key          kA"));
+    CHECK(text.has_line("state        completed"));
+    CHECK(text.has_line("body         7 bytes: created"));
+    CHECK(text.err.empty());
+
+    const Run as_json = f.ctl({"show", scope, "k%41", "--json"});
+    REQUIRE(as_json.exit_code == 0);
+    const json j = as_json.doc();
+    CHECK(j["key"] == "kA");
+    CHECK(j.at("requested_key") == "k%41");
+    CHECK(j.at("lookup") == "percent_decoded");
+    CHECK(j["response"]["status"] == 201);
+
+    // The key as given wins when it has a record; --exact never looks further.
+    const Run exact_json = f.ctl({"show", scope, "kA", "--json"});
+    CHECK(exact_json.doc().at("lookup") == "exact");
+    CHECK(exact_json.doc().at("requested_key") == "kA");
+    const Run exact = f.ctl({"show", scope, "k%41", "--exact"});
+    CHECK(exact.exit_code == 1);
+    CHECK(exact.err == "idemctl: no record for scope 'acct_4:POST /orders' key 'k%41' in table " + f.table + "\n");
+
+    // Neither form has a record: the message names both.
+    const Run neither = f.ctl({"show", scope, "k%42"});
+    CHECK(neither.exit_code == 1);
+    CHECK(neither.err == "idemctl: no record for scope 'acct_4:POST /orders' key 'k%42' in table " + f.table +
+                             ", nor for its percent-decoded form 'kB'\n");
+    // A decoded form idem would refuse as a key (a NUL byte) is not looked up.
+    const Run nul = f.ctl({"show", scope, "k%00"});
+    CHECK(nul.exit_code == 1);
+    CHECK(nul.err == "idemctl: no record for scope 'acct_4:POST /orders' key 'k%00' in table " + f.table + "\n");
 }
 
 TEST_CASE("idemctl show: unknown key, invalid scope or key, bad command lines", "[idemctl]") {

@@ -59,7 +59,9 @@ constexpr CommandSpec kCommands[] = {
     {"show", true,
      "one key: state, attempt, fence, phase and its data, lease and expiry\n"
      "(passed or not, by the database's clock), result size, and the stored\n"
-     "HTTP response decoded when the result is one"},
+     "HTTP response decoded when the result is one. When KEY has no record\n"
+     "but its percent-decoded form (k%41 -> kA) has, that record is shown,\n"
+     "with a note: an HTTP adapter over cpp-httplib stores keys decoded"},
     {"list", false,
      "keys, oldest first: --scope, --scope-prefix, --state, --stale,\n"
      "--older-than, --limit (default 50), --wide"},
@@ -125,6 +127,11 @@ std::vector<CommandOption> command_options(Options& o) {
         {"--force",
          {"release"},
          [&o](CLI::App& app) { return app.add_flag("--force", o.force, "also while the key's lease has not passed"); }},
+        {"--exact",
+         {"show"},
+         [&o](CLI::App& app) {
+             return app.add_flag("--exact", o.exact, "only the key as given, never its percent-decoded form");
+         }},
         {"--scope",
          {"list", "reconcile-report"},
          [&o](CLI::App& app) {

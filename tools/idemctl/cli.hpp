@@ -54,6 +54,7 @@ struct Options {
     bool json = false;
     bool yes = false;
     bool force = false;  // release: also while the key's lease has not passed
+    bool exact = false;  ///< show --exact: never look up the key's percent-decoded form
     /// --db; unset: libpq's environment (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...).
     std::string conninfo;
     std::string table;                        ///< --table; default: the library's default table

@@ -8,6 +8,7 @@
 #include "idem/postgres_store.hpp"
 #include "idem/response.hpp"
 #include "json.hpp"
+#include "percent_decode.hpp"
 #include "table.hpp"
 #include "text.hpp"
 
@@ -172,13 +173,48 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
     row("body", fmt::format("{} bytes: {}", response->body.size(), printable(response->body)));
 }
 
+/// The key cpp-httplib would have handed an HTTP adapter for `key` (percent-decoded), when that is
+/// another key idem accepts.
+std::optional<idem::Key> percent_decoded(const idem::Key& key) {
+    std::string decoded = percent_decode_like_httplib(key.value());
+    if (decoded == key.value()) return std::nullopt;
+    try {
+        return idem::Key{key.scope(), std::move(decoded)};
+    } catch (const idem::invalid_key&) {
+        return std::nullopt;  // (a NUL or malformed UTF-8: no adapter stores that)
+    }
+}
+
+// The key as given first; without a record, and unless --exact, its percent-decoded form: what an
+// adapter over cpp-httplib stored for it.
 Exit show(const Options& o, std::ostream& out) {
     const idem::Key key = key_of(o);
     const auto store = open_store(o);
-    const auto record = store->read(key);
-    if (!record) throw not_found(o, key);
-    if (o.json) out << dump(record_json(key, *record)) << '\n';
-    else print_record(out, key, *record);
+    auto record = store->read(key);
+    const std::optional<idem::Key> decoded = record || o.exact ? std::nullopt : percent_decoded(key);
+    if (decoded) record = store->read(*decoded);
+    if (!record) {
+        ToolError missing = not_found(o, key);
+        if (!decoded) throw missing;
+        throw ToolError(Exit::not_found, fmt::format("{}, nor for its percent-decoded form '{}'", missing.what(),
+                                                     printable(decoded->value())));
+    }
+    const idem::Key& shown = decoded ? *decoded : key;
+    if (o.json) {
+        Json j = record_json(shown, *record);
+        j["requested_key"] = key.value();
+        j["lookup"] = decoded ? "percent_decoded" : "exact";
+        out << dump(j) << '\n';
+        return Exit::ok;
+    }
+    if (decoded) {
+        out << fmt::format(
+            "note: no record for key '{}'; showing key '{}', its percent-decoded form (cpp-httplib "
+            "decodes %XX in header values before idem sees them; --exact looks up only the key as "
+            "given)\n",
+            printable(key.value()), printable(decoded->value()));
+    }
+    print_record(out, shown, *record);
     return Exit::ok;
 }
 
