@@ -1,9 +1,10 @@
 #include "idem/redis/replay_cache.hpp"
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 #include <atomic>
-#include <cstring>
 
+#include "cache_entry.hpp"
 #include "common.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
@@ -17,113 +18,6 @@ using SysClock = std::chrono::system_clock;
 
 namespace {
 
-// An entry's bytes: a version tag, then the record's fields, integers little-endian, strings with
-// a 32-bit length. Optional strings carry a presence byte first.
-constexpr std::string_view kMagic = "idem-c1";
-
-class Writer {
-public:
-    void integer(std::int64_t v) {
-        for (int i = 0; i < 8; ++i)
-            out_.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
-    }
-    void text(std::string_view s) {
-        integer(static_cast<std::int64_t>(s.size()));
-        out_.append(s);
-    }
-    void optional_text(const std::optional<std::string>& s) {
-        out_.push_back(s ? '\1' : '\0');
-        if (s) text(*s);
-    }
-    std::string& out() { return out_; }
-
-private:
-    std::string out_;
-};
-
-class Reader {
-public:
-    explicit Reader(std::string_view in) : in_(in) {}
-    std::int64_t integer() {
-        need(8);
-        std::uint64_t v = 0;
-        for (int i = 0; i < 8; ++i)
-            v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[pos_ + static_cast<std::size_t>(i)]))
-                 << (8 * i);
-        pos_ += 8;
-        return static_cast<std::int64_t>(v);
-    }
-    std::string text() {
-        const auto n = integer();
-        if (n < 0) throw corrupt_record("idem: a Redis cache entry has a negative length");
-        need(static_cast<std::size_t>(n));
-        std::string s(in_.substr(pos_, static_cast<std::size_t>(n)));
-        pos_ += static_cast<std::size_t>(n);
-        return s;
-    }
-    std::optional<std::string> optional_text() {
-        need(1);
-        const char present = in_[pos_++];
-        if (present == '\0') return std::nullopt;
-        return text();
-    }
-    void expect(std::string_view bytes) {
-        need(bytes.size());
-        if (in_.substr(pos_, bytes.size()) != bytes) throw corrupt_record("idem: not an idem Redis cache entry");
-        pos_ += bytes.size();
-    }
-    bool done() const { return pos_ == in_.size(); }
-
-private:
-    void need(std::size_t n) const {
-        if (in_.size() - pos_ < n) throw corrupt_record("idem: a Redis cache entry is truncated");
-    }
-    std::string_view in_;
-    std::size_t pos_ = 0;
-};
-
-std::int64_t ms_of(SysClock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-}
-
-std::string encode(const Record& r) {
-    Writer w;
-    w.out().append(kMagic);
-    w.integer(static_cast<std::int64_t>(r.fingerprint.algorithm()));
-    w.text(r.fingerprint.bytes());
-    w.integer(r.fence);
-    w.integer(r.attempt);
-    w.text(r.result.value_or(std::string()));
-    w.optional_text(r.phase);
-    w.optional_text(r.phase_data);
-    w.integer(ms_of(r.created_at));
-    w.integer(ms_of(r.lease_until));
-    w.integer(ms_of(r.expires_at));
-    return std::move(w.out());
-}
-
-SysClock::time_point time_of(std::int64_t ms) { return redis::time_from_unix_ms(ms, "a Redis cache entry"); }
-
-Record decode(std::string_view bytes) {
-    Reader in(bytes);
-    in.expect(kMagic);
-    Record r;
-    r.state = RecordState::completed;
-    const auto algorithm = in.integer();
-    const std::string fp = in.text();
-    r.fingerprint = Fingerprint::from_bytes(static_cast<std::int16_t>(algorithm), fp);
-    r.fence = in.integer();
-    r.attempt = static_cast<std::int32_t>(in.integer());
-    r.result = in.text();
-    r.phase = in.optional_text();
-    r.phase_data = in.optional_text();
-    r.created_at = time_of(in.integer());
-    r.lease_until = time_of(in.integer());
-    r.expires_at = time_of(in.integer());
-    if (!in.done()) throw corrupt_record("idem: a Redis cache entry has trailing bytes");
-    return r;
-}
-
 std::string entry_key(const std::string& prefix, const Key& key) {
     return fmt::format("{}c:{}:{}{}", prefix, key.scope().size(), key.scope(), key.value());
 }
@@ -131,17 +25,26 @@ std::string entry_key(const std::string& prefix, const Key& key) {
 }  // namespace
 
 struct RedisReplayCache::Impl {
-    RedisReplayCacheOptions options;
+    RedisReplayCacheOptions options;  // entry_secret emptied: the secret lives in `seal` only
+    redis::EntrySeal seal;
     redis::Pool pool;
     std::atomic<std::int64_t> paused_until{0};  // steady ns; 0: not paused
     struct Counters {
-        std::atomic<std::uint64_t> hits{0}, misses{0}, inserts{0}, rejected{0}, errors{0}, skipped{0};
+        std::atomic<std::uint64_t> hits{0}, misses{0}, inserts{0}, rejected{0}, errors{0}, skipped{0}, untrusted{0};
     } counters;
 
     explicit Impl(RedisReplayCacheOptions o)
-        : options(std::move(o)), pool(options.connection.pool_size, options.connection.pool_wait, [this] {
-              return std::make_unique<Connection>(options.connection);
-          }) {}
+        : options(std::move(o)),
+          seal(take_secret(options)),
+          pool(options.connection.pool_size, options.connection.pool_wait,
+               [this] { return std::make_unique<Connection>(options.connection); }) {}
+
+    static std::string take_secret(RedisReplayCacheOptions& o) {
+        std::string secret = o.entry_secret;
+        OPENSSL_cleanse(o.entry_secret.data(), o.entry_secret.size());
+        o.entry_secret.clear();
+        return secret;
+    }
 
     static std::int64_t steady_ns() {
         return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -206,6 +109,11 @@ RedisReplayCache::RedisReplayCache(RedisReplayCacheOptions options) {
     if (options.pause_after_error.count() < 0)
         throw config_error("idem: RedisReplayCacheOptions: pause_after_error < 0");
     if (options.max_entry_bytes == 0) throw config_error("idem: RedisReplayCacheOptions: max_entry_bytes must be > 0");
+    if (!options.entry_secret.empty() &&
+        options.entry_secret.size() < RedisReplayCacheOptions::min_entry_secret_bytes) {
+        throw config_error(fmt::format("idem: RedisReplayCacheOptions: entry_secret must be empty or at least {} bytes",
+                                       RedisReplayCacheOptions::min_entry_secret_bytes));
+    }
     impl_ = std::make_unique<Impl>(std::move(options));
 }
 
@@ -226,11 +134,12 @@ std::shared_ptr<const Record> RedisReplayCache::find(const Key& key) {
         if (left_ms <= 0) return nullptr;  // expired between the two, or no TTL (not ours)
         std::shared_ptr<Record> record;
         try {
-            record = std::make_shared<Record>(decode(redis::text_of(*value)));
+            record = std::make_shared<Record>(m.seal.open(key, redis::text_of(*value)));
         } catch (const corrupt_record&) {
-            // Not an entry of ours (or of another version): a miss, and it goes, so the primary's
-            // answer replaces it. Redis itself is fine: no pause.
-            m.counters.errors.fetch_add(1, std::memory_order_relaxed);
+            // Not to be trusted (another format, altered, truncated, sealed under another secret,
+            // another key's): a miss, and it goes, so the primary's answer replaces it. Redis
+            // itself is fine: no pause.
+            m.counters.untrusted.fetch_add(1, std::memory_order_relaxed);
             conn.append({"DEL", k});
             Impl::expect_ok(conn.read("cache del"));
             return nullptr;
@@ -255,7 +164,13 @@ bool RedisReplayCache::insert(const Key& key, const Record& record, time_point a
         m.counters.rejected.fetch_add(1, std::memory_order_relaxed);
         return false;
     }
-    const std::string value = encode(record);
+    std::string value;
+    try {
+        value = m.seal.seal(key, record);
+    } catch (const std::exception&) {
+        m.counters.errors.fetch_add(1, std::memory_order_relaxed);  // OpenSSL failed: not kept
+        return false;
+    }
     const bool kept = m.guarded(false, true, [&](Connection& conn) {
         conn.append(
             {"SET", entry_key(m.options.connection.key_prefix, key), value, "PX", std::to_string(left.count())});
@@ -288,6 +203,7 @@ RedisReplayCacheStats RedisReplayCache::stats() const noexcept {
     s.rejected = c.rejected.load(std::memory_order_relaxed);
     s.errors = c.errors.load(std::memory_order_relaxed);
     s.skipped = c.skipped.load(std::memory_order_relaxed);
+    s.untrusted = c.untrusted.load(std::memory_order_relaxed);
     return s;
 }
 

@@ -2,8 +2,10 @@
 // in-progress keys), the persistence check, authentication, scripts flushed behind its back,
 // batches, bad options and bad data; and RedisReplayCache as a tier of CachedStore in front of
 // PostgreSQL: shared replays, TTLs bounded by the retention left, fingerprints checked, in-progress
-// never cached, a stopped Redis falling back to PostgreSQL. Each test case starts its own
-// redis-server(s); the tier's cases need IDEM_TEST_DATABASE_URL (scripts/with-postgres.sh).
+// never cached, a stopped Redis falling back to PostgreSQL, entries altered, copied between keys,
+// truncated, of the old format or sealed under another secret answered by PostgreSQL instead of
+// replayed. Each test case starts its own redis-server(s); the tier's cases need
+// IDEM_TEST_DATABASE_URL (scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "idem/redis/replay_cache.hpp"
 #include "idem/redis/store.hpp"
@@ -327,6 +329,9 @@ TEST_CASE("RedisStore: bad options are config_error at construction", "[redis]")
 
 namespace {
 
+/// A tier's entry secret (32 bytes and more).
+const std::string kEntrySecret = "tier-secret-0123456789abcdefghijklmnop";
+
 /// The primary (a PostgresStore on a private table, whose claims are counted), a Redis tier on
 /// `server`, and CachedStores over them: instances of a service sharing one database and one Redis.
 struct Tiered {
@@ -336,7 +341,8 @@ struct Tiered {
         o.pool_size = 4;
         return o;
     }
-    explicit Tiered(const RedisServer& server)
+    /// `secret`: the tier's entry_secret ("" for none).
+    explicit Tiered(const RedisServer& server, const std::string& secret = kEntrySecret)
         : url(idem_test::database_url()),
           table(idem_test::unique_name("idem_tier")),
           drop(url, table),
@@ -346,6 +352,7 @@ struct Tiered {
         cache_options.connection.unix_socket = server.socket();
         cache_options.connection.key_prefix = idem_test::unique_name("c") + ":";
         cache_options.connection.command_timeout = 2s;  // a busy machine: no spurious misses
+        cache_options.entry_secret = secret;
     }
     std::unique_ptr<idem::CachedStore> instance() {
         return std::make_unique<idem::CachedStore>(
@@ -362,8 +369,9 @@ struct Tiered {
 }  // namespace
 
 TEST_CASE("RedisReplayCache: a replay in another instance comes from Redis, with the same bytes", "[redis][cache]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, kEntrySecret, "");
     RedisServer server(RedisServerOptions{.appendonly = false});
-    Tiered t(server);
+    Tiered t(server, secret);
     auto one = t.instance();
     auto two = t.instance();
     const idem::Key key("s", "k");
@@ -454,5 +462,198 @@ TEST_CASE("RedisReplayCache: an entry that is not idem's is a miss, answered by 
     CHECK(r.outcome() == Outcome::replayed);
     CHECK(r.response() == "real");
     auto& tier = dynamic_cast<idem::RedisReplayCache&>(*store->tiers()[0]);
-    CHECK(tier.stats().errors == 1);
+    CHECK(tier.stats().untrusted == 1);
+    CHECK(tier.stats().errors == 0);
+}
+
+// --- RedisReplayCache: entries are authenticated ---------------------------------------------------
+// Whoever can write to the tier's Redis writes these entries here, with a connection of its own.
+
+namespace {
+
+/// The bytes of `key`'s entry (REQUIREs that there is one).
+std::string entry_bytes(const RedisServer& server, const Tiered& t, const idem::Key& key) {
+    const std::string got =
+        redis_command(server.socket(), {"GET", entry_key(t.cache_options.connection.key_prefix, key)});
+    REQUIRE(got.rfind("$", 0) == 0);
+    REQUIRE(got != "$-1");
+    return got.substr(got.find('\n') + 1);
+}
+
+/// Puts `bytes` in `key`'s slot for 10 minutes.
+void put_entry(const RedisServer& server, const Tiered& t, const idem::Key& key, const std::string& bytes) {
+    REQUIRE(redis_command(server.socket(), {"SET", entry_key(t.cache_options.connection.key_prefix, key), bytes, "PX",
+                                            "600000"}) == "+OK");
+}
+
+/// A completed key whose entry is in Redis: executed once with `result`, replayed once (which fills
+/// the tier).
+void fill(idem::CachedStore& store, const idem::Key& key, const idem::Fingerprint& fp, const std::string& result,
+          int& runs) {
+    auto effect = [&] {
+        ++runs;
+        return result;
+    };
+    REQUIRE(idem::execute_once(store, key, fp, effect).outcome() == Outcome::executed);
+    REQUIRE(idem::execute_once(store, key, fp, effect).outcome() == Outcome::replayed);
+}
+
+/// A replay of `key` with `fp` through a new instance: answered `expected` by the primary (one claim
+/// reaches it), never by the entry in Redis, and fn does not run.
+void replayed_from_primary(Tiered& t, const idem::Key& key, const idem::Fingerprint& fp, const std::string& expected) {
+    auto store = t.instance();
+    const auto claims = t.primary.stats().claims;
+    bool ran = false;
+    const auto r = idem::execute_once(*store, key, fp, [&] {
+        ran = true;
+        return "ran again"s;
+    });
+    CHECK(r.outcome() == Outcome::replayed);
+    CHECK(r.response() == expected);
+    CHECK_FALSE(ran);
+    CHECK(t.primary.stats().claims == claims + 1);
+    const auto& tier = dynamic_cast<idem::RedisReplayCache&>(*store->tiers()[0]);
+    CHECK(tier.stats().hits == 0);
+    CHECK(tier.stats().untrusted == 1);
+    CHECK(tier.stats().errors == 0);
+}
+
+/// An entry of the format idem wrote before entries were authenticated ("idem-c1": the record's
+/// fields, integers little-endian, strings with a 64-bit length, no key, no MAC).
+std::string old_format_entry(const idem::Fingerprint& fp, const std::string& result) {
+    std::string out = "idem-c1";
+    auto integer = [&](std::int64_t v) {
+        for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
+    };
+    auto text = [&](std::string_view s) {
+        integer(static_cast<std::int64_t>(s.size()));
+        out.append(s);
+    };
+    const auto now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    integer(static_cast<std::int64_t>(fp.algorithm()));
+    text(fp.bytes());
+    integer(1);  // fence
+    integer(1);  // attempt
+    text(result);
+    out.push_back('\0');            // no phase
+    out.push_back('\0');            // no phase data
+    integer(now_ms);                // created_at
+    integer(now_ms);                // lease_until
+    integer(now_ms + 3600 * 1000);  // expires_at
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("RedisReplayCache: an entry with one byte of its result flipped is a miss, answered by the primary",
+          "[redis][cache][integrity]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, kEntrySecret, "");
+    RedisServer server(RedisServerOptions{.appendonly = false});
+    Tiered t(server, secret);
+    const idem::Key key("s", "k");
+    int runs = 0;
+    fill(*t.instance(), key, fp_of("a"), "charged 100 EUR", runs);
+    std::string bytes = entry_bytes(server, t, key);
+    const auto at = bytes.find("charged 100 EUR");
+    REQUIRE(at != std::string::npos);
+    bytes[at + 8] = static_cast<char>(bytes[at + 8] ^ 0x01);  // "charged 000 EUR"
+    put_entry(server, t, key, bytes);
+    replayed_from_primary(t, key, fp_of("a"), "charged 100 EUR");
+    CHECK(runs == 1);
+    // The primary's answer replaced the entry: the next replay is a hit again, with the true bytes.
+    CHECK(entry_bytes(server, t, key).find("charged 100 EUR") != std::string::npos);
+}
+
+TEST_CASE("RedisReplayCache: another key's entry copied into a key's slot is a miss, not that entry's answer",
+          "[redis][cache][integrity]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, kEntrySecret, "");
+    RedisServer server(RedisServerOptions{.appendonly = false});
+    Tiered t(server, secret);
+    const idem::Key a("s", "a");
+    const idem::Key b("s", "b");      // another request
+    const idem::Key c("s", "c");      // the same request as a's
+    const idem::Key other("t", "a");  // a's value in another scope
+    int runs = 0;
+    auto store = t.instance();
+    fill(*store, a, fp_of("same"), "for a", runs);
+    fill(*store, b, fp_of("b"), "for b", runs);
+    fill(*store, c, fp_of("same"), "for c", runs);
+    fill(*store, other, fp_of("same"), "for t/a", runs);
+    const std::string a_entry = entry_bytes(server, t, a);
+    put_entry(server, t, b, a_entry);
+    put_entry(server, t, c, a_entry);
+    put_entry(server, t, other, a_entry);
+    replayed_from_primary(t, b, fp_of("b"), "for b");  // not mismatch
+    replayed_from_primary(t, c, fp_of("same"), "for c");
+    replayed_from_primary(t, other, fp_of("same"), "for t/a");
+    CHECK(runs == 4);
+}
+
+TEST_CASE("RedisReplayCache: a truncated entry is a miss, answered by the primary", "[redis][cache][integrity]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, kEntrySecret, "");
+    RedisServer server(RedisServerOptions{.appendonly = false});
+    Tiered t(server, secret);
+    const idem::Key key("s", "k");
+    int runs = 0;
+    fill(*t.instance(), key, fp_of("a"), "real", runs);
+    const std::string whole = entry_bytes(server, t, key);
+    for (const std::size_t size :
+         {whole.size() - 1, whole.size() - 32, whole.size() / 2, std::size_t{8}, std::size_t{0}}) {
+        INFO("the entry's first " << size << " of " << whole.size() << " bytes");
+        put_entry(server, t, key, whole.substr(0, size));
+        replayed_from_primary(t, key, fp_of("a"), "real");
+    }
+    CHECK(runs == 1);
+}
+
+TEST_CASE("RedisReplayCache: an entry of the format before authentication is a miss, answered by the primary",
+          "[redis][cache][integrity]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, kEntrySecret, "");
+    RedisServer server(RedisServerOptions{.appendonly = false});
+    Tiered t(server, secret);
+    const idem::Key key("s", "k");
+    int runs = 0;
+    fill(*t.instance(), key, fp_of("a"), "real", runs);
+    put_entry(server, t, key, old_format_entry(fp_of("a"), "forged"));
+    replayed_from_primary(t, key, fp_of("a"), "real");
+    CHECK(runs == 1);
+}
+
+TEST_CASE("RedisReplayCache: an entry written under another secret, or none, is a miss", "[redis][cache][integrity]") {
+    const std::string other_secret = "another-secret-0123456789abcdefghijklm";
+    const auto [written_with, read_with] =
+        GENERATE_COPY(std::pair{other_secret, kEntrySecret}, std::pair{std::string(), kEntrySecret},
+                      std::pair{kEntrySecret, std::string()});
+    INFO("written with a secret of " << written_with.size() << " bytes, read with one of " << read_with.size());
+    RedisServer server(RedisServerOptions{.appendonly = false});
+    Tiered t(server, written_with);
+    const idem::Key key("s", "k");
+    int runs = 0;
+    fill(*t.instance(), key, fp_of("a"), "real", runs);
+    const std::string written = entry_bytes(server, t, key);
+    t.cache_options.entry_secret = read_with;
+    replayed_from_primary(t, key, fp_of("a"), "real");
+    CHECK(runs == 1);
+    CHECK(entry_bytes(server, t, key) != written);  // refilled under the reader's secret
+}
+
+TEST_CASE("RedisReplayCacheOptions: an entry secret shorter than 32 bytes is a config_error that does not show it",
+          "[redis][cache][integrity]") {
+    idem::RedisReplayCacheOptions o;
+    o.connection.unix_socket = "/nonexistent/redis.sock";
+    o.entry_secret = "short-secret-31-bytes-long-abcd";
+    REQUIRE(o.entry_secret.size() == 31);
+    try {
+        idem::RedisReplayCache cache(o);
+        FAIL("no config_error");
+    } catch (const idem::config_error& e) {
+        CHECK_THAT(e.what(), Catch::Contains("entry_secret"));
+        CHECK_THAT(e.what(), !Catch::Contains("short-secret"));
+    }
+    o.entry_secret = std::string(32, 'x');
+    CHECK_NOTHROW(idem::RedisReplayCache(o));
+    o.entry_secret.clear();
+    CHECK_NOTHROW(idem::RedisReplayCache(o));
 }

@@ -13,13 +13,20 @@
 //   Redis with a TTL of the retention the record had left as the primary stated it
 //   (expires_at - read_at, less the time since the primary was asked), so it never outlives the
 //   record. The fingerprint is checked on every hit (by CachedStore): mismatch stays mismatch.
+// * Sealed entries: each entry names its key (scope and value) and the request fingerprint it
+//   answers, and carries an HMAC-SHA256 under entry_secret over a versioned, length-prefixed
+//   encoding of them and the record (without a secret, a SHA-256 checksum). An entry whose MAC does
+//   not verify, that names another key, or of an unknown format (including entries written before
+//   entries were sealed) is a miss, counted in stats().untrusted and deleted: the primary answers
+//   and the tier refills. Only a secret stops whoever can write to the Redis from making the tier
+//   replay a response idem never produced; the checksum detects corruption and copied entries.
 // * Fails open to the primary: a Redis error, refusal or timeout (command_timeout, small by
 //   default) is a miss and the call goes to the primary, which gives the true answer — a slow or
 //   dead cache costs latency, never a second effect. After a Redis error or timeout the tier
 //   answers misses without asking Redis for pause_after_error, so a dead Redis does not add a
-//   timeout to every call (erase() still asks). An entry that cannot be decoded is a miss and is
-//   deleted (no pause); every pooled connection busy is a miss (no pause). Errors are counted
-//   (stats()), not thrown.
+//   timeout to every call (erase() still asks). An untrusted entry is a miss and is deleted (no
+//   pause); every pooled connection busy is a miss (no pause). Errors are counted (stats()), not
+//   thrown.
 // * Persistence is not needed (a lost entry is a miss): the server's durability is not checked.
 // * Staleness: an operator who deletes or edits a completed row in the primary by hand must also
 //   delete its entry here (CachedStore::forget, or DEL of `<key_prefix>c:<scope length>:<scope><key>`),
@@ -33,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "idem/redis/store.hpp"
 #include "idem/replay_tier.hpp"
@@ -50,6 +58,20 @@ struct RedisReplayCacheOptions {
     std::chrono::milliseconds pause_after_error{std::chrono::seconds(1)};
     /// Records larger than this (result, phase data and key together) are not kept.
     std::size_t max_entry_bytes = 1u << 20;
+    /// The key of the HMAC-SHA256 that seals every entry: empty, or at least
+    /// min_entry_secret_bytes of secret (e.g. 32 random bytes), the same on every instance that
+    /// shares the entries. Each entry names its key and the request fingerprint it answers, and
+    /// carries a MAC over them and the record; an entry whose MAC does not verify, that names
+    /// another key, or of another format is a miss (stats().untrusted), answered by the primary.
+    /// Empty: entries carry a SHA-256 checksum instead, which catches corruption and entries
+    /// copied into another key's slot, but not forgery — whoever can write to this Redis can then
+    /// make the tier replay a response idem never produced. Set it wherever anyone but idem can
+    /// write to the Redis. Changing it turns the entries in Redis into misses: the tier refills
+    /// from the primary. The tier keeps its own copy and never shows it in an error.
+    std::string entry_secret{};
+
+    /// The shortest non-empty entry_secret accepted.
+    static constexpr std::size_t min_entry_secret_bytes = 32;
 
     /// RedisOptions with a cache's timeouts: connect 200 ms, each answer 50 ms, pool wait 50 ms.
     [[nodiscard]] static RedisOptions cache_connection_defaults() {
@@ -67,8 +89,13 @@ struct RedisReplayCacheStats {
     std::uint64_t misses = 0;    ///< not there, expired, or not asked (paused after an error)
     std::uint64_t inserts = 0;   ///< records kept
     std::uint64_t rejected = 0;  ///< not kept: not completed, no read_at, no retention left, too large
-    std::uint64_t errors = 0;    ///< Redis errors and timeouts, and entries that could not be decoded
+    std::uint64_t errors = 0;    ///< Redis errors and timeouts, every pooled connection busy
     std::uint64_t skipped = 0;   ///< calls answered as misses during a pause after an error
+    /// Entries found but not answered (each a miss, and deleted): a MAC (or checksum) that does not
+    /// verify, another key named, truncated, or of another format (idem's before entries were
+    /// sealed, or not idem's). Anything but zero with entry_secret set means that something other
+    /// than this tier wrote to its keys, or that instances disagree on the secret.
+    std::uint64_t untrusted = 0;
 };
 
 /// A ReplayTier in Redis (see the top of this header).

@@ -1,0 +1,52 @@
+// How RedisReplayCache keeps a completed record in Redis (internal): a sealed entry that names the
+// key and the request fingerprint it answers.
+//
+// An entry's bytes, integers 64-bit little-endian, every variable field after its length:
+//
+//   "idem-c2"  the format version (7 bytes)
+//   seal       'h': HMAC-SHA256 under the tier's entry_secret; 's': SHA-256 (no secret) (1 byte)
+//   scope, key value, fingerprint algorithm, fingerprint bytes
+//   record     fence, attempt, result, phase and phase data (each after a presence byte),
+//              created_at, lease_until, expires_at (Unix ms)
+//   tag        the HMAC or SHA-256 of every byte before it (32 bytes)
+//
+// The length prefixes keep a byte from moving between fields (scope "ab" + key "c" and scope "a"
+// + key "bc" are different bytes), and the version and seal kind are inside what the tag covers.
+// Only the HMAC defends against whoever can write to the Redis: the checksum detects corruption
+// and an entry copied into another key's slot, and anyone can compute it for bytes of their own.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "idem/key.hpp"
+#include "idem/store.hpp"
+
+namespace idem::redis {
+
+/// What seals a tier's entries: HMAC-SHA256 under a secret, or with none a SHA-256 checksum.
+/// The secret is wiped from memory when the seal goes. Thread-safety: const members may be called
+/// from any number of threads at once.
+class EntrySeal {
+public:
+    /// `secret`: empty (a checksum), or the HMAC key (the caller checks its length).
+    explicit EntrySeal(std::string secret);
+    ~EntrySeal();
+    EntrySeal(const EntrySeal&) = delete;
+    EntrySeal& operator=(const EntrySeal&) = delete;
+
+    /// The entry of `record` (completed, with a result) for `key`. Throws idem::error when OpenSSL
+    /// fails.
+    [[nodiscard]] std::string seal(const Key& key, const Record& record) const;
+
+    /// The completed record in `entry`, which was asked for `key`. Throws corrupt_record when the
+    /// entry is not to be trusted: of another format or seal kind, truncated, a tag that does not
+    /// verify (compared in constant time), another key named, or fields that cannot be decoded.
+    /// The record's read_at is left unset. Throws idem::error when OpenSSL fails.
+    [[nodiscard]] Record open(const Key& key, std::string_view entry) const;
+
+private:
+    std::string secret_;
+};
+
+}  // namespace idem::redis
