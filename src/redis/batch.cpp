@@ -73,7 +73,7 @@ std::vector<SaveStatus> RedisStore::save_batch(std::span<const SaveRequest> save
     }
     if (sent.empty()) return statuses;
     m.counters.saves.fetch_add(sent.size(), std::memory_order_relaxed);
-    m.with_connection("save_batch", [&](Connection& conn, int) {
+    const auto send = [&](Connection& conn, int) {
         std::vector<std::string> fences;
         fences.reserve(sent.size());
         for (std::size_t i : sent) {
@@ -100,7 +100,10 @@ std::vector<SaveStatus> RedisStore::save_batch(std::span<const SaveRequest> save
         m.read_wait(conn, "save_batch");
         if (first_error) std::rethrow_exception(first_error);
         return 0;
-    });
+    };
+    // As save(): within save_retry_window the batch rides out an outage; each script recognises
+    // its own earlier write, so a resent batch answers saved for the saves that landed before.
+    m.with_connection("save_batch", send, m.options.save_retry_window);
     return statuses;
 }
 

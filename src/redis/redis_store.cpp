@@ -14,6 +14,7 @@ void check_options(const RedisOptions& o) {
     if (o.database < 0) bad("database must be 0 or more");
     if (o.key_prefix.empty()) bad("key_prefix must not be empty (it keeps idem's keys apart from others)");
     if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0) bad("timeouts must be positive");
+    if (o.save_retry_window.count() < 0) bad("save_retry_window must be 0 or more");
     if (o.default_lease.count() <= 0) bad("default_lease must be positive");
     if (o.default_retention.count() <= 0) bad("default_retention must be positive");
     if (o.max_result_bytes == 0 || o.max_result_bytes > (512u << 20)) bad("max_result_bytes must be 1 byte to 512 MiB");
@@ -58,10 +59,15 @@ void RedisStore::save(const Key& key, Fence fence, std::string_view result) {
     m.check_size(result);
     m.counters.saves.fetch_add(1, std::memory_order_relaxed);
     const std::string fence_text = std::to_string(fence);
-    const bool saved = m.fenced_write("save", [&](Connection& conn) {
-        const Impl::Names n = m.names(key);
-        Impl::append_script(conn, redis::kSave, {n.record, m.index_key}, {fence_text, result, n.member});
-    });
+    // The effect ran: within save_retry_window the save rides out an outage (the script
+    // recognises its own earlier write).
+    const bool saved = m.fenced_write(
+        "save",
+        [&](Connection& conn) {
+            const Impl::Names n = m.names(key);
+            Impl::append_script(conn, redis::kSave, {n.record, m.index_key}, {fence_text, result, n.member});
+        },
+        m.options.save_retry_window);
     if (!saved) throw lease_lost("idem: save refused: fence " + fence_text + " no longer owns the key");
 }
 

@@ -245,17 +245,33 @@ struct RedisStore::Impl {
         }
     }
 
-    // Runs `fn(conn, attempt)` on a pooled connection; a broken connection or a timeout sends it
-    // once more on a fresh one (the scripts recognise their own earlier writes), as
-    // detail::RetryPolicy says for a broken connection. A script missing from the server (SCRIPT
-    // FLUSH) reloads them on a fresh connection too.
+    // Runs `fn(conn, attempt)` on a pooled connection, as detail::RetryPolicy says: a broken
+    // connection or a timeout sends it once more on a fresh one (the scripts recognise their own
+    // earlier writes), and within `keep_trying` (a save's save_retry_window) again and again;
+    // a connection that cannot be opened (the server away) is retried only within `keep_trying`,
+    // so a claim hears store_unavailable at once. A script missing from the server (SCRIPT FLUSH)
+    // reloads them on a fresh connection too. pool_timeout is thrown at once: it waited its bound.
     template <class Fn>
-    auto with_connection(std::string_view what, Fn&& fn) {
+    auto with_connection(
+        std::string_view what, Fn&& fn,
+        std::chrono::steady_clock::duration keep_trying = std::chrono::steady_clock::duration::zero()) {
         refuse_in_child();
         using Failure = detail::RetryPolicy::Failure;
-        detail::RetryPolicy retry(kAttempts, std::chrono::steady_clock::duration::zero());
+        detail::RetryPolicy retry(kAttempts, keep_trying);
         for (;;) {
-            auto lease = pool.acquire();
+            std::optional<redis::Pool::Lease> acquired;
+            try {
+                acquired.emplace(pool.acquire());
+            } catch (const pool_timeout&) {
+                throw;
+            } catch (const store_unavailable&) {
+                const auto pause = retry.after(Failure::unreachable);
+                if (!pause) throw;
+                counters.retries.fetch_add(1, std::memory_order_relaxed);
+                std::this_thread::sleep_for(*pause);
+                continue;
+            }
+            redis::Pool::Lease& lease = *acquired;
             std::optional<std::chrono::milliseconds> pause;
             try {
                 counters.round_trips.fetch_add(1, std::memory_order_relaxed);
@@ -294,15 +310,19 @@ struct RedisStore::Impl {
     }
 
     // Writes whose script answers 1 (done), 0 (the fence does not own the key) or -1 (a hash idem
-    // did not write: corrupt_record).
-    bool fenced_write(std::string_view what, const std::function<void(Connection&)>& send) {
-        const long long answer = with_connection(what, [&](Connection& conn, int) {
-            send(conn);
-            append_wait(conn);
-            Reply reply = script_reply(conn, what);
-            read_wait(conn, what);
-            return redis::type_of(*reply) == ReplyType::integer ? redis::integer_of(*reply) : 0;
-        });
+    // did not write: corrupt_record); retried as with_connection says for `keep_trying`.
+    bool fenced_write(std::string_view what, const std::function<void(Connection&)>& send,
+                      std::chrono::steady_clock::duration keep_trying = std::chrono::steady_clock::duration::zero()) {
+        const long long answer = with_connection(
+            what,
+            [&](Connection& conn, int) {
+                send(conn);
+                append_wait(conn);
+                Reply reply = script_reply(conn, what);
+                read_wait(conn, what);
+                return redis::type_of(*reply) == ReplyType::integer ? redis::integer_of(*reply) : 0;
+            },
+            keep_trying);
         if (answer < 0)
             throw corrupt_record(fmt::format("idem: {}: the Redis key holds a hash idem did not write", what));
         return answer == 1;

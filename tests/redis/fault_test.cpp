@@ -16,11 +16,17 @@
 //   config_error, not store_unavailable, fn not called; with a weaker durability it works.
 // * WAIT on a replica (wait_replicas = 1): writes succeed; with the replica paused a save throws
 //   store_unavailable within wait_replicas_timeout + margin, and a claim does so before fn runs.
+// * The server away between the claim and the save (save_retry_window): back within the window,
+//   save and save_batch land (the effect ran once, a replay returns the bytes); away past it,
+//   response_not_saved after about the window and the keys stay in progress; a claim still hears
+//   store_unavailable at once.
 //
 // Verdicts never depend on a sleep: the tests wait for conditions (acknowledged counts, Redis's own
-// lease clock, the AOF's size on disk) with generous bounds, and time only upper bounds.
+// lease clock, the AOF's size on disk) with generous bounds, and time only upper bounds (and the
+// lower bound a retry window guarantees).
 #include "redis_server.hpp"
 
+#include "idem/batch.hpp"
 #include "idem/errors.hpp"
 #include "idem/execute_once.hpp"
 #include "idem/reconciler.hpp"
@@ -345,6 +351,9 @@ idem::RedisOptions load_options(const RedisServer& server) {
     o.pool_size = 8;
     o.connect_timeout = 2s;
     o.command_timeout = 2s;
+    // The server comes back only after the load has stopped: a save cut by the crash gives up at
+    // once (response_not_saved, its key in progress) instead of trying for the whole window.
+    o.save_retry_window = 0ms;
     return o;
 }
 
@@ -730,4 +739,239 @@ TEST_CASE("wait_replicas = 1: writes succeed; with the replica paused store_unav
         CHECK(unwaited.read(idem::Key("wait", "warm")).has_value());
         CHECK_FALSE(unwaited.warnings().empty());
     }
+}
+
+// ---- the server away while a save is sent ----------------------------------------------------------
+
+namespace {
+
+/// A call whose effect runs on its own thread and then waits, as if Redis went away between the
+/// claim and the save: the test stops the server once effect_ran(), then lets the effect return
+/// with go(); told() joins and says what the call ended with. `work` gets the function its effect
+/// calls after counting itself.
+class CallOnThread {
+public:
+    explicit CallOnThread(std::function<std::string(const std::function<void()>&)> work)
+        : thread_([this, work = std::move(work)] {
+              try {
+                  told_ = work([this] {
+                      phase_ = 1;
+                      while (phase_.load() < 2) std::this_thread::sleep_for(1ms);
+                  });
+              } catch (const idem::response_not_saved&) {
+                  told_ = "response_not_saved";
+              } catch (const std::exception& e) {
+                  told_ = std::string("other: ") + e.what();
+              }
+              phase_ = 3;
+          }) {}
+    ~CallOnThread() {
+        go();
+        if (thread_.joinable()) thread_.join();
+    }
+    CallOnThread(const CallOnThread&) = delete;
+    CallOnThread& operator=(const CallOnThread&) = delete;
+
+    [[nodiscard]] bool effect_ran() const { return phase_.load() >= 1; }
+    [[nodiscard]] bool done() const { return phase_.load() == 3; }
+    void go() {
+        int waiting = 1;
+        phase_.compare_exchange_strong(waiting, 2);
+    }
+    std::string told() {
+        go();
+        thread_.join();
+        return told_;
+    }
+
+private:
+    std::atomic<int> phase_{0};
+    std::string told_;
+    std::thread thread_;
+};
+
+/// What execute_batch answered: "executed <bytes>;" or "failed <error>;" (else "other;") per message.
+std::string batch_told(const std::vector<idem::BatchEntry<std::string>>& entries) {
+    std::string told;
+    for (const auto& e : entries) {
+        if (e.outcome == idem::BatchOutcome::executed) {
+            told += "executed " + e.response.value_or("");
+        } else if (e.outcome == idem::BatchOutcome::failed && e.error) {
+            try {
+                std::rethrow_exception(e.error);
+            } catch (const idem::response_not_saved&) {
+                told += "failed response_not_saved";
+            } catch (const std::exception& x) {
+                told += std::string("failed ") + x.what();
+            }
+        } else {
+            told += "other";
+        }
+        told += ";";
+    }
+    return told;
+}
+
+/// Stops `server` while `call`'s effect waits, lets the call go on, waits until its save has failed
+/// twice (it is trying; or the call ended), keeps the server away `away` longer, starts it again.
+void outage_during_save(RedisServer& server, idem::RedisStore& store, CallOnThread& call,
+                        std::chrono::milliseconds away) {
+    REQUIRE(wait_until([&] { return call.effect_ran(); }, 30s));
+    const auto retries = store.stats().retries;
+    server.stop();
+    call.go();
+    CHECK(wait_until([&] { return store.stats().retries >= retries + 2 || call.done(); }, 30s));
+    std::this_thread::sleep_for(away);
+    server.start();
+}
+
+}  // namespace
+
+TEST_CASE("Redis away for ~1 s between the claim and the save: the save keeps trying and lands once",
+          "[redis][fault][save_retry]") {
+    RedisServer server;
+    idem::RedisStore store(server.store_options());  // save_retry_window: the default (15 s)
+    Effects effects;
+    const std::string scope = "outage";
+    REQUIRE(run_call(store, effects, scope, "warm").told == "executed");
+
+    CallOnThread saver([&](const std::function<void()>& then_away) {
+        auto r = idem::execute_once(store, idem::Key(scope, "k"), idem::fingerprint("k"), [&] {
+            effects.ran("k");
+            then_away();
+            return result_for("k");
+        });
+        return std::string(idem::to_string(r.outcome())) + " " + r.response();
+    });
+    outage_during_save(server, store, saver, 1s);
+    CHECK(saver.told() == "executed " + result_for("k"));
+    CHECK(effects.runs("k") == 1);
+
+    const Call replay = run_call(store, effects, scope, "k");
+    CHECK(replay.told == "replayed");
+    CHECK(replay.bytes == result_for("k"));
+    CHECK(effects.runs("k") == 1);
+}
+
+TEST_CASE("Redis away for ~1 s between claim_batch and save_batch: the batch save keeps trying and lands once",
+          "[redis][fault][save_retry]") {
+    RedisServer server;
+    idem::RedisStore store(server.store_options());
+    Effects effects;
+    const std::string scope = "outage-batch";
+    REQUIRE(run_call(store, effects, scope, "warm").told == "executed");
+    const std::vector<std::string> names{"a", "b", "c"};
+    std::vector<idem::Message> batch;
+    for (const auto& n : names) batch.push_back({idem::Key(scope, n), idem::fingerprint(n)});
+
+    CallOnThread saver([&](const std::function<void()>& then_away) {
+        auto entries = idem::execute_batch(store, batch, [&](std::size_t i) {
+            effects.ran(names[i]);
+            if (i + 1 == names.size()) then_away();
+            return result_for(names[i]);
+        });
+        return batch_told(entries);
+    });
+    outage_during_save(server, store, saver, 1s);
+    CHECK(saver.told() == "executed result-of-a;executed result-of-b;executed result-of-c;");
+    for (const auto& n : names) {
+        CHECK(effects.runs(n) == 1);
+        const Call replay = run_call(store, effects, scope, n);
+        CHECK(replay.told == "replayed");
+        CHECK(replay.bytes == result_for(n));
+        CHECK(effects.runs(n) == 1);
+    }
+}
+
+TEST_CASE("Redis away longer than save_retry_window: response_not_saved after about the window, key in progress",
+          "[redis][fault][save_retry]") {
+    RedisServer server;
+    auto options = server.store_options();
+    options.save_retry_window = 1s;
+    idem::RedisStore store(options);
+    Effects effects;
+    const std::string scope = "outage-long";
+    REQUIRE(run_call(store, effects, scope, "warm").told == "executed");
+    const idem::Key key(scope, "k");
+
+    Clock::time_point stopped{};
+    std::string told;
+    std::string bytes;
+    try {
+        (void)idem::execute_once(store, key, idem::fingerprint("k"), [&] {
+            effects.ran("k");
+            server.stop();  // until after the call
+            stopped = Clock::now();
+            return result_for("k");
+        });
+        told = "executed";
+    } catch (const idem::response_not_saved& e) {
+        told = "response_not_saved";
+        bytes = e.encoded_result();
+    }
+    const auto took = since(stopped);
+    CHECK(told == "response_not_saved");
+    CHECK(bytes == result_for("k"));  // the caller can still answer its client
+    CHECK(took >= 1s);                // it kept trying for the window...
+    CHECK(took < 10s);                // ...and then gave up (a backoff of at most 1 s, a connect)
+    CHECK(store.stats().retries >= 3);
+
+    server.start();
+    const auto record = store.read(key);
+    REQUIRE(record);
+    CHECK(record->state == idem::RecordState::in_progress);  // for the reconciler: never completed
+    CHECK_FALSE(record->result);
+    CHECK(run_call(store, effects, scope, "k").told == "in_progress");
+    CHECK(effects.runs("k") == 1);
+}
+
+TEST_CASE("Redis away longer than save_retry_window during save_batch: each save response_not_saved, keys in progress",
+          "[redis][fault][save_retry]") {
+    RedisServer server;
+    auto options = server.store_options();
+    options.save_retry_window = 1s;
+    idem::RedisStore store(options);
+    Effects effects;
+    const std::string scope = "outage-batch-long";
+    REQUIRE(run_call(store, effects, scope, "warm").told == "executed");
+    const std::vector<std::string> names{"a", "b", "c"};
+    std::vector<idem::Message> batch;
+    for (const auto& n : names) batch.push_back({idem::Key(scope, n), idem::fingerprint(n)});
+
+    Clock::time_point stopped{};
+    const auto entries = idem::execute_batch(store, batch, [&](std::size_t i) {
+        effects.ran(names[i]);
+        if (i + 1 == names.size()) {
+            server.stop();
+            stopped = Clock::now();
+        }
+        return result_for(names[i]);
+    });
+    const auto took = since(stopped);
+    CHECK(batch_told(entries) == "failed response_not_saved;failed response_not_saved;failed response_not_saved;");
+    CHECK(took >= 1s);
+    CHECK(took < 10s);
+
+    server.start();
+    for (const auto& n : names) {
+        const auto record = store.read(idem::Key(scope, n));
+        REQUIRE(record);
+        CHECK(record->state == idem::RecordState::in_progress);
+        CHECK(run_call(store, effects, scope, n).told == "in_progress");
+        CHECK(effects.runs(n) == 1);
+    }
+}
+
+TEST_CASE("Redis away: a claim still hears store_unavailable at once, whatever save_retry_window",
+          "[redis][fault][save_retry]") {
+    RedisServer server;
+    idem::RedisStore store(with_timeouts(server, 1s));
+    CHECK(store.options().save_retry_window == 15s);  // the default
+    CountedCalls call{"outage-claim"};
+    call.warm_up(store);
+    server.stop();
+    const auto t0 = Clock::now();
+    CHECK_THROWS_AS(call(store, "k"), idem::store_unavailable);
+    CHECK(since(t0) < 5s);  // well inside the window: not retried
+    CHECK(call.runs == 0);
 }

@@ -323,6 +323,7 @@ TEST_CASE("RedisStore: bad options are config_error at construction", "[redis]")
     bad([](idem::RedisOptions& o) { o.command_timeout = 0ms; });
     bad([](idem::RedisOptions& o) { o.max_result_bytes = 0; });
     bad([](idem::RedisOptions& o) { o.wait_replicas = -1; });
+    bad([](idem::RedisOptions& o) { o.save_retry_window = -1ms; });
 }
 
 // --- RedisReplayCache: the tier -------------------------------------------------------------------

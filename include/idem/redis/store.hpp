@@ -22,6 +22,10 @@
 // * Reconnect-safe: a call whose connection broke, or whose answer did not come within
 //   command_timeout, is sent again once on a fresh connection with the same fence; the scripts
 //   recognise their own earlier write (a claim finds its own fence, a save its own result).
+// * A save rides out an outage: save and save_batch, whose effect has already run, keep trying
+//   while Redis cannot be reached or the connection breaks, for RedisOptions::save_retry_window
+//   (then response_not_saved from execute_once, the key left in progress). Every other call that
+//   cannot connect is store_unavailable at once.
 // * Fail closed: a Redis error, refusal or timeout is store_unavailable (or config_error for what
 //   retrying cannot heal) and execute_once does not call fn.
 // * Batches: claim_batch / save_batch pipeline one script per key in one round trip. Each key is
@@ -119,6 +123,11 @@ struct RedisOptions {
     /// Bound on each wait for an answer; past it the call is store_unavailable (the write may have
     /// happened: a claim then stays in progress with a fence nobody holds, for the reconciler).
     std::chrono::milliseconds command_timeout{std::chrono::seconds(2)};
+    /// How long a save (and save_batch) keeps retrying while Redis is unreachable (restart,
+    /// failover) or its connection breaks: the effect already happened, and a fenced save is safe
+    /// to repeat. Past it: response_not_saved. 0: one resend after a broken connection, as every
+    /// other call.
+    std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
     /// Lease of a claim when ClaimOptions::lease is not set.
     std::chrono::milliseconds default_lease{std::chrono::seconds(30)};
     /// Retention of a completed record when ClaimOptions::retention is not set.
