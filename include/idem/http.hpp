@@ -5,11 +5,11 @@
 //                                               [&] { return idem::Response{201, create_order()}; });
 //
 // respond() implements draft-ietf-httpapi-idempotency-key-header-07 around execute_once: it reads
-// the Idempotency-Key header, fingerprints the request, runs the handler at most once per key and
-// returns the response to send. docs/http.md lists every rule, the draft section it comes from and
-// the test that covers it. In short:
+// the Idempotency-Key header (or the header Route::key_header names), fingerprints the request,
+// runs the handler at most once per key and returns the response to send. docs/http.md lists every
+// rule, the draft section it comes from and the test that covers it. In short:
 //
-//   missing key (route.key_required) → 400; malformed key, or several Idempotency-Key lines → 400;
+//   missing key (route.key_required) → 400; malformed key, or several key header lines → 400;
 //   first request → the handler's response (stored, see StoragePolicy); a repeat → the stored status
 //   and body byte for byte, the same headers (in the framework's order), plus
 //   `Idempotent-Replayed: true`; the key still in flight → 409 +
@@ -149,9 +149,14 @@ struct Problem {
 };
 
 /// Everything one route decides. Designated initialisers read well: Route{.key_required = false}.
+/// validate() checks a route once, at configuration; respond() checks it again on every request
+/// and answers a misconfigured route with 500 (logged), never reading another header.
 struct Route {
     FingerprintPolicy fingerprint{};  ///< what the request fingerprint covers
-    /// Which forms of the Idempotency-Key value are accepted.
+    /// The header the key is read from, e.g. "X-Idempotency-Key": an RFC 9110 field name (a token),
+    /// compared case-insensitively. The problems the route answers name it.
+    std::string key_header = "Idempotency-Key";
+    /// Which forms of the key header's value are accepted.
     KeyForm key_form = KeyForm::sf_string;
     /// Missing header: 400 when true; when false the handler just runs, without idempotency.
     bool key_required = true;
@@ -173,6 +178,9 @@ struct Route {
     std::function<Response(const Problem&)> render_problem{};
     /// Told one line for each 5xx answer made from an error (what happened, with the key).
     std::function<void(std::string_view)> log{};
+
+    /// Throws idem::config_error saying what is wrong with this route (key_header not a token).
+    void validate() const;
 };
 
 /// Thrown by a handler: the effect certainly did not happen. The key is released and `response`
@@ -216,8 +224,10 @@ struct Admission {
     std::optional<Fingerprint> fp;
 };
 [[nodiscard]] Admission admit(const Request& request, std::string_view scope, const Route& route);
-/// The 400 for a request without Idempotency-Key.
+/// The 400 for a request without the route's key header.
 [[nodiscard]] Response missing_key(const Route& route);
+/// What is wrong with `route`'s configuration (Route::validate's message), or nullopt.
+[[nodiscard]] std::optional<std::string> route_error(const Route& route);
 
 /// Carries a response the storage policy called "unknown" out of execute_once (key kept).
 struct unknown_response {

@@ -15,9 +15,9 @@ constexpr std::string_view kReplayed = "Idempotent-Replayed";
 Response in_progress(const Route& route, std::chrono::milliseconds wait) {
     return problem_response(
         route,
-        idempotency_problem(route, 409, "in_progress", "A request is outstanding for this Idempotency-Key",
-                            "A request with the same Idempotency-Key for the same operation is "
-                            "being processed or is outstanding."),
+        idempotency_problem(route, 409, "in_progress", "A request is outstanding for this " + route.key_header,
+                            "A request with the same " + route.key_header +
+                                " for the same operation is being processed or is outstanding."),
         retry_after_seconds(wait));
 }
 
@@ -100,26 +100,33 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
                                                          "The server's idempotency scope is misconfigured."));
         return a;
     }
+    if (auto misconfigured = route_error(route)) {
+        tell(route, *misconfigured, nullptr);
+        a.answer = problem_response(route, plain_problem(500, "internal_error", "Internal Server Error",
+                                                         "The server's idempotency route is misconfigured."));
+        return a;
+    }
+    const std::string& header = route.key_header;
     const auto invalid = [&](std::string detail) {
         a.answer = problem_response(route, idempotency_problem(route, 400, "invalid_idempotency_key",
-                                                               "Idempotency-Key is malformed", std::move(detail)));
+                                                               header + " is malformed", std::move(detail)));
         return a;
     };
-    const std::size_t lines = request.count("Idempotency-Key");
+    const std::size_t lines = request.count(header);
     if (lines == 0) {
         if (route.key_required) a.answer = missing_key(route);
         return a;
     }
-    if (lines > 1) return invalid("Send exactly one Idempotency-Key header.");
-    const std::string_view raw = *request.header("Idempotency-Key");
+    if (lines > 1) return invalid("Send exactly one " + header + " header.");
+    const std::string_view raw = *request.header(header);
     if (!request.exact_header_values && raw.find('%') != std::string_view::npos) {
         return invalid("This server cannot read a key holding '%' exactly; send a key without it.");
     }
     auto value = parse_key(raw, route.key_form);
     if (!value) {
         return invalid(route.key_form == KeyForm::sf_string
-                           ? "Send the key as a Structured Field String: Idempotency-Key: \"<key>\"."
-                           : "Send the key as \"<key>\" or as a bare value without commas.");
+                           ? "Send the key as a Structured Field String: " + header + ": \"<key>\"."
+                           : "Send the key as " + header + ": \"<key>\" or as a bare value without commas.");
     }
     try {
         a.key.emplace(std::string(scope), std::move(*value));
@@ -164,9 +171,10 @@ Response classify(const Route& route, Response produced) {
 
 Response missing_key(const Route& route) {
     return problem_response(route,
-                            idempotency_problem(route, 400, "missing_idempotency_key", "Idempotency-Key is missing",
+                            idempotency_problem(route, 400, "missing_idempotency_key", route.key_header + " is missing",
                                                 "This operation is idempotent and it requires correct usage of "
-                                                "Idempotency Key."));
+                                                "Idempotency Key: send the " +
+                                                    route.key_header + " header."));
 }
 
 void advertise(Response& response, const Route& route) {
@@ -186,11 +194,11 @@ Response answer(Result<Response>&& result, const Route& route) {
         case Outcome::in_progress: return in_progress(route, result.retry_after());
         case Outcome::mismatch: break;
     }
-    return problem_response(route,
-                            idempotency_problem(route, 422, "idempotency_key_reused", "Idempotency-Key is already used",
-                                                "This operation is idempotent and it requires correct usage of "
-                                                "Idempotency Key. Idempotency Key MUST not be reused across "
-                                                "different payloads of this operation."));
+    return problem_response(
+        route, idempotency_problem(route, 422, "idempotency_key_reused", route.key_header + " is already used",
+                                   "This operation is idempotent and it requires correct usage of "
+                                   "Idempotency Key. Idempotency Key MUST not be reused across "
+                                   "different payloads of this operation."));
 }
 
 Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
@@ -198,19 +206,20 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
 }
 
 Response answer_error_with(const RecordReader& read, const Key* key, const Route& route, bool rolled_back) {
+    // `detail` ends with "retry with the same ": the route's header name completes it.
     const auto unavailable_503 = [&](const std::string& line, const char* code, const char* detail,
                                      std::chrono::seconds retry_after) {
         tell(route, "idem::http: " + line, key);
-        return problem_response(route, plain_problem(503, code, "Service Unavailable", detail), retry_after);
+        return problem_response(route, plain_problem(503, code, "Service Unavailable", detail + route.key_header + "."),
+                                retry_after);
     };
     const auto unknown = [&](const std::string& why) {
         return unavailable_503("outcome unknown, the key stays in progress: " + why, "outcome_unknown",
-                               "The outcome of this request is not known yet; retry with the same Idempotency-Key.",
+                               "The outcome of this request is not known yet; retry with the same ",
                                route.unknown_retry_after);
     };
     const auto unavailable = [&](const std::string& why) {
-        return unavailable_503(why, "store_unavailable",
-                               "The idempotency store is unavailable; retry with the same Idempotency-Key.",
+        return unavailable_503(why, "store_unavailable", "The idempotency store is unavailable; retry with the same ",
                                route.unavailable_retry_after);
     };
     const auto internal = [&](const std::string& why) {
@@ -246,14 +255,12 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
         return unknown(why);
     } catch (const idem::not_performed& e) {
         return unavailable_503(std::string("not performed (key released): ") + e.what(), "not_performed",
-                               "The request was not performed; retry with the same Idempotency-Key.",
-                               route.unavailable_retry_after);
+                               "The request was not performed; retry with the same ", route.unavailable_retry_after);
     } catch (const lease_lost& e) {
         if (key == nullptr) {
             // No claim behind the Context (Route::key_required = false and no key was sent).
-            return internal(std::string("context used without a key (record_phase / extend_lease on a "
-                                        "request without Idempotency-Key): ") +
-                            e.what());
+            return internal("context used without a key (record_phase / extend_lease on a request without " +
+                            route.key_header + "): " + e.what());
         }
         // Another attempt (a reconciler) owns the key now: answer what it stored, if it has.
         if (key != nullptr) {
@@ -285,8 +292,7 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
         // happened and the key is free.
         return unavailable_503(
             std::string("cancelled, handler not called (key free): ") + e.what(), "request_cancelled",
-            "The request was cancelled before it was performed; retry with the same Idempotency-Key.",
-            route.unavailable_retry_after);
+            "The request was cancelled before it was performed; retry with the same ", route.unavailable_retry_after);
     } catch (const error& e) {
         // config_error, corrupt_record, database_error, invalid_key: no retry heals these.
         return internal(e.what() + (e.sqlstate().empty() ? std::string() : " [" + e.sqlstate() + "]"));
