@@ -106,11 +106,13 @@ struct FingerprintPolicy {
     std::function<Fingerprint(const Request&)> custom{};
 };
 
-/// Which forms of the Idempotency-Key value a route accepts.
+/// Which forms of the key header's value a route accepts (docs/http.md, "Key forms", says why the
+/// default accepts both).
 enum class KeyForm {
-    sf_string,           ///< the draft's form: a Structured Field String, `"abc"` (RFC 8941 §3.3.3)
-    sf_string_or_token,  ///< also the bare value Stripe-style clients send: `abc` (no DQUOTE first,
-                         ///< no ',' — a comma means two lines were folded into one)
+    sf_string,           ///< only the draft's form: a Structured Field String, `"abc"` (RFC 8941 §3.3.3)
+    sf_string_or_token,  ///< (default) also the bare value Stripe-style clients send: `abc` (no DQUOTE
+                         ///< first, no ',' — a comma means two lines were folded into one); `"abc"`
+                         ///< and `abc` are one key
 };
 
 /// What the handler's response means for the key.
@@ -156,8 +158,8 @@ struct Route {
     /// The header the key is read from, e.g. "X-Idempotency-Key": an RFC 9110 field name (a token),
     /// compared case-insensitively. The problems the route answers name it.
     std::string key_header = "Idempotency-Key";
-    /// Which forms of the key header's value are accepted.
-    KeyForm key_form = KeyForm::sf_string;
+    /// Which forms of the key header's value are accepted: quoted and bare by default.
+    KeyForm key_form = KeyForm::sf_string_or_token;
     /// Missing header: 400 when true; when false the handler just runs, without idempotency.
     bool key_required = true;
     StoragePolicy storage{};  ///< what each response status means for the key

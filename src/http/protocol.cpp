@@ -6,6 +6,7 @@
 #include "chars.hpp"
 #include "idem/http.hpp"
 #include "problem.hpp"
+#include "structured_field.hpp"
 
 namespace idem::http {
 namespace {
@@ -122,12 +123,9 @@ Admission admit(const Request& request, std::string_view scope, const Route& rou
     if (!request.exact_header_values && raw.find('%') != std::string_view::npos) {
         return invalid("This server cannot read a key holding '%' exactly; send a key without it.");
     }
-    auto value = parse_key(raw, route.key_form);
-    if (!value) {
-        return invalid(route.key_form == KeyForm::sf_string
-                           ? "Send the key as a Structured Field String: " + header + ": \"<key>\"."
-                           : "Send the key as " + header + ": \"<key>\" or as a bare value without commas.");
-    }
+    KeyReading reading = read_key(raw, route.key_form);
+    if (!reading.key) return invalid(key_advice(raw, reading.fault, route.key_form, header));
+    auto& value = reading.key;
     try {
         a.key.emplace(std::string(scope), std::move(*value));
     } catch (const invalid_key&) {

@@ -1,8 +1,10 @@
-// The Idempotency-Key field value (RFC 8941 Structured Fields; parse_key in include/idem/http.hpp).
+// The key header's field value (RFC 8941 Structured Fields; parse_key in include/idem/http.hpp), and
+// what to tell a client whose value is not a key.
 #include <string>
 
+#include "structured_field.hpp"
+
 #include "chars.hpp"
-#include "idem/http.hpp"
 
 namespace idem::http {
 namespace {
@@ -15,25 +17,32 @@ struct SfParser {
     [[nodiscard]] bool done() const noexcept { return at >= in.size(); }
     [[nodiscard]] char peek() const noexcept { return done() ? '\0' : in[at]; }
 
+    KeyFault string_fault = KeyFault::none;  ///< why the last parse_string failed
+
     bool parse_string(std::string& out) {  // §4.2.5
         if (peek() != '"') return false;
         ++at;
         while (!done()) {
             const char c = in[at++];
             if (c == '\\') {
-                if (done()) return false;
+                if (done()) break;
                 const char next = in[at++];
-                if (next != '"' && next != '\\') return false;
+                if (next != '"' && next != '\\') {
+                    string_fault = KeyFault::bad_escape;
+                    return false;
+                }
                 out.push_back(next);
             } else if (c == '"') {
                 return true;
             } else if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7E) {
+                string_fault = KeyFault::not_printable_ascii;
                 return false;
             } else {
                 out.push_back(c);
             }
         }
-        return false;  // no closing DQUOTE
+        string_fault = KeyFault::unterminated;  // no closing DQUOTE
+        return false;
     }
     bool parse_number() {  // §4.2.4 (integer or decimal), value unused
         if (peek() == '-') ++at;
@@ -99,16 +108,69 @@ struct SfParser {
 }  // namespace
 
 std::optional<std::string> parse_key(std::string_view field_value, KeyForm form) {
+    return read_key(field_value, form).key;
+}
+
+KeyReading read_key(std::string_view field_value, KeyForm form) {
     const std::string_view value = lex::trim(field_value);
-    if (value.empty()) return std::nullopt;
+    if (value.empty()) return {std::nullopt, KeyFault::empty};
     if (value.front() == '"') {
         SfParser p{value};
         std::string key;
-        if (!p.parse_bare_item(&key) || !p.parse_parameters() || !p.done()) return std::nullopt;
-        return key;
+        if (!p.parse_string(key)) return {std::nullopt, p.string_fault};
+        if (!p.parse_parameters() || !p.done()) return {std::nullopt, KeyFault::after_string};
+        return {std::move(key), KeyFault::none};
     }
-    if (form != KeyForm::sf_string_or_token || value.find(',') != std::string_view::npos) return std::nullopt;
-    return std::string(value);
+    if (form != KeyForm::sf_string_or_token) return {std::nullopt, KeyFault::bare};
+    if (value.find(',') != std::string_view::npos) return {std::nullopt, KeyFault::comma};
+    return {std::string(value), KeyFault::none};
+}
+
+std::string sf_string_of(std::string_view key) {
+    if (key.empty() || key.size() > 255) return {};
+    std::string out = "\"";
+    for (const char c : key) {
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7E) return {};
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+    }
+    out += '"';
+    return out;
+}
+
+std::string key_advice(std::string_view field_value, KeyFault fault, KeyForm form, std::string_view header) {
+    const std::string_view value = lex::trim(field_value);
+    const std::string line = std::string(header) + ": ";
+    const std::string example = line + "\"<key>\"";
+    switch (fault) {
+        case KeyFault::none: break;
+        case KeyFault::empty: return "The header is empty; send " + example + ".";
+        case KeyFault::bare: {
+            if (const std::string quoted = sf_string_of(value); !quoted.empty()) {
+                return "Send the key as a quoted string (an RFC 8941 sf-string): " + line + quoted;
+            }
+            return "Send the key as a quoted string (an RFC 8941 sf-string) of 1 to 255 printable ASCII "
+                   "characters: " +
+                   example;
+        }
+        case KeyFault::comma: {
+            const std::string quoted = sf_string_of(value);
+            return "A bare key cannot hold ',' (it separates the values of header lines joined into one); "
+                   "to send one key holding ',', quote it: " +
+                   line + (quoted.empty() ? "\"<key>\"" : quoted);
+        }
+        case KeyFault::unterminated: return "The quoted string has no closing quote; send " + example + ".";
+        case KeyFault::bad_escape: return "Inside the quotes only \\\" and \\\\ are escapes; send " + example + ".";
+        case KeyFault::not_printable_ascii:
+            return form == KeyForm::sf_string_or_token
+                       ? "A quoted key holds printable ASCII only (RFC 8941 sf-string); send any other UTF-8 "
+                         "key without quotes: " +
+                             line + "<key>"
+                       : "A quoted key holds printable ASCII only (RFC 8941 sf-string); send " + example + ".";
+        case KeyFault::after_string:
+            return "Send only one key: nothing may follow the closing quote but ;parameters (" + example + ").";
+    }
+    return {};
 }
 
 }  // namespace idem::http

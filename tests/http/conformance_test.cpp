@@ -61,6 +61,7 @@ public:
         routes_["/tx-lockwait"].claim.transaction_lock_wait = 5s;  // = the store's statement_timeout
         http::Route& token = routes_["/token"];
         token.key_form = http::KeyForm::sf_string_or_token;
+        routes_["/strict"].key_form = http::KeyForm::sf_string;
         routes_["/optional"].key_required = false;
         routes_["/optional-phase"].key_required = false;
         routes_["/policy-throws"].storage.classify = [](const idem::Response&) -> http::Disposition {
@@ -346,7 +347,8 @@ const std::vector<Row>& table() {
         {"R05", "the key is a Structured Field String: a bare token is 400 on an sf-string route", false,
          [](Env& e) {
              const auto k = e.key("R05");
-             refused(e, e.post("/orders", k), 400, "invalid_idempotency_key", "/orders", k);
+             refused(e, e.post("/strict", k), 400, "invalid_idempotency_key", "/strict", k);
+             CHECK(e.post("/strict", quoted(k)).status == 201);
          }},
         {"R06", "malformed sf-strings are 400: no closing quote, bad escape, trailing garbage, a list", false,
          [](Env& e) {

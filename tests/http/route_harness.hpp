@@ -110,6 +110,12 @@ public:
         return Stored{r.text(0, 0), r.text(0, 1)};
     }
 
+    /// The state of `key` under `path`'s scope: "in_progress", "completed", or "" (no record).
+    [[nodiscard]] std::string state(const std::string& path, const std::string& key) {
+        const auto record = stored(path, key);
+        return record ? record->state : std::string();
+    }
+
     /// Every key stored under `path`'s scope.
     [[nodiscard]] std::vector<std::string> keys(const std::string& path) {
         auto r = db.exec("SELECT key FROM idem_keys WHERE scope = $1 ORDER BY key", {scope(path)});
