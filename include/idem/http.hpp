@@ -115,6 +115,15 @@ enum class KeyForm {
                          ///< and `abc` are one key
 };
 
+/// How a route reads the bytes of the header values (docs/http.md, "Adapters, and which preserve
+/// key bytes exactly").
+enum class KeyDecoding {
+    none,     ///< as the adapter gives them: Beast as sent, cpp-httplib 0.11 percent-decoded by it
+    percent,  ///< percent-decoded as cpp-httplib 0.11 decodes them (percent_decode_header_value), on
+              ///< every adapter: the same bytes are the same key whichever adapter reads them; a key
+              ///< still holding '%' after the decode is refused (400), as on cpp-httplib
+};
+
 /// What the handler's response means for the key.
 enum class Disposition {
     store,    ///< performed: store it and replay it to every repeat
@@ -160,6 +169,10 @@ struct Route {
     std::string key_header = "Idempotency-Key";
     /// Which forms of the key header's value are accepted: quoted and bare by default.
     KeyForm key_form = KeyForm::sf_string_or_token;
+    /// How header values are read: as the adapter gives them (default), or percent-decoded as
+    /// cpp-httplib 0.11 does, so that Beast and cpp-httplib read the same key (and fingerprint the
+    /// same header values) from the same bytes.
+    KeyDecoding key_decoding = KeyDecoding::none;
     /// Missing header: 400 when true; when false the handler just runs, without idempotency.
     bool key_required = true;
     StoragePolicy storage{};  ///< what each response status means for the key
@@ -205,6 +218,12 @@ private:
 /// Parses an Idempotency-Key field value; nullopt if it is not of `form` (RFC 8941 String, with any
 /// parameters ignored, or a bare value). Does not check idem::Key's rules.
 [[nodiscard]] std::optional<std::string> parse_key(std::string_view field_value, KeyForm form);
+
+/// `value` percent-decoded exactly as cpp-httplib 0.11 decodes every request header value: %XX (hex
+/// digits in either case) is that byte, %uXXXX that code point in UTF-8 (a surrogate, D800-DFFF,
+/// becomes nothing), and any other '%' and every other byte ('+' included) stays as is. The result
+/// may hold any byte (NUL included); the key's own rules refuse what a key cannot hold.
+[[nodiscard]] std::string percent_decode_header_value(std::string_view value);
 
 /// The canonical form of a JSON text (see FingerprintPolicy::Body::canonical_json); nullopt if
 /// `json` is not strict RFC 8259 JSON.

@@ -5,6 +5,7 @@
 
 #include "chars.hpp"
 #include "idem/http.hpp"
+#include "percent.hpp"
 #include "problem.hpp"
 #include "structured_field.hpp"
 
@@ -91,8 +92,13 @@ std::optional<Fingerprint> fingerprint(const Request& request, const Fingerprint
 
 namespace detail {
 
-Admission admit(const Request& request, std::string_view scope, const Route& route) {
+Admission admit(const Request& received, std::string_view scope, const Route& route) {
     Admission a;
+    // An adapter that keeps header values as sent, on a route that reads them decoded: from here
+    // on, the request is what cpp-httplib's adapter gives for the same bytes.
+    DecodedRequest decoded;
+    const Request& request =
+        route.key_decoding == KeyDecoding::percent && received.exact_header_values ? decoded.of(received) : received;
     try {
         validate_key_part(scope, "scope");
     } catch (const invalid_key& e) {

@@ -11,8 +11,9 @@
 // Key bytes: Beast does not decode header values — a value is the bytes received, without the
 // leading and trailing whitespace HTTP strips (an obs-fold becomes one space, as RFC 9112 allows)
 // — so requests are marked exact_header_values = true:
-// "k%41" and "kA" are two keys. Every field line is listed in order, so two Idempotency-Key lines
-// are two headers (respond() answers 400). Beast's parser itself refuses a value holding NUL or
+// "k%41" and "kA" are two keys, unless the route sets key_decoding = KeyDecoding::percent, which
+// reads them as the cpp-httplib adapter does (one key, "kA"). Every field line is listed in order, so two
+// Idempotency-Key lines are two headers (respond() answers 400). Beast's parser itself refuses a value holding NUL or
 // other control bytes, a header over its header_limit (8 KB by default) and a body over its
 // body_limit (1 MB): what the server answers then is the server's (the example answers 400 / 413).
 //

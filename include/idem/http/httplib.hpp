@@ -13,7 +13,8 @@
 // "%41"), but a client key with a percent-encoded triplet is silently read decoded. Keys without
 // '%' (UUIDs, the draft's recommendation) are preserved exactly. NUL and other control bytes reach
 // the parsed header intact (only get_header_value() stops at a NUL; this adapter never uses it), so
-// "k\0x" is refused with 400, never read as "k".
+// "k\0x" is refused with 400, never read as "k". A route with key_decoding = KeyDecoding::percent
+// reads the same keys on Beast (docs/http.md: moving a table between adapters).
 //
 // Thread-safety: as respond(); each call touches only its own request and response.
 #pragma once
