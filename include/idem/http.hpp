@@ -187,7 +187,8 @@ struct Route {
     /// at least 1).
     std::chrono::seconds unavailable_retry_after{1};
     std::chrono::seconds unknown_retry_after{1};  ///< Retry-After of the 503 for an unknown outcome
-    /// The "type" of the idempotency problems (400 / 409 / 422): documentation for the client.
+    /// The "type" of every problem the client can act on (each 400, 409, 422 and 503 idem::http
+    /// answers; a 500 is about:blank): a link to the documentation of the API's idempotency rules.
     std::string problem_type = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
     /// Renders a problem; empty: application/problem+json. Retry-After is added afterwards.
     std::function<Response(const Problem&)> render_problem{};

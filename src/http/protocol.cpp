@@ -17,9 +17,9 @@ constexpr std::string_view kReplayed = "Idempotent-Replayed";
 Response in_progress(const Route& route, std::chrono::milliseconds wait) {
     return problem_response(
         route,
-        idempotency_problem(route, 409, "in_progress", "A request is outstanding for this " + route.key_header,
-                            "A request with the same " + route.key_header +
-                                " for the same operation is being processed or is outstanding."),
+        route_problem(route, 409, "in_progress", "A request is outstanding for this " + route.key_header,
+                      "A request with the same " + route.key_header +
+                          " for the same operation is being processed or is outstanding."),
         retry_after_seconds(wait));
 }
 
@@ -103,20 +103,18 @@ Admission admit(const Request& received, std::string_view scope, const Route& ro
         validate_key_part(scope, "scope");
     } catch (const invalid_key& e) {
         tell(route, std::string("idem::http: bad scope: ") + e.what(), nullptr);
-        a.answer = problem_response(route, plain_problem(500, "internal_error", "Internal Server Error",
-                                                         "The server's idempotency scope is misconfigured."));
+        a.answer = problem_response(route, internal_problem("The server's idempotency scope is misconfigured."));
         return a;
     }
     if (auto misconfigured = route_error(route)) {
         tell(route, *misconfigured, nullptr);
-        a.answer = problem_response(route, plain_problem(500, "internal_error", "Internal Server Error",
-                                                         "The server's idempotency route is misconfigured."));
+        a.answer = problem_response(route, internal_problem("The server's idempotency route is misconfigured."));
         return a;
     }
     const std::string& header = route.key_header;
     const auto invalid = [&](std::string detail) {
-        a.answer = problem_response(route, idempotency_problem(route, 400, "invalid_idempotency_key",
-                                                               header + " is malformed", std::move(detail)));
+        a.answer = problem_response(
+            route, route_problem(route, 400, "invalid_idempotency_key", header + " is malformed", std::move(detail)));
         return a;
     };
     const std::size_t lines = request.count(header);
@@ -146,8 +144,9 @@ Admission admit(const Request& received, std::string_view scope, const Route& ro
     }
     if (!a.fp) {
         a.key.reset();
-        a.answer = problem_response(
-            route, plain_problem(400, "invalid_json_body", "Bad Request", "The request body is not valid JSON."));
+        a.answer =
+            problem_response(route, route_problem(route, 400, "invalid_json_body", "The request body is not valid JSON",
+                                                  "The request body is not valid JSON."));
     }
     return a;
 }
@@ -175,10 +174,10 @@ Response classify(const Route& route, Response produced) {
 
 Response missing_key(const Route& route) {
     return problem_response(route,
-                            idempotency_problem(route, 400, "missing_idempotency_key", route.key_header + " is missing",
-                                                "This operation is idempotent and it requires correct usage of "
-                                                "Idempotency Key: send the " +
-                                                    route.key_header + " header."));
+                            route_problem(route, 400, "missing_idempotency_key", route.key_header + " is missing",
+                                          "This operation is idempotent and it requires correct usage of "
+                                          "Idempotency Key: send the " +
+                                              route.key_header + " header."));
 }
 
 void advertise(Response& response, const Route& route) {
@@ -198,11 +197,11 @@ Response answer(Result<Response>&& result, const Route& route) {
         case Outcome::in_progress: return in_progress(route, result.retry_after());
         case Outcome::mismatch: break;
     }
-    return problem_response(
-        route, idempotency_problem(route, 422, "idempotency_key_reused", route.key_header + " is already used",
-                                   "This operation is idempotent and it requires correct usage of "
-                                   "Idempotency Key. Idempotency Key MUST not be reused across "
-                                   "different payloads of this operation."));
+    return problem_response(route,
+                            route_problem(route, 422, "idempotency_key_reused", route.key_header + " is already used",
+                                          "This operation is idempotent and it requires correct usage of "
+                                          "Idempotency Key. Idempotency Key MUST not be reused across "
+                                          "different payloads of this operation."));
 }
 
 Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
@@ -211,24 +210,26 @@ Response answer_error(IdempotencyStore& store, const Key* key, const Route& rout
 
 Response answer_error_with(const RecordReader& read, const Key* key, const Route& route, bool rolled_back) {
     // `detail` ends with "retry with the same ": the route's header name completes it.
-    const auto unavailable_503 = [&](const std::string& line, const char* code, const char* detail,
+    const auto unavailable_503 = [&](const std::string& line, const char* code, const char* title, const char* detail,
                                      std::chrono::seconds retry_after) {
         tell(route, "idem::http: " + line, key);
-        return problem_response(route, plain_problem(503, code, "Service Unavailable", detail + route.key_header + "."),
+        return problem_response(route, route_problem(route, 503, code, title, detail + route.key_header + "."),
                                 retry_after);
     };
     const auto unknown = [&](const std::string& why) {
         return unavailable_503("outcome unknown, the key stays in progress: " + why, "outcome_unknown",
+                               "The outcome of the request is not known yet",
                                "The outcome of this request is not known yet; retry with the same ",
                                route.unknown_retry_after);
     };
     const auto unavailable = [&](const std::string& why) {
-        return unavailable_503(why, "store_unavailable", "The idempotency store is unavailable; retry with the same ",
+        return unavailable_503(why, "store_unavailable", "The idempotency store is unavailable",
+                               "The idempotency store is unavailable; retry with the same ",
                                route.unavailable_retry_after);
     };
     const auto internal = [&](const std::string& why) {
         tell(route, "idem::http: " + why, key);
-        return problem_response(route, plain_problem(500, "internal_error", "Internal Server Error", ""));
+        return problem_response(route, internal_problem(""));
     };
     try {
         throw;
@@ -259,7 +260,8 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
         return unknown(why);
     } catch (const idem::not_performed& e) {
         return unavailable_503(std::string("not performed (key released): ") + e.what(), "not_performed",
-                               "The request was not performed; retry with the same ", route.unavailable_retry_after);
+                               "The request was not performed", "The request was not performed; retry with the same ",
+                               route.unavailable_retry_after);
     } catch (const lease_lost& e) {
         if (key == nullptr) {
             // No claim behind the Context (Route::key_required = false and no key was sent).
@@ -294,9 +296,10 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
     } catch (const call_cancelled& e) {
         // An asynchronous call cancelled before the handler ran (idem/http/asio.hpp): nothing
         // happened and the key is free.
-        return unavailable_503(
-            std::string("cancelled, handler not called (key free): ") + e.what(), "request_cancelled",
-            "The request was cancelled before it was performed; retry with the same ", route.unavailable_retry_after);
+        return unavailable_503(std::string("cancelled, handler not called (key free): ") + e.what(),
+                               "request_cancelled", "The request was cancelled",
+                               "The request was cancelled before it was performed; retry with the same ",
+                               route.unavailable_retry_after);
     } catch (const error& e) {
         // config_error, corrupt_record, database_error, invalid_key: no retry heals these.
         return internal(e.what() + (e.sqlstate().empty() ? std::string() : " [" + e.sqlstate() + "]"));

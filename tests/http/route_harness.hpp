@@ -3,7 +3,8 @@
 // and, with the idem::asio component (IDEM_TEST_BEAST), Boost.Beast (idem::http::async_respond over
 // an AsyncPostgresStore). Both serve the same routes under the same scopes, on the same table, so
 // a request sent to one and then to the other is a retry of the same key. The handler counts its
-// runs per key outside the library and answers 201 with the key and its run number. Paths under
+// runs per key outside the library and answers 201 with the key and its run number; under "/throw"
+// it throws (outcome unknown), under "/not-performed" it throws idem::not_performed. Paths under
 // "/down" use a store whose server does not exist (every claim: store_unavailable).
 #pragma once
 
@@ -62,8 +63,9 @@ public:
                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
         httplib_ = std::make_unique<http_test::Server>([this](const httplib::Request& req, httplib::Response& res) {
             const std::string path = req.path;
-            idem::http::httplib::serve(path.starts_with("/down") ? down_ : store_, req, res, scope(path), route(path),
-                                       [this](idem::Context& context) { return handle(context.key().value()); });
+            idem::http::httplib::serve(
+                path.starts_with("/down") ? down_ : store_, req, res, scope(path), route(path),
+                [this, path](idem::Context& context) { return handle(context.key().value(), path); });
         });
 #ifdef IDEM_TEST_BEAST
         async_store_ = std::make_unique<idem::asio::AsyncPostgresStore>(io_.get_executor(), url_, options());
@@ -154,12 +156,14 @@ private:
         return found == routes_.end() ? plain : found->second;
     }
 
-    idem::Response handle(const std::string& key) {
+    idem::Response handle(const std::string& key, const std::string& path) {
         int n = 0;
         {
             std::lock_guard lock(mutex_);
             n = ++runs_[key];
         }
+        if (path.starts_with("/throw")) throw std::runtime_error("the provider timed out");
+        if (path.starts_with("/not-performed")) throw idem::not_performed("the provider refused the connection");
         return {201,
                 "made " + key + " #" + std::to_string(n),
                 {{"Content-Type", "text/plain"}, {"X-Run", std::to_string(n)}}};
@@ -170,7 +174,7 @@ private:
         const std::string path(request.target.substr(0, request.target.find('?')));
         // Named, not temporaries of the co_await expression (GCC 12, see conformance_test.cpp).
         const std::string scoped = scope(path);
-        auto handler = [this](idem::asio::AsyncContext& context) { return handle(context.key().value()); };
+        auto handler = [this, path](idem::asio::AsyncContext& context) { return handle(context.key().value(), path); };
         idem::asio::AsyncPostgresStore& store = path.starts_with("/down") ? *async_down_ : *async_store_;
         idem::Response answer = co_await idem::http::async_respond(store, request, scoped, route(path),
                                                                    std::move(handler), boost::asio::use_awaitable);
