@@ -35,7 +35,7 @@
 //
 // Errors: respond() throws nothing of idem's: every idem error becomes a response (Route::log hears
 // of each one that is a 5xx). std::bad_alloc and exceptions from Route's own callbacks
-// (fingerprint.custom — except not_performed —, render_problem, log) propagate; a throwing storage
+// (fingerprint.custom — except not_performed —, render_problem, log, on_replay) propagate; a throwing storage
 // policy is not one of them: the effect has run, so it is 503 outcome_unknown with the key kept.
 //
 // Thread-safety: respond() is as thread-safe as the store; a Route is read-only while in use.
@@ -183,6 +183,13 @@ struct Route {
     std::string retention_header{};
     /// The retention retention_header states when claim.retention is not set.
     std::chrono::seconds advertised_retention{std::chrono::hours(24)};
+    /// Called on every replay — a repeat answered with a stored response; never on the first
+    /// execution, a 409 or a 422 — with the response about to be sent (the stored one plus
+    /// Idempotent-Replayed and the retention header) and the request. It may change that response
+    /// (add a header, 201 → 200): it is a copy, the stored record is never touched. It runs where
+    /// the answer is made (async_respond: on the store's executor, so it must not block). A header
+    /// it leaves with CR, LF or NUL → 500, not sent; an exception it throws propagates.
+    std::function<void(Response& replayed, const Request& request)> on_replay{};
     /// Retry-After of a 503 for an unreachable store, and of a 503 for an unknown outcome (sent as
     /// at least 1).
     std::chrono::seconds unavailable_retry_after{1};
@@ -291,17 +298,18 @@ decltype(auto) run_handler(F&& f) {
 /// not_performed; unknown: unknown_response).
 [[nodiscard]] Response classify(const Route& route, Response produced);
 
-[[nodiscard]] Response answer(Result<Response>&& result, const Route& route);
+/// The response for execute_once's result; a replay goes through route.on_replay with `request`.
+[[nodiscard]] Response answer(Result<Response>&& result, const Key& key, const Route& route, const Request& request);
 /// Maps the exception in flight (std::current_exception) to a response; `key` may be null.
 /// `rolled_back`: in-transaction mode, where an exception means the effect was rolled back.
-[[nodiscard]] Response answer_error(IdempotencyStore& store, const Key* key, const Route& route,
+[[nodiscard]] Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, const Request& request,
                                     bool rolled_back = false);
 /// answer_error with `read` in place of store.read — the one look at the store it makes (after a
 /// lease_lost, for the answer another attempt saved). An asynchronous caller reads first, then
 /// answers with what it read (idem/http/asio.hpp).
 using RecordReader = std::function<std::optional<Record>(const Key&)>;
 [[nodiscard]] Response answer_error_with(const RecordReader& read, const Key* key, const Route& route,
-                                         bool rolled_back = false);
+                                         const Request& request, bool rolled_back = false);
 /// Adds the retention header to an executed / replayed response when the route asks for it.
 void advertise(Response& response, const Route& route);
 
@@ -329,7 +337,7 @@ template <class Handler>
                 }
             }));
         } catch (...) {
-            return detail::answer_error(store, nullptr, route);
+            return detail::answer_error(store, nullptr, route, request);
         }
     }
     std::optional<Result<Response>> result;
@@ -342,9 +350,9 @@ template <class Handler>
             },
             route.claim));
     } catch (...) {
-        return detail::answer_error(store, &*admission.key, route);
+        return detail::answer_error(store, &*admission.key, route, request);
     }
-    return detail::answer(std::move(*result), route);
+    return detail::answer(std::move(*result), *admission.key, route, request);
 }
 
 }  // namespace idem::http

@@ -28,9 +28,24 @@ void tell(const Route& route, const std::string& what, const Key* key) {
     route.log(key ? what + " (key '" + key->value() + "' in scope '" + key->scope() + "')" : what);
 }
 
-Response replay(Response stored, const Route& route) {
+bool sendable(const Response& response) noexcept {
+    const auto clean = [](std::string_view s) { return s.find_first_of(std::string_view("\r\n\0", 3)) == s.npos; };
+    return std::all_of(response.headers.begin(), response.headers.end(),
+                       [&](const auto& h) { return clean(h.first) && clean(h.second); });
+}
+
+/// A stored response as sent to a repeat: marked replayed, the retention advertised, then what the
+/// route's on_replay makes of it (a copy: the stored record is never touched).
+Response replay(Response stored, const Route& route, const Request& request, const Key* key) {
     stored.headers.emplace_back(std::string(kReplayed), "true");
     detail::advertise(stored, route);
+    if (route.on_replay) {
+        route.on_replay(stored, request);
+        if (!sendable(stored)) {
+            tell(route, "idem::http: Route::on_replay left a header name or value with CR, LF or NUL: not sent", key);
+            return problem_response(route, internal_problem(""));
+        }
+    }
     return stored;
 }
 
@@ -151,12 +166,6 @@ Admission admit(const Request& received, std::string_view scope, const Route& ro
     return a;
 }
 
-static bool sendable(const Response& response) noexcept {
-    const auto clean = [](std::string_view s) { return s.find_first_of(std::string_view("\r\n\0", 3)) == s.npos; };
-    return std::all_of(response.headers.begin(), response.headers.end(),
-                       [&](const auto& h) { return clean(h.first) && clean(h.second); });
-}
-
 Response checked(Response produced) {
     if (!sendable(produced)) throw unsendable_response{};
     return produced;
@@ -186,14 +195,14 @@ void advertise(Response& response, const Route& route) {
     response.headers.emplace_back(route.retention_header, std::to_string(seconds.count()));
 }
 
-Response answer(Result<Response>&& result, const Route& route) {
+Response answer(Result<Response>&& result, const Key& key, const Route& route, const Request& request) {
     switch (result.outcome()) {
         case Outcome::executed: {
             Response executed = std::move(result).response();
             advertise(executed, route);
             return executed;
         }
-        case Outcome::replayed: return replay(std::move(result).response(), route);
+        case Outcome::replayed: return replay(std::move(result).response(), route, request, &key);
         case Outcome::in_progress: return in_progress(route, result.retry_after());
         case Outcome::mismatch: break;
     }
@@ -204,11 +213,13 @@ Response answer(Result<Response>&& result, const Route& route) {
                                           "different payloads of this operation."));
 }
 
-Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, bool rolled_back) {
-    return answer_error_with([&store](const Key& k) { return store.read(k); }, key, route, rolled_back);
+Response answer_error(IdempotencyStore& store, const Key* key, const Route& route, const Request& request,
+                      bool rolled_back) {
+    return answer_error_with([&store](const Key& k) { return store.read(k); }, key, route, request, rolled_back);
 }
 
-Response answer_error_with(const RecordReader& read, const Key* key, const Route& route, bool rolled_back) {
+Response answer_error_with(const RecordReader& read, const Key* key, const Route& route, const Request& request,
+                           bool rolled_back) {
     // `detail` ends with "retry with the same ": the route's header name completes it.
     const auto unavailable_503 = [&](const std::string& line, const char* code, const char* title, const char* detail,
                                      std::chrono::seconds retry_after) {
@@ -272,7 +283,7 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
         if (key != nullptr) {
             try {
                 if (auto record = read(*key); record && record->state == RecordState::completed && record->result) {
-                    return replay(codec<Response>::decode(*record->result), route);
+                    return replay(codec<Response>::decode(*record->result), route, request, key);
                 }
             } catch (const error& read_error) {
                 tell(route, std::string("idem::http: read after lease_lost: ") + read_error.what(), key);

@@ -23,7 +23,7 @@
 //
 // Completion: void(std::exception_ptr, idem::Response), on the token's associated executor. The
 // exception is set only where respond() would throw: std::bad_alloc and exceptions from Route's own
-// callbacks (fingerprint.custom except not_performed, render_problem, log).
+// callbacks (fingerprint.custom except not_performed, render_problem, log, on_replay).
 //
 // Lifetimes: `request` (and the framework's request it views) and `route` must outlive the
 // operation; `scope` is copied; the handler is moved (or copied) into the operation.
@@ -79,7 +79,8 @@ boost::asio::awaitable<Response> run_async_handler(Handler& handler, idem::asio:
 /// answer_error for an asynchronous call: what it would read after a lease_lost is read first,
 /// with co_read (a blocking read on the store's own executor would wait for itself).
 inline boost::asio::awaitable<Response> answer_async_error(idem::asio::AsyncPostgresStore& store, const Key& key,
-                                                           const Route& route, std::exception_ptr failure) {
+                                                           const Route& route, const Request& request,
+                                                           std::exception_ptr failure) {
     bool lost = false;
     try {
         std::rethrow_exception(failure);
@@ -104,7 +105,7 @@ inline boost::asio::awaitable<Response> answer_async_error(idem::asio::AsyncPost
     try {
         std::rethrow_exception(failure);
     } catch (...) {
-        out.emplace(answer_error_with(read, &key, route));
+        out.emplace(answer_error_with(read, &key, route, request));
     }
     co_return std::move(*out);
 }
@@ -132,7 +133,7 @@ boost::asio::awaitable<Response> async_respond_steps(idem::asio::AsyncPostgresSt
         try {
             std::rethrow_exception(failure);
         } catch (...) {
-            plain.emplace(answer_error(store, nullptr, route));  // no key: answer_error reads nothing
+            plain.emplace(answer_error(store, nullptr, route, request));  // no key: answer_error reads nothing
         }
         co_return std::move(*plain);
     }
@@ -149,10 +150,10 @@ boost::asio::awaitable<Response> async_respond_steps(idem::asio::AsyncPostgresSt
         failure = std::current_exception();
     }
     if (failure) {
-        Response refused = co_await answer_async_error(store, *admission.key, route, std::move(failure));
+        Response refused = co_await answer_async_error(store, *admission.key, route, request, std::move(failure));
         co_return refused;
     }
-    co_return answer(std::move(*result), route);
+    co_return answer(std::move(*result), *admission.key, route, request);
 }
 
 }  // namespace detail

@@ -53,9 +53,9 @@ template <class Handler>
             },
             route.claim, transaction));
     } catch (...) {
-        return detail::answer_error(store, &*admission.key, route, true);
+        return detail::answer_error(store, &*admission.key, route, request, true);
     }
-    return detail::answer(std::move(*result), route);
+    return detail::answer(std::move(*result), *admission.key, route, request);
 }
 
 }  // namespace idem::http
