@@ -173,7 +173,14 @@ struct Route {
     /// cpp-httplib 0.11 does, so that Beast and cpp-httplib read the same key (and fingerprint the
     /// same header values) from the same bytes.
     KeyDecoding key_decoding = KeyDecoding::none;
-    /// Missing header: 400 when true; when false the handler just runs, without idempotency.
+    /// A JSON Pointer (RFC 6901) into the request body, e.g. "/order_id": on a request without the
+    /// key header, the key is the string this member of the (strict, RFC 8259) JSON body holds; a
+    /// header, when sent, is the key and the body is not read for one. A body that is not JSON → 400
+    /// invalid_json_body; a member that is not a string → 400 invalid_idempotency_key; no such
+    /// member: no key (see key_required). Empty: the header only.
+    std::string body_key{};
+    /// No key (no header, nor body_key's member): 400 when true; when false the handler just runs,
+    /// without idempotency.
     bool key_required = true;
     StoragePolicy storage{};  ///< what each response status means for the key
     /// Lease, retention (per route) and waiting instead of 409 — passed to execute_once.
@@ -202,7 +209,8 @@ struct Route {
     /// Told one line for each 5xx answer made from an error (what happened, with the key).
     std::function<void(std::string_view)> log{};
 
-    /// Throws idem::config_error saying what is wrong with this route (key_header not a token).
+    /// Throws idem::config_error saying what is wrong with this route (key_header not a token,
+    /// body_key not a JSON Pointer).
     void validate() const;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "body_key.hpp"
 #include "chars.hpp"
 #include "idem/http.hpp"
 #include "percent.hpp"
@@ -133,22 +134,36 @@ Admission admit(const Request& received, std::string_view scope, const Route& ro
         return a;
     };
     const std::size_t lines = request.count(header);
-    if (lines == 0) {
+    std::optional<std::string> value;
+    if (lines == 0 && !route.body_key.empty()) {
+        BodyKey from_body = read_body_key(request, route);
+        if (from_body.refusal) {
+            a.answer = std::move(from_body.refusal);
+            return a;
+        }
+        value = std::move(from_body.key);
+    }
+    if (lines == 0 && !value) {
         if (route.key_required) a.answer = missing_key(route);
         return a;
     }
     if (lines > 1) return invalid("Send exactly one " + header + " header.");
-    const std::string_view raw = *request.header(header);
-    if (!request.exact_header_values && raw.find('%') != std::string_view::npos) {
-        return invalid("This server cannot read a key holding '%' exactly; send a key without it.");
+    if (lines == 1) {
+        const std::string_view raw = *request.header(header);
+        if (!request.exact_header_values && raw.find('%') != std::string_view::npos) {
+            return invalid("This server cannot read a key holding '%' exactly; send a key without it.");
+        }
+        KeyReading reading = read_key(raw, route.key_form);
+        if (!reading.key) return invalid(key_advice(raw, reading.fault, route.key_form, header));
+        value = std::move(reading.key);
     }
-    KeyReading reading = read_key(raw, route.key_form);
-    if (!reading.key) return invalid(key_advice(raw, reading.fault, route.key_form, header));
-    auto& value = reading.key;
     try {
         a.key.emplace(std::string(scope), std::move(*value));
     } catch (const invalid_key&) {
-        return invalid("The key must be 1 to 255 bytes of UTF-8 without control characters.");
+        return invalid(lines == 1 ? "The key must be 1 to 255 bytes of UTF-8 without control characters."
+                                  : "With no " + header + " header the key is the member " + route.body_key +
+                                        " of the JSON body: it must be 1 to 255 bytes of UTF-8 without control "
+                                        "characters.");
     }
     try {
         a.fp = fingerprint(request, route.fingerprint);
@@ -182,11 +197,12 @@ Response classify(const Route& route, Response produced) {
 }
 
 Response missing_key(const Route& route) {
-    return problem_response(route,
-                            route_problem(route, 400, "missing_idempotency_key", route.key_header + " is missing",
-                                          "This operation is idempotent and it requires correct usage of "
-                                          "Idempotency Key: send the " +
-                                              route.key_header + " header."));
+    std::string detail = "This operation is idempotent and it requires correct usage of Idempotency Key: send the " +
+                         route.key_header + " header";
+    detail +=
+        route.body_key.empty() ? "." : ", or the key as the string member " + route.body_key + " of the JSON body.";
+    return problem_response(route, route_problem(route, 400, "missing_idempotency_key",
+                                                 route.key_header + " is missing", std::move(detail)));
 }
 
 void advertise(Response& response, const Route& route) {

@@ -7,6 +7,7 @@
 #include "chars.hpp"
 #include "idem/errors.hpp"
 #include "idem/http.hpp"
+#include "json.hpp"
 
 namespace idem::http {
 
@@ -26,6 +27,11 @@ std::optional<std::string> route_error(const Route& route) {
         return "idem::http: Route::key_header '" + shown +
                "' is not a header field name (RFC 9110 token: letters, digits and !#$%&'*+-.^_`|~, at "
                "least one)";
+    }
+    if (!route.body_key.empty() && !parse_json_pointer(route.body_key)) {
+        return "idem::http: Route::body_key '" + route.body_key.substr(0, 64) +
+               "' is not a JSON Pointer (RFC 6901: '/' before each member name or array index, '~' only as ~0 or "
+               "~1)";
     }
     return std::nullopt;
 }

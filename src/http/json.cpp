@@ -1,19 +1,26 @@
-// The canonical form of a JSON body, for fingerprints (canonical_json in include/idem/http.hpp).
+// Strict JSON (RFC 8259) for idem::http: the canonical form of a body, for fingerprints
+// (canonical_json in include/idem/http.hpp), and the member a JSON Pointer names, for a key read
+// from the body (json_member in json.hpp). One parser does both, so the two never disagree on what
+// is JSON.
+#include "json.hpp"
+
 #include <cstdint>
 #include <map>
 #include <string>
 
 #include "../utf8.hpp"
 #include "chars.hpp"
-#include "idem/http.hpp"
 
 namespace idem::http {
 namespace {
 
-/// A strict RFC 8259 parser writing the canonical form as it goes; false on anything else.
+/// A strict RFC 8259 parser writing the canonical form as it goes; false on anything else. Given a
+/// target path (a JSON Pointer's tokens), it also tells what value is there, if any.
 class JsonCanon {
 public:
-    explicit JsonCanon(std::string_view in) : in_(in) {}
+    explicit JsonCanon(std::string_view in, const std::vector<std::string>* target = nullptr,
+                       JsonMember* found = nullptr)
+        : in_(in), target_(target), found_(found) {}
 
     bool run(std::string& out) {
         skip_ws();
@@ -27,6 +34,11 @@ private:
 
     std::string_view in_;
     std::size_t at_ = 0;
+    const std::vector<std::string>* target_;  // null: no lookup
+    JsonMember* found_;
+    std::vector<std::string> path_;  // the tokens leading to the value being parsed (with a target)
+
+    [[nodiscard]] bool at_target() const { return target_ != nullptr && path_ == *target_; }
 
     [[nodiscard]] char peek() const noexcept { return at_ < in_.size() ? in_[at_] : '\0'; }
     void skip_ws() noexcept {
@@ -40,6 +52,7 @@ private:
     }
 
     bool value(std::string& out, int depth) {
+        if (at_target()) found_->kind = kind_of(peek());
         switch (peek()) {
             case '{': return object(out, depth + 1);
             case '[': return array(out, depth + 1);
@@ -47,6 +60,7 @@ private:
                 std::string s;
                 if (!string(s)) return false;
                 write_string(s, out);
+                if (at_target()) found_->string = std::move(s);
                 return true;
             }
             case 't': return literal("true", out);
@@ -75,7 +89,9 @@ private:
             ++at_;
             skip_ws();
             std::string member;
+            if (target_ != nullptr) path_.push_back(name);
             if (!value(member, depth)) return false;
+            if (target_ != nullptr) path_.pop_back();
             if (!members.emplace(std::move(name), std::move(member)).second) return false;  // duplicate name
             skip_ws();
             if (peek() == ',') {
@@ -109,10 +125,12 @@ private:
             out += ']';
             return true;
         }
-        for (bool first = true;; first = false) {
-            if (!first) out += ',';
+        for (std::size_t index = 0;; ++index) {
+            if (index != 0) out += ',';
             skip_ws();
+            if (target_ != nullptr) path_.push_back(std::to_string(index));
             if (!value(out, depth)) return false;
+            if (target_ != nullptr) path_.pop_back();
             skip_ws();
             if (peek() == ',') {
                 ++at_;
@@ -234,6 +252,18 @@ private:
         return false;
     }
 
+    static JsonKind kind_of(char first) noexcept {
+        switch (first) {
+            case '{': return JsonKind::object;
+            case '[': return JsonKind::array;
+            case '"': return JsonKind::string;
+            case 't':
+            case 'f': return JsonKind::boolean;
+            case 'n': return JsonKind::null;
+            default: return JsonKind::number;
+        }
+    }
+
     static void write_string(std::string_view s, std::string& out) {
         out += '"';
         for (const char ch : s) {
@@ -268,6 +298,32 @@ std::optional<std::string> canonical_json(std::string_view json) {
     out.reserve(json.size());
     if (!JsonCanon(json).run(out)) return std::nullopt;
     return out;
+}
+
+std::optional<JsonMember> json_member(std::string_view json, const std::vector<std::string>& pointer) {
+    JsonMember found;
+    std::string canonical;
+    if (!JsonCanon(json, &pointer, &found).run(canonical)) return std::nullopt;
+    return found;
+}
+
+std::optional<std::vector<std::string>> parse_json_pointer(std::string_view pointer) {
+    std::vector<std::string> tokens;
+    if (pointer.empty()) return tokens;  // the whole document
+    if (pointer.front() != '/') return std::nullopt;
+    for (std::size_t at = 1;; ++at) {
+        std::string token;
+        for (; at < pointer.size() && pointer[at] != '/'; ++at) {
+            if (pointer[at] != '~') {
+                token += pointer[at];
+                continue;
+            }
+            if (at + 1 >= pointer.size() || (pointer[at + 1] != '0' && pointer[at + 1] != '1')) return std::nullopt;
+            token += pointer[++at] == '0' ? '~' : '/';
+        }
+        tokens.push_back(std::move(token));
+        if (at >= pointer.size()) return tokens;
+    }
 }
 
 }  // namespace idem::http
