@@ -4,11 +4,11 @@
 #include "conninfo.hpp"
 #include "database.hpp"
 #include "idem/errors.hpp"
+#include "idem/http.hpp"
 #include "idem/key.hpp"
 #include "idem/postgres_store.hpp"
 #include "idem/response.hpp"
 #include "json.hpp"
-#include "percent_decode.hpp"
 #include "table.hpp"
 #include "text.hpp"
 
@@ -176,7 +176,7 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
 /// The key cpp-httplib would have handed an HTTP adapter for `key` (percent-decoded), when that is
 /// another key idem accepts.
 std::optional<idem::Key> percent_decoded(const idem::Key& key) {
-    std::string decoded = percent_decode_like_httplib(key.value());
+    std::string decoded = idem::http::percent_decode_header_value(key.value());
     if (decoded == key.value()) return std::nullopt;
     try {
         return idem::Key{key.scope(), std::move(decoded)};
