@@ -85,7 +85,22 @@ std::string detail_of(std::string_view stage, const Described& d) {
     return detail;
 }
 
+// " (key 'v' in scope 's')", as idem::http::Route's log lines name a key.
+std::string naming(const Key& key) { return " (key '" + key.value() + "' in scope '" + key.scope() + "')"; }
+
+std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
 }  // namespace
+
+template <class Line>
+void Reconciler::tell(const Line& line) const noexcept {
+    if (!options_.log) return;
+    try {
+        options_.log("idem::Reconciler: " + line());
+    } catch (...) {
+        // A log that fails (or no memory for the line) must not stop the sweep.
+    }
+}
 
 Reconciler::Reconciler(IdempotencyStore& store, Resolver resolver, ReconcilerOptions options)
     : store_(store), resolver_(std::move(resolver)), options_(std::move(options)) {
@@ -115,6 +130,19 @@ void Reconciler::record_failure(Sweep& sweep, const Key& key, Stage stage, std::
         detail.append(" (left alone for ").append(std::to_string(options_.failure_backoff.count())).append(" ms)");
     }
     store_.emit(Event::reconcile_failed, &key, {}, 1, detail);
+    tell([&] {
+        std::string line = "could not resolve: " + detail_of(to_string(stage), d) + "; ";
+        if (!held) {
+            line += "not taken, listed again next sweep";
+        } else if (backed_off) {
+            line += "left alone for " + ms(options_.failure_backoff);
+        } else if (d.type == "lease_lost") {
+            line += "another owner has the key";
+        } else {
+            line += "listed again in " + ms(options_.lease);
+        }
+        return line + naming(key);
+    });
     sweep.failures.push_back(
         Failure{key, stage, std::move(d.type), std::move(d.sqlstate), std::move(d.message), backed_off});
     ++sweep.failed;
@@ -148,6 +176,10 @@ Reconciler::Sweep Reconciler::run_once() {
         const Reconciliation::Decision decision = r.decision();
         if (decision == Reconciliation::Decision::leave) {
             ++sweep.left;
+            tell([&] {
+                return "left in progress" + (r.reason().empty() ? std::string() : ": " + r.reason()) +
+                       "; listed again in " + ms(options_.lease) + naming(stale.key);
+            });
             continue;
         }
         const Stage stage = decision == Reconciliation::Decision::save ? Stage::save : Stage::release;
@@ -167,6 +199,10 @@ Reconciler::Sweep Reconciler::run_once() {
             ++sweep.released;
         }
         store_.emit(Event::reconciled, &stale.key, std::chrono::steady_clock::now() - started);
+        tell([&] {
+            return std::string(stage == Stage::save ? "saved" : "released") +
+                   (r.reason().empty() ? std::string() : ": " + r.reason()) + naming(stale.key);
+        });
     }
     return sweep;
 }
@@ -192,8 +228,9 @@ void Reconciler::run(std::stop_token stop, std::chrono::milliseconds interval) {
             // Anything (the store unreachable while listing, std::bad_alloc, a std::system_error):
             // reported, and the loop goes on next interval.
             try {
-                const std::string detail = detail_of("sweep", describe(std::current_exception()));
-                store_.emit(Event::reconcile_failed, nullptr, {}, 1, detail);
+                const Described d = describe(std::current_exception());
+                store_.emit(Event::reconcile_failed, nullptr, {}, 1, detail_of("sweep", d));
+                tell([&] { return detail_of("sweep failed", d) + "; sweeping again in " + ms(interval); });
             } catch (...) {
                 store_.emit(Event::reconcile_failed, nullptr, {}, 1, "sweep: failed (no memory to say why)");
             }

@@ -13,19 +13,21 @@
 //
 //   idem::ReconcilerOptions options;
 //   options.scopes = idem::ScopeFilter::prefix("acct:");   // or exact("acct_42"), or all()
+//   options.log = [](std::string_view line) { std::clog << line << '\n'; };
 //   idem::Reconciler reconciler(store, [&](idem::Reconciliation& r) {
 //       if (auto charge = gateway.find(r.key().value())) r.save(idem::Response{201, charge->json()});
-//       else if (gateway.certainly_absent(r.key().value())) r.release();
+//       else if (gateway.certainly_absent(r.key().value())) r.release("no charge at the gateway");
 //   }, options);
 //   reconciler.run(stop_token, std::chrono::seconds(5));   // or run_once() from your scheduler
 //
 // The record handed over carries the last recovery point (phase, phase_data) of the attempt.
 //
 // Failures are reported, never silent. A key that cannot be resolved — take_over failed, the
-// resolver threw, or the store refused the save/release — stays in progress and is reported twice:
-// in the sweep's `failures` (key, stage, error type, SQLSTATE, message) and as an observer event
-// (Event::reconcile_failed, with the key and "stage: type: message" as detail). The sweep goes on
-// with the next key. When the key is retried depends on whether the failure can repeat:
+// resolver threw, or the store refused the save/release — stays in progress and is reported three
+// times: in the sweep's `failures` (key, stage, error type, SQLSTATE, message), as an observer event
+// (Event::reconcile_failed, with the key and "stage: type: message" as detail), and as a line to
+// options.log. The sweep goes on with the next key. When the key is retried depends on whether the
+// failure can repeat:
 //
 //   * Failures that will happen again with the same decision — the result is over the store's
 //     max_result_bytes (response_too_large), the database refuses the save/release for the data
@@ -41,7 +43,23 @@
 //     unavailable, a serialization or lock timeout, another owner took the key (lease_lost) — and
 //     the key is retried once this reconciler's `lease` passes, as before, each failure reported.
 //
-// Thread-safety: run_once() may be called from several threads and processes at once.
+// The log (ReconcilerOptions::log, like idem::http::Route::log): one line for each key saved,
+// released or left (with the resolver's reason, when it gave one), each key that could not be
+// resolved (stage, error, when it is tried again) and each sweep of run() that failed (an outage, a
+// missing privilege: the error, and when it sweeps again; run_once() throws it to its caller
+// instead). Lines name the key as Route's do:
+//
+//   idem::Reconciler: released: no charge at the gateway (key 'k-17' in scope 'acct:42')
+//   idem::Reconciler: could not resolve: take_over: config_error 42501: idem: take_over failed:
+//       ERROR:  permission denied for table idem_keys; not taken, listed again next sweep (key ...)
+//   idem::Reconciler: sweep failed: store_unavailable: idem: cannot connect to PostgreSQL: ...;
+//       sweeping again in 5000 ms
+//
+// Errors appear as in the observer's detail: the message's first line, at most 512 bytes (the lines
+// after it may show a refused row's values).
+//
+// Thread-safety: run_once() may be called from several threads and processes at once; the log is
+// then called from each of them.
 #pragma once
 
 #include <chrono>
@@ -73,6 +91,11 @@ struct ReconcilerOptions {
     /// alone before it is tried again. Zero: retried when `lease` passes, like any other failure.
     /// At most max_failure_backoff.
     std::chrono::milliseconds failure_backoff{std::chrono::minutes(15)};
+    /// Told one line for each key saved, released or left, each key that could not be resolved, and
+    /// each failed sweep of run() (see the top of this header). Empty (the default): no lines — the
+    /// observer's events and the Sweep still report everything. Called on the thread that sweeps,
+    /// never with a lock of idem's held; an exception it throws is ignored (the sweep goes on).
+    std::function<void(std::string_view)> log{};
 };
 
 /// The longest ReconcilerOptions::failure_backoff (100 years): what every store can add to its clock.
@@ -101,21 +124,46 @@ public:
     void save(const T& result) {
         save_encoded(codec<T>::encode(result));
     }
+    /// save(), with why for ReconcilerOptions::log (e.g. "charge ch_81 found").
+    template <class T>
+    void save(const T& result, std::string why) {
+        save(result);
+        reason_ = std::move(why);
+    }
     /// save() with bytes already encoded (e.g. by codec<Response>::encode).
     void save_encoded(std::string bytes) {
         decision_ = Decision::save;
         bytes_ = std::move(bytes);
+        reason_.clear();
     }
     /// The effect certainly did not happen: release the key so a retry runs it.
-    void release() noexcept { decision_ = Decision::release; }
+    void release() noexcept {
+        decision_ = Decision::release;
+        reason_.clear();
+    }
+    /// release(), with why for ReconcilerOptions::log (e.g. "no charge, and its deadline passed").
+    void release(std::string why) noexcept {
+        release();
+        reason_ = std::move(why);
+    }
     /// Not known yet: leave the key in progress (the default); it is listed again once the lease
     /// passes.
-    void leave() noexcept { decision_ = Decision::leave; }
+    void leave() noexcept {
+        decision_ = Decision::leave;
+        reason_.clear();
+    }
+    /// leave(), with why for ReconcilerOptions::log (e.g. "the gateway says pending").
+    void leave(std::string why) noexcept {
+        leave();
+        reason_ = std::move(why);
+    }
 
     /// What was decided so far.
     [[nodiscard]] Decision decision() const noexcept { return decision_; }
     /// The bytes save() will store (Decision::save).
     [[nodiscard]] const std::string& encoded_result() const noexcept { return bytes_; }
+    /// The reason given with the decision (the overloads with `why`), or empty.
+    [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
 
 private:
     const Key& key_;
@@ -123,6 +171,7 @@ private:
     Fence fence_;
     Decision decision_ = Decision::leave;
     std::string bytes_;
+    std::string reason_;
 };
 
 /// Resolves stale in-progress keys through the service's resolver (see the top of this header).
@@ -188,6 +237,9 @@ public:
 private:
     void record_failure(Sweep& sweep, const Key& key, Stage stage, std::exception_ptr thrown,
                         std::optional<Fence> held);
+    // Gives options_.log the line `line()` makes, if there is a log; never throws.
+    template <class Line>
+    void tell(const Line& line) const noexcept;
 
     IdempotencyStore& store_;
     Resolver resolver_;
