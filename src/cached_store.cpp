@@ -132,6 +132,8 @@ std::vector<StaleKey> CachedStore::list_stale(std::size_t limit, const ScopeFilt
     return primary_.list_stale(limit, scopes);
 }
 
+std::size_t CachedStore::count_stale(const ScopeFilter& scopes) { return primary_.count_stale(scopes); }
+
 std::size_t CachedStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
     return primary_.purge_expired(batch_size, max_batches);
 }

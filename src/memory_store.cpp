@@ -182,6 +182,17 @@ std::vector<StaleKey> MemoryStore::list_stale(std::size_t limit, const ScopeFilt
     return stale;
 }
 
+std::size_t MemoryStore::count_stale(const ScopeFilter& scopes) {
+    const auto now = impl_->now();
+    std::lock_guard lock(impl_->mutex);
+    ++impl_->stats.reads;
+    ++impl_->stats.round_trips;
+    return static_cast<std::size_t>(std::count_if(impl_->records.begin(), impl_->records.end(), [&](const auto& entry) {
+        const auto& [id, record] = entry;
+        return record.state == RecordState::in_progress && record.lease_until < now && scopes.matches(id.first);
+    }));
+}
+
 std::size_t MemoryStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
     const auto now = impl_->now();
     std::size_t deleted = 0;

@@ -165,6 +165,7 @@ struct PrometheusObserver::State {
     mutable std::mutex sources_mutex;
     std::function<PoolStats()> pool_source;
     std::function<StoreStats()> store_source;
+    std::function<std::size_t()> stale_source;
 
     [[nodiscard]] std::size_t histogram_cell(std::size_t histogram) const noexcept {
         return kHistograms0 + histogram * (bounds.size() + 2);
@@ -243,20 +244,29 @@ void PrometheusObserver::set_store_source(std::function<StoreStats()> source) {
     state_->store_source = std::move(source);
 }
 
+void PrometheusObserver::set_stale_source(std::function<std::size_t()> source) {
+    std::lock_guard lock(state_->sources_mutex);
+    state_->stale_source = std::move(source);
+}
+
 std::string PrometheusObserver::render() const {
     const State& s = *state_;
     std::function<PoolStats()> pool_source;
     std::function<StoreStats()> store_source;
+    std::function<std::size_t()> stale_source;
     {
         std::lock_guard lock(s.sources_mutex);
         pool_source = s.pool_source;
         store_source = s.store_source;
+        stale_source = s.stale_source;
     }
     // Asked first: a source that throws leaves nothing half written.
     std::optional<PoolStats> pool;
     if (pool_source) pool = pool_source();
     std::optional<StoreStats> store;
     if (store_source) store = store_source();
+    std::optional<std::size_t> stale;
+    if (stale_source) stale = stale_source();
 
     std::string out;
     out.reserve(8192);
@@ -305,6 +315,12 @@ std::string PrometheusObserver::render() const {
     w.sample("idem_reconcile_failures_total", "", "kind=\"sweep\"", s.total(kFailedSweep));
     w.counter("idem_purged_rows_total", "Expired records deleted by purge_expired.",
               s.total(static_cast<std::size_t>(Event::purged)));
+    if (stale) {
+        w.gauge("idem_stale_keys",
+                "In-progress keys whose lease has passed (none holds them), counted by the reconciler at its last "
+                "sweep.",
+                *stale);
+    }
 
     if (store) {
         w.counter("idem_store_round_trips_total", "Waits for the database's answer (a pipeline counts once).",

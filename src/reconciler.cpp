@@ -148,8 +148,19 @@ void Reconciler::record_failure(Sweep& sweep, const Key& key, Stage stage, std::
     ++sweep.failed;
 }
 
+std::optional<std::size_t> Reconciler::stale_keys() const noexcept {
+    const std::uint64_t n = stale_.value.load(std::memory_order_relaxed);
+    if (n == Count::kUncounted) return std::nullopt;
+    return static_cast<std::size_t>(n);
+}
+
 Reconciler::Sweep Reconciler::run_once() {
     Sweep sweep;
+    // The backlog before this sweep takes any: the gauge. (A scan like the listing's, which is
+    // skipped when there is nothing to list.)
+    sweep.stale = store_.count_stale(options_.scopes);
+    stale_.value.store(std::min<std::uint64_t>(sweep.stale, Count::kUncounted - 1), std::memory_order_relaxed);
+    if (sweep.stale == 0) return sweep;
     // Listing takes nothing (it works across Citus shards); take_over() on each key is the
     // router-level write that decides which reconciler handles it.
     for (const StaleKey& stale : store_.list_stale(options_.batch, options_.scopes)) {

@@ -1,5 +1,7 @@
 #include "idem/store.hpp"
 
+#include <limits>
+
 #include "idem/errors.hpp"
 
 namespace idem {
@@ -34,6 +36,10 @@ std::vector<Claim> IdempotencyStore::claim_batch(std::span<const Key> keys, std:
         throw;
     }
     return claims;
+}
+
+std::size_t IdempotencyStore::count_stale(const ScopeFilter& scopes) {
+    return list_stale(std::numeric_limits<std::size_t>::max(), scopes).size();
 }
 
 std::vector<SaveStatus> IdempotencyStore::save_batch(std::span<const SaveRequest> saves) {

@@ -53,6 +53,7 @@ public:
                                                  bool new_attempt) override;
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
+    [[nodiscard]] std::size_t count_stale(const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     /// Calls counted as a database store counts them (each call counts as one round trip).
     [[nodiscard]] StoreStats stats() const override;

@@ -4,6 +4,7 @@
 //   auto metrics = std::make_shared<idem::PrometheusObserver>();
 //   metrics->set_pool_source([&store] { return store.pool_stats(); });   // optional
 //   metrics->set_store_source([&store] { return store.stats(); });       // optional
+//   metrics->set_stale_source([&reconciler] { return reconciler.stale_keys().value_or(0); });
 //   store.set_observer(metrics);                                         // before sharing the store
 //   // GET /metrics:  Content-Type: idem::PrometheusObserver::content_type,  body: metrics->render()
 //
@@ -22,6 +23,9 @@
 //   idem_reconcile_failures_total{kind}      counter    Event::reconcile_failed: kind="key" (one key
 //       could not be resolved: it stays in progress), kind="sweep" (a whole sweep failed: an outage)
 //   idem_purged_rows_total                   counter    rows purge_expired deleted
+// with set_stale_source (e.g. Reconciler::stale_keys):
+//   idem_stale_keys                          gauge      in-progress keys whose lease has passed, held
+//       by no one, as the reconciler counted them at its last sweep: the backlog of unknown outcomes
 // with set_store_source (StoreStats, any store):
 //   idem_store_round_trips_total, idem_store_claims_total, idem_store_retries_total,
 //   idem_store_connections_opened_total, idem_store_connections_discarded_total    counters
@@ -36,9 +40,9 @@
 //       did not wait are not observed (idem_pool_acquires_total counts them all)
 //
 // Worth alerting on (docs/reliability.md, "Metrics"): increase(idem_reconcile_failures_total[15m])
-// > 0; idem_calls_total{outcome="unknown"} rising faster than idem_reconciled_total (keys pile up
-// in progress); idem_pool_acquire_timeouts_total rising, or idem_pool_waiters > 0 for minutes (the
-// pool is too small or the database slow); a high share of mismatch (clients reusing keys).
+// > 0; idem_calls_total{outcome="unknown"} rising faster than idem_reconciled_total, or
+// idem_stale_keys growing (keys pile up in progress); idem_pool_acquire_timeouts_total rising, or idem_pool_waiters > 0
+// for minutes (the pool is too small or the database slow); a high share of mismatch (clients reusing keys).
 //
 // Errors: the constructor throws config_error for invalid options (see PrometheusOptions).
 // render() throws what a source throws (PostgresStore's pool_stats() and stats() do not), and
@@ -104,6 +108,12 @@ public:
     /// asked for by every render(); an empty function (the default) leaves them out. Same lifetime
     /// rule as set_pool_source.
     void set_store_source(std::function<StoreStats()> source);
+
+    /// The stale keys now, for the idem_stale_keys gauge (e.g. `[&reconciler] { return
+    /// reconciler.stale_keys().value_or(0); }`, or the sum of several reconcilers'), asked for by
+    /// every render(); an empty function (the default) leaves the gauge out. Same lifetime rule as
+    /// set_pool_source.
+    void set_stale_source(std::function<std::size_t()> source);
 
     /// Every metric in the Prometheus text exposition format 0.0.4: for each family `# HELP` and
     /// `# TYPE` lines, then its samples; histograms as cumulative `_bucket{le="…"}` lines ending

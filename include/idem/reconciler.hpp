@@ -2,10 +2,11 @@
 //
 // A key stays in_progress to clients when its attempt crashed, hung, or met an unknown outcome
 // (a provider timeout). Nobody but the service can know what really happened — so a Reconciler
-// lists stale keys (lease passed), oldest first, takes each one (a new fence and a lease of its own:
-// several reconcilers, on any number of instances, never handle the same key at once, and a late
-// original attempt gets lease_lost) and hands it to the service's resolver, which asks the
-// provider — with the same idempotency key — and then:
+// counts the stale keys (lease passed: stale_keys(), a gauge of the backlog), lists them oldest
+// first, takes each one (a new fence and a lease of its own: several reconcilers, on any number of
+// instances, never handle the same key at once, and a late original attempt gets lease_lost) and
+// hands it to the service's resolver, which asks the provider — with the same idempotency key — and
+// then:
 //
 //   r.save(response)   the effect happened: store its real result; retries replay it
 //   r.release()        the effect certainly did not happen: free the key; a retry runs it
@@ -62,6 +63,7 @@
 // then called from each of them.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -215,16 +217,25 @@ public:
         std::size_t left = 0;             ///< left in progress by the resolver
         std::size_t failed = 0;           ///< failures.size()
         std::vector<Failure> failures{};  ///< in the order the keys were handled
+        /// Stale keys in options.scopes when the sweep began, before it took any
+        /// (IdempotencyStore::count_stale): the backlog it started from, batch or no batch.
+        std::size_t stale = 0;
     };
 
     /// Throws config_error without a resolver or with batch 0, or a failure_backoff that is negative
     /// or over max_failure_backoff.
     Reconciler(IdempotencyStore& store, Resolver resolver, ReconcilerOptions options = {});
 
-    /// One sweep over at most options.batch stale keys. A failure on one key is recorded in the
-    /// result (and reported to the observer) and the sweep goes on; an error while listing the
-    /// stale keys propagates.
+    /// One sweep: counts the stale keys in options.scopes (Sweep::stale, stale_keys()), then, if
+    /// there are any, lists and handles at most options.batch of them. A failure on one key is
+    /// recorded in the result (and reported to the observer) and the sweep goes on; an error while
+    /// counting or listing the stale keys propagates.
     Sweep run_once();
+
+    /// The stale keys in options.scopes (in progress, lease passed, held by no one) as the last
+    /// sweep that counted them found them, before it took any; nullopt until a sweep has counted.
+    /// For a gauge: PrometheusObserver::set_stale_source(). Lock-free; thread-safe.
+    [[nodiscard]] std::optional<std::size_t> stale_keys() const noexcept;
 
     /// Sweeps every `interval` until `stop` is requested; at once again after a full batch that
     /// resolved (saved or released) a key and in which no take_over failed (the keys it left or
@@ -241,9 +252,23 @@ private:
     template <class Line>
     void tell(const Line& line) const noexcept;
 
+    // The last count (stale_keys()); kUncounted until a sweep counts. Copied by value with the
+    // Reconciler.
+    struct Count {
+        static constexpr std::uint64_t kUncounted = UINT64_MAX;
+        std::atomic<std::uint64_t> value{kUncounted};
+        Count() = default;
+        Count(const Count& other) noexcept : value(other.value.load(std::memory_order_relaxed)) {}
+        Count& operator=(const Count& other) noexcept {
+            value.store(other.value.load(std::memory_order_relaxed), std::memory_order_relaxed);
+            return *this;
+        }
+    };
+
     IdempotencyStore& store_;
     Resolver resolver_;
     ReconcilerOptions options_;
+    Count stale_;
 };
 
 /// The stage's name, e.g. "take_over".

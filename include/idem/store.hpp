@@ -220,6 +220,13 @@ public:
     [[nodiscard]] virtual std::vector<StaleKey> list_stale(std::size_t limit,
                                                            const ScopeFilter& scopes = ScopeFilter::all()) = 0;
 
+    /// How many in-progress keys whose lease has passed are in `scopes` now: the keys list_stale
+    /// would return with no limit (rows that cannot be decoded included). The backlog of unknown
+    /// outcomes no one holds; a key a reconciler took and left counts again once its lease passes.
+    /// PostgresStore: one count(*) over the same scan as list_stale. The default lists them all
+    /// (list_stale) and counts them: a store of your own should override it.
+    [[nodiscard]] virtual std::size_t count_stale(const ScopeFilter& scopes = ScopeFilter::all());
+
     /// Deletes completed records past their retention, `batch_size` rows per transaction, skipping
     /// rows another session has locked, until none is left or `max_batches` ran. Returns how many
     /// were deleted. Never waits on a claim, and claims of live keys never wait on it.

@@ -251,6 +251,8 @@ std::vector<StaleKey> AsyncPostgresStore::list_stale(std::size_t limit, const Sc
     return impl_->blocking.list_stale(limit, scopes);
 }
 
+std::size_t AsyncPostgresStore::count_stale(const ScopeFilter& scopes) { return impl_->blocking.count_stale(scopes); }
+
 std::size_t AsyncPostgresStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
     return impl_->blocking.purge_expired(batch_size, max_batches);
 }

@@ -232,6 +232,25 @@ Deployment PostgresStore::inspect() {
     return d;
 }
 
+namespace {
+
+// Runs a statement that must scan (no index separates in-progress keys): seqscan back on for it,
+// each step under its own Sync so that the reset runs even if the scan fails. Sessions without
+// idem's options (poolers) never turned it off. Returns the statement's answer.
+// (A template: PostgresStore::Impl is private to the store.)
+template <class Impl>
+StepResult run_scan(Impl& m, pg::Connection& conn, pg::Stmt stmt, Params& p) {
+    Params none;
+    const bool toggle = m.options.session_options;
+    const Step with_toggle[] = {
+        {&m.defs[pg::kSeqscanOn], &none}, {&m.defs[stmt], &p}, {&m.defs[pg::kSeqscanDefault], &none}};
+    auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, stmt, p);
+    if (toggle && (!res[0].ok() || !res[2].ok())) conn.mark_broken();  // session state unknown
+    return std::move(res[toggle ? 1 : 0]);
+}
+
+}  // namespace
+
 std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {
     Impl& m = *impl_;
     m.counters().reads.fetch_add(1, std::memory_order_relaxed);
@@ -242,16 +261,7 @@ std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFi
         Params p;
         p.int8(static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
         if (stmt != pg::kListStale) p.text(scopes.text());
-        // list_stale must scan (no index separates in-progress keys): seqscan back on for it, each
-        // step under its own Sync so that the reset runs even if the scan fails. Sessions without
-        // idem's options (poolers) never turned it off.
-        Params none;
-        const bool toggle = m.options.session_options;
-        const Step with_toggle[] = {
-            {&m.defs[pg::kSeqscanOn], &none}, {&m.defs[stmt], &p}, {&m.defs[pg::kSeqscanDefault], &none}};
-        auto res = toggle ? m.run(conn, with_toggle) : m.run_one(conn, stmt, p);
-        const StepResult& listed = res[toggle ? 1 : 0];
-        if (toggle && (!res[0].ok() || !res[2].ok())) conn.mark_broken();  // session state unknown
+        const StepResult listed = run_scan(m, conn, stmt, p);
         if (!listed.ok()) throw_statement_error(listed, "list_stale");
         std::vector<StaleKey> out;
         const PGresult* r = listed.result.get();
@@ -272,6 +282,21 @@ std::vector<StaleKey> PostgresStore::list_stale(std::size_t limit, const ScopeFi
             }
         }
         return out;
+    });
+}
+
+std::size_t PostgresStore::count_stale(const ScopeFilter& scopes) {
+    Impl& m = *impl_;
+    m.counters().reads.fetch_add(1, std::memory_order_relaxed);
+    const pg::Stmt stmt = scopes.kind() == ScopeFilter::Kind::exact    ? pg::kCountStaleInScope
+                          : scopes.kind() == ScopeFilter::Kind::prefix ? pg::kCountStaleScopePrefix
+                                                                       : pg::kCountStale;
+    return m.with_connection("count_stale", [&](pg::Connection& conn, int) {
+        Params p;
+        if (stmt != pg::kCountStale) p.text(scopes.text());
+        const StepResult counted = run_scan(m, conn, stmt, p);
+        if (!counted.ok()) throw_statement_error(counted, "count_stale");
+        return static_cast<std::size_t>(pg::get_int8(counted.result.get(), 0, 0));
     });
 }
 

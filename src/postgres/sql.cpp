@@ -208,6 +208,14 @@ std::vector<StatementDef> statements(const TableName& t) {
     defs[kListStaleInScope] = {"idem_list_stale_in_scope", list_stale(" AND scope = $2"), {int8, text}};
     defs[kListStaleScopePrefix] = {
         "idem_list_stale_scope_prefix", list_stale(" AND starts_with(scope, $2)"), {int8, text}};
+    // The same rows counted (count_stale, once a sweep): not prepared on every connection.
+    const auto count_stale = [&](std::string_view scope_condition) {
+        return fmt::format("SELECT count(*) FROM {} WHERE state = 'in_progress' AND lease_until < now(){}", T,
+                           scope_condition);
+    };
+    defs[kCountStale] = {"", count_stale(""), {}};
+    defs[kCountStaleInScope] = {"", count_stale(" AND scope = $1"), {text}};
+    defs[kCountStaleScopePrefix] = {"", count_stale(" AND starts_with(scope, $1)"), {text}};
     // One bounded batch; SKIP LOCKED: never waits on a row someone else holds.
     defs[kPurge] = {"idem_purge",
                     fmt::format("WITH victims AS (SELECT scope, key FROM {0} WHERE state = 'completed' "

@@ -1,9 +1,10 @@
 // What a Reconciler tells its operators: the log line for each key saved, released or left, each
 // key it could not resolve and each failed sweep — against an unreachable server and a role without
-// the privileges it needs.
+// the privileges it needs; and the stale keys now (count_stale, each sweep's count, idem_stale_keys).
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stop_token>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "idem/prometheus.hpp"
 #include "idem/reconciler.hpp"
 #include "lifecycle.hpp"
 
@@ -205,4 +207,77 @@ TEST_CASE("reconciler log: a role without the privileges: the key it cannot take
     auto record = owner.read(key);
     REQUIRE(record);
     CHECK(record->state == idem::RecordState::in_progress);  // nothing was taken or changed
+}
+
+TEMPLATE_TEST_CASE("stale keys now: count_stale, each sweep's count, Reconciler::stale_keys and idem_stale_keys",
+                   "[lifecycle][reconciler]", MemoryBackend, PostgresBackend) {
+    TestType backend;
+    auto& store = backend.make();
+    const auto fp = idem::fingerprint("backlog"s);
+    const std::string base = idem_test::unique_name("stale");
+    const std::string mine = base + "acct:1", other = base + "acct:2";
+    // 5 stale keys in `mine`, 2 in `other`; and in `mine` a live claim, a completed key and a
+    // released one, none of them stale.
+    for (int i = 0; i < 5; ++i) {
+        REQUIRE(store.claim(idem::Key(mine, "k" + std::to_string(i)), fp, Opts().lease_for(30s)).status ==
+                idem::ClaimStatus::claimed);
+    }
+    for (int i = 0; i < 2; ++i) {
+        REQUIRE(store.claim(idem::Key(other, "k" + std::to_string(i)), fp, Opts().lease_for(30s)).status ==
+                idem::ClaimStatus::claimed);
+    }
+    const auto done = store.claim(idem::Key(mine, "done"), fp, Opts().lease_for(30s));
+    store.save(idem::Key(mine, "done"), done.fence, encode(Response{200, "done"}));
+    const auto gone = store.claim(idem::Key(mine, "gone"), fp, Opts().lease_for(30s));
+    store.release(idem::Key(mine, "gone"), gone.fence);
+    backend.advance(31s);
+    REQUIRE(store.claim(idem::Key(mine, "live"), fp, Opts().lease_for(10min)).status == idem::ClaimStatus::claimed);
+
+    CHECK(store.count_stale(idem::ScopeFilter::exact(mine)) == 5);
+    CHECK(store.count_stale(idem::ScopeFilter::exact(other)) == 2);
+    CHECK(store.count_stale(idem::ScopeFilter::prefix(base)) == 7);
+    CHECK(store.count_stale(idem::ScopeFilter::prefix(base + "zzz")) == 0);
+    CHECK(store.count_stale() == 7);  // the backend's own table (or store): nothing else is in it
+
+    // A reconciler of `mine`, 2 keys a sweep: it saves the first it is handed and leaves the rest
+    // (which it then holds: not stale until its lease passes).
+    int handed = 0;
+    idem::Reconciler reconciler(
+        store,
+        [&](idem::Reconciliation& r) {
+            if (++handed == 1) r.save(Response{201, "found"});
+        },
+        reconciler_options(2, 30s, idem::ScopeFilter::exact(mine)));
+    auto metrics = std::make_shared<idem::PrometheusObserver>();
+    metrics->set_stale_source([&reconciler] { return reconciler.stale_keys().value_or(0); });
+    CHECK_FALSE(reconciler.stale_keys());  // no sweep has counted yet
+    CHECK(metrics->render().find("\nidem_stale_keys 0\n") != std::string::npos);
+
+    auto sweep = reconciler.run_once();
+    CHECK(sweep.stale == 5);  // counted before it took any
+    CHECK(sweep.listed == 2);
+    CHECK(sweep.saved == 1);
+    CHECK(sweep.left == 1);
+    CHECK(reconciler.stale_keys() == 5u);
+    CHECK(store.count_stale(idem::ScopeFilter::exact(mine)) == 3);
+    CHECK(metrics->render().find(
+              "# HELP idem_stale_keys In-progress keys whose lease has passed (none holds them), counted by the "
+              "reconciler at its last sweep.\n# TYPE idem_stale_keys gauge\nidem_stale_keys 5\n") != std::string::npos);
+
+    sweep = reconciler.run_once();
+    CHECK(sweep.stale == 3);
+    CHECK(reconciler.stale_keys() == 3u);
+    CHECK(metrics->render().find("\nidem_stale_keys 3\n") != std::string::npos);
+    sweep = reconciler.run_once();
+    CHECK(sweep.stale == 1);
+    CHECK(sweep.listed == 1);
+    sweep = reconciler.run_once();
+    CHECK(sweep.stale == 0);
+    CHECK(sweep.listed == 0);
+    CHECK(reconciler.stale_keys() == 0u);
+    CHECK(metrics->render().find("\nidem_stale_keys 0\n") != std::string::npos);
+    // The 4 it left are stale again once its lease passes; `other` was never its business.
+    backend.advance(31s);
+    CHECK(reconciler.run_once().stale == 4);
+    CHECK(store.count_stale(idem::ScopeFilter::exact(other)) == 2);
 }

@@ -613,6 +613,11 @@ TEMPLATE_LIST_TEST_CASE("list_stale: a claim whose lease passed is listed, and i
     CHECK(store.list_stale(10, idem::ScopeFilter::exact(scope + "-other")).empty());
     CHECK(store.list_stale(10, idem::ScopeFilter::prefix(scope.substr(0, 3))).size() == 2);
     CHECK(store.list_stale(10, idem::ScopeFilter::all()).size() == 2);
+    // and counted with the same filters, whatever the limit of a listing
+    CHECK(store.count_stale() == 2);
+    CHECK(store.count_stale(idem::ScopeFilter::exact(scope)) == 2);
+    CHECK(store.count_stale(idem::ScopeFilter::exact(scope + "-other")) == 0);
+    CHECK(store.count_stale(idem::ScopeFilter::prefix(scope.substr(0, 3))) == 2);
 
     // a stale key still answers in_progress to clients
     int runs = 0;
@@ -643,6 +648,7 @@ TEMPLATE_LIST_TEST_CASE("list_stale: a claim whose lease passed is listed, and i
               .outcome() == Outcome::executed);
     CHECK(runs == 1);
     CHECK(store.list_stale(10).empty());
+    CHECK(store.count_stale() == 0);
 }
 
 namespace {

@@ -164,6 +164,7 @@ public:
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
+    [[nodiscard]] std::size_t count_stale(const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     /// This store's own counters (its asynchronous connections), plus blocking()'s if it was made.
     [[nodiscard]] StoreStats stats() const override;
