@@ -7,6 +7,7 @@
 //   beast-http --db "host=/run/postgresql dbname=app" [--port N] [--provider-ms N]
 //   curl -i -X POST localhost:PORT/payments -H 'Idempotency-Key: "pay-1"' -d '{"amount":1200}'
 //   curl localhost:PORT/charges          # {"charges":N,"in_flight":M}: the provider's own count
+//   curl localhost:PORT/metrics          # idem's Prometheus metrics, the connection pool's included
 //
 // --db defaults to $DATABASE_URL; --port 0 (the default) picks a free port; --provider-ms is the
 // provider's latency (default 100). The one line written to stdout is "listening on
@@ -17,10 +18,12 @@
 #include <idem/asio/store.hpp>
 #include <idem/http/asio.hpp>
 #include <idem/http/beast.hpp>
+#include <idem/prometheus.hpp>
 
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 namespace asio = boost::asio;
@@ -31,6 +34,7 @@ using namespace std::chrono_literals;
 struct Service {
     idem::asio::AsyncPostgresStore& store;
     std::chrono::milliseconds provider_latency;
+    std::shared_ptr<idem::PrometheusObserver> metrics;  // the store's observer
     // JSON member order and whitespace do not make another request; errors logged to stderr.
     idem::http::Route payments{.fingerprint = {.body = idem::http::FingerprintPolicy::Body::canonical_json},
                                .log = [](std::string_view line) { std::cerr << line << '\n'; }};
@@ -65,6 +69,12 @@ asio::awaitable<idem::Response> route(Service& service, const idem::http::beast:
                                  "{\"charges\":" + std::to_string(service.charges) +
                                      ",\"in_flight\":" + std::to_string(service.in_flight) + "}",
                                  {{"Content-Type", "application/json"}}};
+    }
+    if (req.target() == "/metrics" && req.method() == http::verb::get) {
+        // Rendered on the event loop's thread: pool_stats() reads atomics, it never waits for the
+        // store's strand (which this thread runs).
+        co_return idem::Response{
+            200, service.metrics->render(), {{"Content-Type", std::string(idem::PrometheusObserver::content_type)}}};
     }
     co_return idem::Response{404, "not found"};
 }
@@ -118,7 +128,12 @@ int main(int argc, char** argv) {
     asio::io_context io;  // one thread: this one
     idem::asio::AsyncPostgresStore store(io.get_executor(), db);
     store.blocking().ensure_schema();  // once, before the loop (a blocking call)
-    Service service{.store = store, .provider_latency = std::chrono::milliseconds(provider_ms)};
+    // Every call's outcome and duration, and the connections' figures, as for a PostgresStore.
+    auto metrics = std::make_shared<idem::PrometheusObserver>();
+    metrics->set_pool_source([&store] { return store.pool_stats(); });
+    metrics->set_store_source([&store] { return store.stats(); });
+    store.set_observer(metrics);
+    Service service{.store = store, .provider_latency = std::chrono::milliseconds(provider_ms), .metrics = metrics};
 
     asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), port});
     std::cout << "listening on http://127.0.0.1:" << acceptor.local_endpoint().port() << std::endl;

@@ -1,14 +1,16 @@
 // idem/pool_stats.hpp — what a store's connection pool is doing: open, idle and waiting now, and
 // how long callers waited for a connection.
 //
-//   const idem::PoolStats p = store.pool_stats();          // PostgresStore
+//   const idem::PoolStats p = store.pool_stats();          // PostgresStore, AsyncPostgresStore
 //   if (p.waiters > 0) ...                                 // every connection is leased right now
 //   p.waited / double(p.acquires)                          // the share of acquires that had to wait
 //
 // The figures a pool keeps for monitoring (idem::PrometheusObserver renders them as
-// idem_pool_* metrics, see idem/prometheus.hpp). The gauges (open, idle, waiters) are read under
-// the pool's lock, so they are consistent with one another; the counters only grow.
-// Thread-safety: a plain value; PostgresStore::pool_stats() may be called from any thread.
+// idem_pool_* metrics, see idem/prometheus.hpp). PostgresStore reads the gauges (open, idle,
+// waiters) under the pool's lock, so they are consistent with one another; AsyncPostgresStore,
+// whose connections each carry many requests, reads open and idle at one instant and waiters
+// apart (idem/asio/store.hpp says what each figure means there). The counters only grow.
+// Thread-safety: a plain value; both stores' pool_stats() may be called from any thread.
 #pragma once
 
 #include <array>

@@ -29,7 +29,7 @@
 // with set_store_source (StoreStats, any store):
 //   idem_store_round_trips_total, idem_store_claims_total, idem_store_retries_total,
 //   idem_store_connections_opened_total, idem_store_connections_discarded_total    counters
-// with set_pool_source (PoolStats, e.g. PostgresStore::pool_stats):
+// with set_pool_source (PoolStats: PostgresStore::pool_stats, AsyncPostgresStore::pool_stats):
 //   idem_pool_connections_max, idem_pool_connections_open, idem_pool_connections_idle,
 //   idem_pool_waiters                        gauges     now
 //   idem_pool_acquires_total, idem_pool_acquire_waits_total, idem_pool_acquire_timeouts_total
@@ -45,7 +45,7 @@
 // for minutes (the pool is too small or the database slow); a high share of mismatch (clients reusing keys).
 //
 // Errors: the constructor throws config_error for invalid options (see PrometheusOptions).
-// render() throws what a source throws (PostgresStore's pool_stats() and stats() do not), and
+// render() throws what a source throws (the stores' pool_stats() and stats() do not), and
 // std::bad_alloc.
 // Thread-safety: on_event is lock-free and may be called from any number of threads at once (its
 // counters are sharded by thread; a call does three relaxed atomic additions). render() and the

@@ -23,10 +23,27 @@ namespace net = boost::asio;
 using pg::Clock;
 
 AsyncConnection::AsyncConnection(Strand strand, const pg::ConnectSettings& settings,
-                                 std::span<const pg::StatementDef> defs)
-    : strand_(std::move(strand)), settings_(settings), defs_(defs), socket_(strand_), deadline_timer_(strand_) {}
+                                 std::span<const pg::StatementDef> defs, std::shared_ptr<PoolGauges> gauges)
+    : strand_(std::move(strand)),
+      settings_(settings),
+      defs_(defs),
+      socket_(strand_),
+      deadline_timer_(strand_),
+      gauges_(std::move(gauges)) {
+    account();
+}
 
-AsyncConnection::~AsyncConnection() = default;  // socket_ closes our duplicate; conn_ (PQfinish) libpq's
+// socket_ closes our duplicate; conn_ (PQfinish) libpq's.
+AsyncConnection::~AsyncConnection() {
+    if (gauges_) gauges_->move(counted_, {});
+}
+
+void AsyncConnection::account() noexcept {
+    if (!gauges_) return;
+    const PoolGauges::Part now{!broken_, !broken_ && opened_ && fifo_.empty()};
+    gauges_->move(counted_, now);
+    counted_ = now;
+}
 
 void AsyncConnection::watch_socket() {
     // The event loop watches a duplicate of libpq's descriptor, never libpq's own: libpq closes
@@ -120,6 +137,7 @@ net::awaitable<void> AsyncConnection::open() {
                 pg::check_prepared(answers[i].result.get(), def);
             } catch (const pg::connection_broken&) {
                 broken_ = true;
+                account();
                 throw;
             }
         }
@@ -131,6 +149,8 @@ net::awaitable<void> AsyncConnection::open() {
                                  std::string(installed.sqlstate()));
     }
     citus_ = pg::get_bool(installed.result.get(), 0, 0);
+    opened_ = true;
+    account();
 }
 
 void AsyncConnection::send(const pg::Step& step) {
@@ -180,6 +200,7 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
         // its buffer, with nothing left on the socket to wake the reader.
         drain();
     }
+    account();
     // One deadline loop at most: a loop whose cancelled wait has not come back yet is still
     // running, and a second one would cancel its wait and be cancelled by it, over and over,
     // spinning a core until the next request.
@@ -283,6 +304,7 @@ void AsyncConnection::drain() {
     } catch (const pg::connection_broken&) {
         fail(std::current_exception());
     }
+    account();
 }
 
 void AsyncConnection::fail_now(const std::string& what) {
@@ -306,6 +328,7 @@ void AsyncConnection::fail(std::exception_ptr error) noexcept {
     boost::system::error_code ignored;
     deadline_timer_.cancel();
     if (socket_.is_open()) socket_.close(ignored);  // ends the loops' waits; libpq keeps its own descriptor
+    account();
 }
 
 }  // namespace idem::asio::detail

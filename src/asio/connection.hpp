@@ -12,7 +12,8 @@
 // connection_broken (their statements' effects are unknown; the store retries them like the
 // blocking store does).
 //
-// Every member runs on the strand given to the constructor.
+// Every member runs on the strand given to the constructor. The connection keeps its share of the
+// store's PoolGauges (open, idle) up to date as it opens, takes requests, answers them and breaks.
 #pragma once
 
 #include <boost/asio/any_completion_handler.hpp>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "../postgres/connection.hpp"
+#include "pool_gauges.hpp"
 
 namespace idem::asio::detail {
 
@@ -37,7 +39,9 @@ using Strand = boost::asio::strand<boost::asio::any_io_executor>;
 
 class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
 public:
-    AsyncConnection(Strand strand, const pg::ConnectSettings& settings, std::span<const pg::StatementDef> defs);
+    /// Counted open in `gauges` (if any) from now until it breaks or goes.
+    AsyncConnection(Strand strand, const pg::ConnectSettings& settings, std::span<const pg::StatementDef> defs,
+                    std::shared_ptr<PoolGauges> gauges = nullptr);
     ~AsyncConnection();
     AsyncConnection(const AsyncConnection&) = delete;
     AsyncConnection& operator=(const AsyncConnection&) = delete;
@@ -75,6 +79,7 @@ private:
     void fail(std::exception_ptr error) noexcept;
     [[noreturn]] void fail_now(const std::string& what);
     void arm_deadline();
+    void account() noexcept;  // brings this connection's share of gauges_ up to date
     boost::asio::awaitable<void> read_loop(std::shared_ptr<AsyncConnection> self);
     boost::asio::awaitable<void> write_loop(std::shared_ptr<AsyncConnection> self);
     boost::asio::awaitable<void> deadline_loop(std::shared_ptr<AsyncConnection> self);
@@ -91,7 +96,10 @@ private:
     bool reading_ = false;
     bool writing_ = false;
     bool timing_ = false;
-    bool citus_ = false;  // socket_ holds our duplicate of libpq's descriptor (watch_socket)
+    bool citus_ = false;   // socket_ holds our duplicate of libpq's descriptor (watch_socket)
+    bool opened_ = false;  // open() succeeded
+    std::shared_ptr<PoolGauges> gauges_;
+    PoolGauges::Part counted_;  // this connection's share of gauges_ now
 };
 
 }  // namespace idem::asio::detail

@@ -7,9 +7,10 @@ namespace idem::asio {
 template <class Member>
 net::awaitable<void> AsyncPostgresStore::Impl::wait_in(std::vector<Member*>& queue, Member& me) {
     co_await net::async_initiate<decltype(net::use_awaitable), void()>(
-        [&queue, &me](auto handler) {
+        [this, &queue, &me](auto handler) {
             me.wake.emplace(std::move(handler));
             queue.push_back(&me);
+            publish_queued();
         },
         net::use_awaitable);
 }
@@ -55,6 +56,7 @@ void AsyncPostgresStore::Impl::launch_groups() {
             return;
         }
     }
+    publish_queued();
 }
 
 // A claim's first round trip: alone at once while a connection has no transaction and nobody

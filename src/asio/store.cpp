@@ -2,6 +2,8 @@
 // operations they run on the strand. The state and the driver are store_impl.hpp.
 #include "store_impl.hpp"
 
+#include <tuple>
+
 namespace idem::asio {
 
 net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fingerprint& fp,
@@ -134,6 +136,10 @@ net::awaitable<void> AsyncPostgresStore::Impl::release(const Key& key, Fence fen
     co_await drive("release", op);
 }
 
+void AsyncPostgresStore::Impl::publish_queued() noexcept {
+    gauges->queued.store(claim_queue.size() + save_queue.size(), std::memory_order_relaxed);
+}
+
 // ---- AsyncPostgresStore ---------------------------------------------------------------------------------
 
 AsyncPostgresStore::AsyncPostgresStore(net::any_io_executor executor, std::string conninfo, PostgresOptions options)
@@ -261,6 +267,17 @@ StoreStats AsyncPostgresStore::stats() const {
     StoreStats s = impl_->blocking.stats();
     impl_->counters.add_to(s);
     impl_->largest.add_to(s);
+    return s;
+}
+
+PoolStats AsyncPostgresStore::pool_stats() const {
+    const detail::PoolGauges& g = *impl_->gauges;
+    PoolStats s;
+    s.size = impl_->options.pool_size;
+    std::tie(s.open, s.idle) = g.open_idle();
+    s.waiters = g.opening_waiters.load(std::memory_order_relaxed) + g.queued.load(std::memory_order_relaxed);
+    g.waits.add_to(s);
+    s.acquires = std::max(g.acquires.load(std::memory_order_relaxed), s.waited);  // (relaxed: never fewer)
     return s;
 }
 

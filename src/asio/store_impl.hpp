@@ -96,6 +96,10 @@ struct AsyncPostgresStore::Impl {
     std::vector<std::shared_ptr<AsyncConnection>> connections;  // open (or broken, dropped on the next acquire)
     std::size_t connecting = 0;
     net::steady_timer connected;  // cancelled whenever a connection attempt ends: wakes acquire()s
+    // pool_stats(), read from any thread (pool_gauges.hpp); the connections keep their share.
+    std::shared_ptr<detail::PoolGauges> gauges = std::make_shared<detail::PoolGauges>();
+    // The requests group commit queues, for the waiters gauge: after each change to the queues.
+    void publish_queued() noexcept;
 
     pg::Counters counters;  // (counters.hpp)
     pg::LargestGroups largest;
@@ -108,6 +112,17 @@ struct AsyncPostgresStore::Impl {
     // The open connection with the fewest requests in flight; a new one while there is room and
     // every open one is busy (so load spreads over pool_size connections, each pipelining).
     net::awaitable<std::shared_ptr<AsyncConnection>> acquire() {
+        gauges->acquires.fetch_add(1, std::memory_order_relaxed);
+        // The time this acquire spends waiting for a connection being opened, recorded once
+        // however it ends.
+        struct WaitRecord {
+            detail::PoolGauges& gauges;
+            Clock::duration total{0};
+            bool waited = false;
+            ~WaitRecord() {
+                if (waited) gauges.waits.record(std::chrono::duration_cast<std::chrono::nanoseconds>(total));
+            }
+        } waiting{*gauges};
         for (;;) {
             const auto end =
                 std::remove_if(connections.begin(), connections.end(), [](const auto& c) { return c->broken(); });
@@ -122,7 +137,7 @@ struct AsyncPostgresStore::Impl {
             if (best && (best->pending() == 0 || !room)) co_return best;
             if (room) {
                 ++connecting;
-                auto fresh = std::make_shared<AsyncConnection>(strand, settings, defs);
+                auto fresh = std::make_shared<AsyncConnection>(strand, settings, defs, gauges);
                 std::exception_ptr failure;
                 try {
                     co_await fresh->open();
@@ -141,8 +156,13 @@ struct AsyncPostgresStore::Impl {
             }
             // Every slot is connecting and none is open yet: wait for one of them.
             boost::system::error_code ec;
+            const auto began = Clock::now();
+            gauges->opening_waiters.fetch_add(1, std::memory_order_relaxed);
             co_await connected.async_wait(
                 net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
+            gauges->opening_waiters.fetch_sub(1, std::memory_order_relaxed);
+            waiting.waited = true;
+            waiting.total += Clock::now() - began;
         }
     }
 

@@ -152,25 +152,8 @@ std::optional<Lease> Pool::take(bool wait, std::optional<Clock::time_point> dead
     }
 }
 
-namespace {
-
-// PoolStats::wait_bounds in whole nanoseconds (a wait of exactly a bound is within it).
-constexpr auto kWaitBoundNanos = [] {
-    std::array<std::int64_t, PoolStats::wait_bounds.size()> nanos{};
-    for (std::size_t i = 0; i < nanos.size(); ++i) {
-        nanos[i] = static_cast<std::int64_t>(PoolStats::wait_bounds[i] * 1e9 + 0.5);
-    }
-    return nanos;
-}();
-
-}  // namespace
-
 void Pool::record_wait(Clock::duration waited) noexcept {
-    const std::int64_t nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count();
-    std::size_t bucket = 0;
-    while (bucket < kWaitBoundNanos.size() && nanos > kWaitBoundNanos[bucket]) ++bucket;
-    wait_buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
-    wait_nanos_.fetch_add(nanos, std::memory_order_relaxed);
+    waits_.record(std::chrono::duration_cast<std::chrono::nanoseconds>(waited));
 }
 
 PoolStats Pool::stats() const {
@@ -178,15 +161,9 @@ PoolStats Pool::stats() const {
     s.size = size_;
     std::uint64_t acquires = 0;
     for (std::size_t i = 0; i < size_; ++i) acquires += parked_[i].acquires.load(std::memory_order_relaxed);
-    std::uint64_t within = 0;
-    for (std::size_t i = 0; i < wait_buckets_.size(); ++i) {
-        within += wait_buckets_[i].load(std::memory_order_relaxed);
-        if (i < s.waits_within.size()) s.waits_within[i] = within;
-    }
-    s.waited = within;
+    waits_.add_to(s);
     s.acquires = std::max(acquires, s.waited);  // (relaxed loads: never fewer acquires than waits)
     s.timeouts = timeouts_.load(std::memory_order_relaxed);
-    s.wait_time = std::chrono::nanoseconds(wait_nanos_.load(std::memory_order_relaxed));
     std::lock_guard lock(mutex_);
     std::size_t parked = 0;
     for (std::size_t i = 0; i < size_; ++i) {

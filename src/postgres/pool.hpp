@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "../pool_waits.hpp"
 #include "connection.hpp"
 #include "idem/pool_stats.hpp"
 
@@ -127,10 +128,7 @@ private:
     std::atomic<std::size_t> waiters_{0};
     std::size_t blocked_ = 0;                  // callers blocked on returned_ now (under the mutex; the waiters gauge)
     std::atomic<std::size_t> blocked_now_{0};  // blocked_, read without the mutex (try_acquire)
-    // Acquires that waited, by total wait (wait_buckets_[i]: within PoolStats::wait_bounds[i] and
-    // above the bound before; the last one: longer than every bound), their summed wait, timeouts.
-    std::array<std::atomic<std::uint64_t>, PoolStats::wait_bounds.size() + 1> wait_buckets_{};
-    std::atomic<std::int64_t> wait_nanos_{0};
+    detail::PoolWaits waits_;                  // acquires that waited, by total wait
     std::atomic<std::uint64_t> timeouts_{0};
     // Idle connections last used before this get pinged (Clock::rep: read without the mutex).
     std::atomic<Clock::rep> suspect_before_{Clock::time_point::min().time_since_epoch().count()};

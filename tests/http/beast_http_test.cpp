@@ -3,7 +3,7 @@
 // several requests on one keep-alive connection, the same key with another body (422), a missing
 // key (400), an empty body (400, key released), duplicates while the first is at the provider
 // (409 + Retry-After), and the charges counted by the server's provider, outside idem, plus the
-// rows in the table.
+// rows in the table; then GET /metrics: the outcomes counted and AsyncPostgresStore's pool figures.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -84,6 +84,8 @@ public:
         if (!key.empty()) raw.headers.emplace_back("Idempotency-Key", "\"" + key + "\"");
         return http_test::exchange(port_, raw);
     }
+    /// GET /metrics.
+    [[nodiscard]] Wire metrics() const { return http_test::exchange(port_, Raw{"GET", "/metrics", {}, ""}); }
     /// The provider's own ledger: {"charges":N,"in_flight":M}.
     [[nodiscard]] std::string charges() const {
         return http_test::exchange(port_, Raw{"GET", "/charges", {}, ""}).body;
@@ -96,6 +98,14 @@ private:
 
 std::string ledger(int charges, int in_flight) {
     return "{\"charges\":" + std::to_string(charges) + ",\"in_flight\":" + std::to_string(in_flight) + "}";
+}
+
+/// The value of the sample `series` (name and labels, as written) in a Prometheus text, or -1.
+long long sample(const std::string& text, const std::string& series) {
+    const std::string start = "\n" + series + " ";
+    const auto at = text.find(start);
+    if (at == std::string::npos) return -1;
+    return std::stoll(text.substr(at + start.size()));
 }
 
 }  // namespace
@@ -238,4 +248,23 @@ TEST_CASE("beast-http: the Beast example end to end over real HTTP", "[http][exa
     CHECK(example.charges() == ledger(5, 0));
     CHECK(pg.scalar("SELECT count(*) FROM idem_keys WHERE scope = $1 AND key LIKE $2 AND state = 'completed'",
                     {kScope, k + "%"}) == 5);
+
+    // 6. GET /metrics, answered on the event loop's own thread: the calls by outcome, and the pool
+    // now — every request answered, so every open connection is idle and nobody waits.
+    const Wire metrics = example.metrics();
+    REQUIRE(metrics.status == 200);
+    CHECK(metrics.header("Content-Type") == "text/plain; version=0.0.4; charset=utf-8");
+    CAPTURE(metrics.body);
+    CHECK(sample(metrics.body, "idem_calls_total{outcome=\"executed\"}") == 5);
+    CHECK(sample(metrics.body, "idem_calls_total{outcome=\"released\"}") == 1);  // the empty body
+    CHECK(sample(metrics.body, "idem_calls_total{outcome=\"mismatch\"}") == 1);
+    CHECK(sample(metrics.body, "idem_calls_total{outcome=\"in_progress\"}") == conflicts);
+    CHECK(sample(metrics.body, "idem_pool_connections_max") == 8);
+    const long long open = sample(metrics.body, "idem_pool_connections_open");
+    CHECK(open >= 1);
+    CHECK(open <= 8);
+    CHECK(sample(metrics.body, "idem_pool_connections_idle") == open);
+    CHECK(sample(metrics.body, "idem_pool_waiters") == 0);
+    CHECK(sample(metrics.body, "idem_pool_acquires_total") >= 5);
+    CHECK(sample(metrics.body, "idem_store_connections_opened_total") >= open);
 }

@@ -170,6 +170,19 @@ public:
     [[nodiscard]] StoreStats stats() const override;
     /// The groups this store sent for requests in flight (idem/group_commit_stats.hpp). Thread-safe.
     [[nodiscard]] GroupCommitStats group_commit_stats() const;
+    /// The asynchronous connections now and the acquires so far (idem/pool_stats.hpp), for
+    /// PrometheusObserver::set_pool_source([&store] { return store.pool_stats(); }) as with
+    /// PostgresStore. Here a connection is shared by many requests: open counts the connections
+    /// being opened or open, idle those with no request in flight (open - idle are in use); waiters
+    /// the requests waiting for a connection being opened plus the first attempts group commit
+    /// queues; waited and the wait histogram the acquires that found every connection still being
+    /// opened. timeouts stays 0: a request never waits for a connection to come back (pool_wait is
+    /// ignored). blocking()'s connections are not included (blocking().pool_stats()).
+    /// Thread-safety: reads atomics the strand keeps up to date — never posts to the strand or waits
+    /// for it — so it may be called from any thread: the store's strand, or a /metrics handler on
+    /// the same io_context, included. open and idle are read in one load (idle <= open); waiters and
+    /// the counters each in its own. Does not touch the database; does not throw.
+    [[nodiscard]] PoolStats pool_stats() const;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
 
 private:

@@ -1,0 +1,192 @@
+// tests/asio/async_pool_test.cpp — AsyncPostgresStore::pool_stats() and its idem_pool_* series:
+// open, in use (open - idle) and waiting requests, under real load on a real PostgreSQL (claims
+// held by a table lock) and while a connection is being opened (a server that never answers).
+#include "idem/asio.hpp"
+#include "idem/idem.hpp"
+#include "pg.hpp"
+#include "test_env.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+using idem_test::PgConn;
+
+namespace {
+
+/// An io_context run by one thread, stopped and joined at the end.
+struct Loop {
+    net::io_context io;
+    std::optional<net::executor_work_guard<net::io_context::executor_type>> work{io.get_executor()};
+    std::thread runner{[this] { io.run(); }};
+    ~Loop() {
+        work.reset();
+        runner.join();
+    }
+};
+
+/// Waits (at most 30 s) until `done()`; returns whether it came.
+template <class F>
+bool eventually(F done) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!done()) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(5ms);
+    }
+    return true;
+}
+
+std::string line(const std::string& name, std::size_t value) {
+    return "\n" + name + " " + std::to_string(value) + "\n";
+}
+
+}  // namespace
+
+TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 open, 2 in use, 6 waiting",
+          "[asio][metrics]") {
+    IDEM_NOT_ON_CITUS("the table lock and pg_stat_activity are the coordinator's");
+    if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const std::string table = idem_test::unique_name("idem_async_pool");
+    const std::string app = idem_test::unique_name("idem_async_pool_app");
+    idem_test::DropTable drop(idem_test::database_url(), table);
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 2;
+    o.application_name = app;
+    o.lock_timeout = 60s;  // the claims wait on the lock below, however slow the machine
+    o.statement_timeout = 90s;
+    // Unprepared statements: a connection's PREPARE of the INSERT would wait on the lock too, and
+    // the connection would stay "being opened"; only the claims must wait here.
+    o.prepared_statements = false;
+    Loop loop;
+    std::optional<idem::asio::AsyncPostgresStore> store;
+    store.emplace(loop.io.get_executor(), idem_test::database_url(), o);
+    store->blocking().ensure_schema();
+    auto metrics = std::make_shared<idem::PrometheusObserver>();
+    metrics->set_pool_source([&store] { return store->pool_stats(); });
+
+    idem::PoolStats s = store->pool_stats();  // before any request: nothing open
+    CHECK(s.size == 2);
+    CHECK(s.open == 0);
+    CHECK(s.idle == 0);
+    CHECK(s.waiters == 0);
+    CHECK(s.acquires == 0);
+
+    PgConn locker(idem_test::database_url());
+    locker.exec("BEGIN");
+    locker.exec("LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE");
+    // 10 claims at once: 4 go out at once (2 per connection, group commit's bound), each connection's
+    // first claim waits on the lock with the others behind it; the other 6 queue for the next group.
+    std::vector<std::future<idem::Claim>> claims;
+    for (int i = 0; i < 10; ++i) {
+        claims.push_back(store->async_claim(idem::Key("pool", "k" + std::to_string(i)), idem::fingerprint("p"), {},
+                                            net::use_future));
+    }
+    PgConn admin(idem_test::database_url());
+    // Until both connections' first claims wait on the lock, and every claim was sent or queued.
+    REQUIRE(eventually([&] {
+        return admin.scalar(
+                   "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND "
+                   "wait_event_type = 'Lock'",
+                   {app}) == 2 &&
+               store->pool_stats().waiters == 6;
+    }));
+    s = store->pool_stats();
+    CHECK(s.open == 2);
+    CHECK(s.idle == 0);  // both in use: 2 - 0
+    CHECK(s.waiters == 6);
+    CHECK(s.timeouts == 0);
+    CHECK(s.acquires >= 4);  // one per claim sent alone, at least
+    std::string text = metrics->render();
+    CHECK(text.find(line("idem_pool_connections_max", 2)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_connections_open", 2)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_connections_idle", 0)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_waiters", 6)) != std::string::npos);
+
+    locker.exec("COMMIT");
+    for (auto& claim : claims) CHECK(claim.get().status == idem::ClaimStatus::claimed);
+    // Every answer is in: both connections idle, nobody waiting. (A request's connection is idle
+    // once its answer arrived, before the caller's completion runs.)
+    s = store->pool_stats();
+    CHECK(s.open == 2);
+    CHECK(s.idle == 2);
+    CHECK(s.waiters == 0);
+    CHECK(s.acquires >= 5);  // and one for the group that carried the 6 queued
+    CHECK(s.waited <= 2);    // only a request that found every connection still being opened waits
+    CHECK(s.waits_within.back() == s.waited);
+    CHECK(s.acquires >= s.waited);
+    text = metrics->render();
+    CHECK(text.find(line("idem_pool_connections_idle", 2)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_waiters", 0)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_acquires_total", s.acquires)) != std::string::npos);
+    CHECK(admin.scalar("SELECT count(*) FROM " + table) == 10);
+
+    metrics->set_pool_source({});
+    store.reset();
+}
+
+TEST_CASE("async pool_stats: a connection being opened is open and not idle; its waiters are counted",
+          "[asio][metrics]") {
+    // A server that accepts the TCP connection and never answers: the connection stays "being
+    // opened" until connect_timeout, or until the listener goes.
+    const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(lfd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    REQUIRE(::listen(lfd, 16) == 0);
+    const std::string conninfo = "host=127.0.0.1 port=" + std::to_string(ntohs(a.sin_port)) +
+                                 " dbname=none user=none sslmode=disable gssencmode=disable";
+    idem::PostgresOptions o;
+    o.table = "idem_never_reached";
+    o.pool_size = 1;
+    o.connect_timeout = 60s;
+    Loop loop;
+    std::optional<idem::asio::AsyncPostgresStore> store;
+    store.emplace(loop.io.get_executor(), conninfo, o);
+    // The first claim opens the only connection; the second finds the pool full of connections being
+    // opened and waits for one; the third is over group commit's bound (2 per connection): queued.
+    std::vector<std::future<idem::Claim>> claims;
+    for (int i = 0; i < 3; ++i) {
+        claims.push_back(store->async_claim(idem::Key("pool", "k" + std::to_string(i)), idem::fingerprint("p"), {},
+                                            net::use_future));
+    }
+    REQUIRE(eventually([&] { return store->pool_stats().waiters == 2; }));
+    idem::PoolStats s = store->pool_stats();
+    CHECK(s.size == 1);
+    CHECK(s.open == 1);
+    CHECK(s.idle == 0);
+    CHECK(s.waiters == 2);
+    CHECK(s.acquires == 2);  // the opener's and the waiter's; the queued one has not asked yet
+    CHECK(s.waited == 0);    // the waiter is still waiting: counted when its wait ends
+
+    ::shutdown(lfd, SHUT_RDWR);
+    ::close(lfd);  // the pending connection is reset, and no new one gets through
+    for (auto& claim : claims) CHECK_THROWS_AS(claim.get(), idem::store_unavailable);
+    s = store->pool_stats();
+    CHECK(s.open == 0);
+    CHECK(s.idle == 0);
+    CHECK(s.waiters == 0);
+    CHECK(s.waited >= 1);  // the waiter's wait, ended by the failed connection
+    CHECK(s.waits_within.back() == s.waited);
+    store.reset();
+}
