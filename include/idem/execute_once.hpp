@@ -17,6 +17,12 @@
 //   6. saving fails after fn returned → response_not_saved (an outcome_unknown): same as 5, the key
 //      stays in_progress; the exception carries the encoded result.
 //
+// Writing fn: give it a deadline the provider enforces (the latest it starts its call, plus a
+// timeout the server applies to it) shorter than the claim's lease, so that a stale key has no call
+// still to land and a reconciler that finds nothing may release it (reconciler.hpp). Check its own
+// connections before use — after a database restart an idle kept connection is dead, and a call
+// sent on it is an unknown outcome — and throw not_performed for failures before the request left.
+//
 // Errors: invalid keys never get here (Key's constructor throws). store_unavailable from the claim
 // means fn was not called. lease_lost from save/release means another attempt owns the key now.
 //

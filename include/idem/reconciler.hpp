@@ -21,6 +21,15 @@
 //   }, options);
 //   reconciler.run(stop_token, std::chrono::seconds(5));   // or run_once() from your scheduler
 //
+// release() lets a retry run the effect again, so "not found" is safe to release only when no call
+// of the effect can still land: the claim's lease (ClaimOptions::lease, else the store's
+// default_lease) must be longer than the effect's own deadline — the latest it starts its call plus
+// a timeout the provider applies (a statement_timeout, a request expiry), e.g. a 10 s lease for a
+// charge started within 2 s and bounded by a 3 s statement_timeout. A key reaches the resolver only
+// after its lease has passed, by then every such call has ended, and "not found" means "never". A
+// timeout on the caller's side alone is not such a deadline: leave those keys until the provider
+// has surely given up.
+//
 // The record handed over carries the last recovery point (phase, phase_data) of the attempt.
 //
 // Failures are reported, never silent. A key that cannot be resolved — take_over failed, the
