@@ -42,21 +42,27 @@ std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::vector<Member*>& 
     return group;
 }
 
+// Saves first: a save ends its call (and frees its slot in the caller's own flight), a claim
+// starts one more.
 void AsyncPostgresStore::Impl::launch_groups() {
-    while (claims_in_flight < in_flight_bound() && !claim_queue.empty()) {
-        ++claims_in_flight;
-        net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
-    }
-    while (saves_in_flight < in_flight_bound() && !save_queue.empty()) {
-        ++saves_in_flight;
-        net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
+    while (transaction_slot_free()) {
+        if (!save_queue.empty()) {
+            ++saves_in_flight;
+            net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
+        } else if (!claim_queue.empty()) {
+            ++claims_in_flight;
+            net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
+        } else {
+            return;
+        }
     }
     publish_queued();
 }
 
-// A claim's first round trip: alone at once while below the bound, else in the next group.
+// A claim's first round trip: alone at once while a connection has no transaction and nobody
+// queues, else in the next group.
 net::awaitable<void> AsyncPostgresStore::Impl::claim_first(ClaimMember& me) {
-    if (citus_seen || (claims_in_flight < in_flight_bound() && claim_queue.empty())) {
+    if (citus_seen || (transaction_slot_free() && claim_queue.empty() && save_queue.empty())) {
         ++claims_in_flight;
         try {
             me.plain = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
@@ -127,10 +133,10 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_claim_group(std::vector<Claim
     launch_groups();
 }
 
-// A save's first attempt: alone at once while below the bound (the caller saves by itself), else
-// in the next group. Returns false for "alone".
+// A save's first attempt: alone at once while a connection has no transaction and no save queues
+// (the caller saves by itself), else in the next group. Returns false for "alone".
 net::awaitable<bool> AsyncPostgresStore::Impl::save_first(SaveMember& me) {
-    if (citus_seen || (saves_in_flight < in_flight_bound() && save_queue.empty())) co_return false;
+    if (citus_seen || (transaction_slot_free() && save_queue.empty())) co_return false;
     co_await wait_in(save_queue, me);
     co_return me.got != SaveMember::Got::alone;
 }

@@ -104,18 +104,32 @@ net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence,
 }
 
 // A save by itself: [UPDATE | Sync], retried for save_retry_window. `resent`: a group's
-// statement may already have committed it.
+// statement may already have committed it. Its first attempt holds a transaction slot; a save
+// that cannot reach the server gives the slot back and keeps trying outside the bound, so the
+// claims behind it hear at once that the server is away instead of waiting out the window.
 net::awaitable<bool> AsyncPostgresStore::Impl::save_alone(const Key& key, Fence fence, std::string_view result,
                                                           bool resent) {
-    ++saves_in_flight;
-    struct Done {
+    struct Slot {
         Impl& m;
-        ~Done() {
+        bool held = true;
+        void give_back() {
+            if (!held) return;
+            held = false;
             --m.saves_in_flight;
             m.launch_groups();
         }
-    } done{*this};
-    pg::SaveOp op(key, fence, result, resent);
+        ~Slot() { give_back(); }
+    } slot{*this};
+    ++saves_in_flight;
+    try {
+        pg::SaveOp op(key, fence, result, resent);
+        co_await drive("save", op);
+        co_return op.waiters();
+    } catch (const store_unavailable&) {
+        if (options.save_retry_window <= std::chrono::milliseconds::zero()) throw;
+    }
+    slot.give_back();
+    pg::SaveOp op(key, fence, result, /*resent=*/true);  // the first attempt may have committed
     co_await drive("save", op, options.save_retry_window);
     co_return op.waiters();
 }

@@ -251,15 +251,15 @@ struct AsyncPostgresStore::Impl {
     // ---- Group commit (docs/design.md, "The asynchronous path") ----
     //
     // Each request is its own transaction, and with synchronous_commit a backend waits for each
-    // commit's flush before it reads the next request of its pipeline: pool_size connections give
-    // at most pool_size commits per flush, however many requests wait behind them. So while
-    // kInFlightPerConnection × pool_size claim transactions (and as many save transactions) are in
-    // flight, further first attempts queue; each time one ends, the queue goes out as one
-    // transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's batches
-    // and group commit), up to kLargestGroup rows. A lone request never waits: below the bound it
-    // goes at once, alone, with exactly the single-key statements. Not on a Citus coordinator (the
-    // table's layout is not asked here): there every request goes alone.
-    static constexpr std::size_t kInFlightPerConnection = 2;
+    // commit's flush before it reads the next request of its pipeline: a second transaction
+    // pipelined behind a first on one connection only waits for that flush, then pays for its own.
+    // So at most pool_size transactions (claims and saves, alone or grouped) are in flight, one per
+    // connection; first attempts that arrive meanwhile queue, and each time one ends the queue goes
+    // out as one transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of
+    // PostgresStore's batches and group commit), up to kLargestGroup rows. A lone request never
+    // waits: while a connection has no transaction it goes at once, alone, with exactly the
+    // single-key statements. Not on a Citus coordinator (the table's layout is not asked here):
+    // there every request goes alone.
     static constexpr std::size_t kLargestGroup = 256;
     static constexpr std::size_t kLargestSaveGroupBytes = 4u << 20;
     // (in an optional, constructed in place: Boost 1.81's any_completion_handler move assignment
@@ -278,14 +278,15 @@ struct AsyncPostgresStore::Impl {
     std::size_t claims_in_flight = 0, saves_in_flight = 0;
     bool citus_seen = false;  // a connection found Citus installed: no groups
 
-    std::size_t in_flight_bound() const noexcept { return kInFlightPerConnection * options.pool_size; }
+    bool transaction_slot_free() const noexcept { return claims_in_flight + saves_in_flight < options.pool_size; }
 
-    /// A claim's first round trip: alone at once while below the bound, else in the next group.
+    /// A claim's first round trip: alone at once while a connection has no transaction and
+    /// nobody queues, else in the next group.
     net::awaitable<void> claim_first(ClaimMember& me);
-    /// A save's first attempt: alone at once while below the bound (the caller saves by itself),
-    /// else in the next group. Returns false for "alone".
+    /// A save's first attempt: alone at once while a connection has no transaction and no save
+    /// queues (the caller saves by itself), else in the next group. Returns false for "alone".
     net::awaitable<bool> save_first(SaveMember& me);
-    /// Sends the queued members as groups while fewer than in_flight_bound() are in flight.
+    /// Sends the queued members as groups (saves first) while a connection has no transaction.
     void launch_groups();
     // Never throw: every member leaves with an answer, an error, or "alone" (its own call then
     // sends its own statements, with its fence, and recognises whatever the group committed).
@@ -303,8 +304,9 @@ struct AsyncPostgresStore::Impl {
     net::awaitable<std::optional<Record>> take_over(const Key& key, Fence stale, Fence fresh,
                                                     std::chrono::milliseconds lease, bool new_attempt);
     net::awaitable<void> save(const Key& key, Fence fence, std::string_view result);
-    /// A save by itself: [UPDATE | Sync], retried for save_retry_window. `resent`: a group's
-    /// statement may already have committed it. Returns whether someone waits for the key.
+    /// A save by itself: [UPDATE | Sync], retried for save_retry_window (outside the transaction
+    /// bound after its first attempt failed to reach the server). `resent`: a group's statement
+    /// may already have committed it. Returns whether someone waits for the key.
     net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent);
     /// A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort —
     /// a waiter also wakes at its deadline and re-reads.

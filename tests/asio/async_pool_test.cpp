@@ -58,7 +58,7 @@ std::string line(const std::string& name, std::size_t value) {
 
 }  // namespace
 
-TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 open, 2 in use, 6 waiting",
+TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 open, 2 in use, 8 waiting",
           "[asio][metrics]") {
     IDEM_NOT_ON_CITUS("the table lock and pg_stat_activity are the coordinator's");
     if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
@@ -91,8 +91,8 @@ TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 
     PgConn locker(idem_test::database_url());
     locker.exec("BEGIN");
     locker.exec("LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE");
-    // 10 claims at once: 4 go out at once (2 per connection, group commit's bound), each connection's
-    // first claim waits on the lock with the others behind it; the other 6 queue for the next group.
+    // 10 claims at once: 2 go out at once, one per connection (group commit's bound: a transaction
+    // per connection), and wait on the lock; the other 8 queue for the next group.
     std::vector<std::future<idem::Claim>> claims;
     for (int i = 0; i < 10; ++i) {
         claims.push_back(store->async_claim(idem::Key("pool", "k" + std::to_string(i)), idem::fingerprint("p"), {},
@@ -105,19 +105,19 @@ TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 
                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND "
                    "wait_event_type = 'Lock'",
                    {app}) == 2 &&
-               store->pool_stats().waiters == 6;
+               store->pool_stats().waiters == 8;
     }));
     s = store->pool_stats();
     CHECK(s.open == 2);
     CHECK(s.idle == 0);  // both in use: 2 - 0
-    CHECK(s.waiters == 6);
+    CHECK(s.waiters == 8);
     CHECK(s.timeouts == 0);
-    CHECK(s.acquires >= 4);  // one per claim sent alone, at least
+    CHECK(s.acquires >= 2);  // one per claim sent alone, at least
     std::string text = metrics->render();
     CHECK(text.find(line("idem_pool_connections_max", 2)) != std::string::npos);
     CHECK(text.find(line("idem_pool_connections_open", 2)) != std::string::npos);
     CHECK(text.find(line("idem_pool_connections_idle", 0)) != std::string::npos);
-    CHECK(text.find(line("idem_pool_waiters", 6)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_waiters", 8)) != std::string::npos);
 
     locker.exec("COMMIT");
     for (auto& claim : claims) CHECK(claim.get().status == idem::ClaimStatus::claimed);
@@ -127,7 +127,7 @@ TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 
     CHECK(s.open == 2);
     CHECK(s.idle == 2);
     CHECK(s.waiters == 0);
-    CHECK(s.acquires >= 5);  // and one for the group that carried the 6 queued
+    CHECK(s.acquires >= 3);  // and one for the group that carried the 8 queued
     CHECK(s.waited <= 2);    // only a request that found every connection still being opened waits
     CHECK(s.waits_within.back() == s.waited);
     CHECK(s.acquires >= s.waited);
@@ -163,30 +163,33 @@ TEST_CASE("async pool_stats: a connection being opened is open and not idle; its
     Loop loop;
     std::optional<idem::asio::AsyncPostgresStore> store;
     store.emplace(loop.io.get_executor(), conninfo, o);
-    // The first claim opens the only connection; the second finds the pool full of connections being
-    // opened and waits for one; the third is over group commit's bound (2 per connection): queued.
+    // The first claim opens the only connection; the other two are over group commit's bound (a
+    // transaction per connection): queued. A read (outside that bound) finds the pool full of
+    // connections being opened and waits for one.
     std::vector<std::future<idem::Claim>> claims;
     for (int i = 0; i < 3; ++i) {
         claims.push_back(store->async_claim(idem::Key("pool", "k" + std::to_string(i)), idem::fingerprint("p"), {},
                                             net::use_future));
     }
-    REQUIRE(eventually([&] { return store->pool_stats().waiters == 2; }));
+    auto read = store->async_read(idem::Key("pool", "r"), net::use_future);
+    REQUIRE(eventually([&] { return store->pool_stats().waiters == 3; }));
     idem::PoolStats s = store->pool_stats();
     CHECK(s.size == 1);
     CHECK(s.open == 1);
     CHECK(s.idle == 0);
-    CHECK(s.waiters == 2);
-    CHECK(s.acquires == 2);  // the opener's and the waiter's; the queued one has not asked yet
-    CHECK(s.waited == 0);    // the waiter is still waiting: counted when its wait ends
+    CHECK(s.waiters == 3);
+    CHECK(s.acquires == 2);  // the opener's and the read's; the queued claims have not asked yet
+    CHECK(s.waited == 0);    // the read is still waiting: counted when its wait ends
 
     ::shutdown(lfd, SHUT_RDWR);
     ::close(lfd);  // the pending connection is reset, and no new one gets through
     for (auto& claim : claims) CHECK_THROWS_AS(claim.get(), idem::store_unavailable);
+    CHECK_THROWS_AS(read.get(), idem::store_unavailable);
     s = store->pool_stats();
     CHECK(s.open == 0);
     CHECK(s.idle == 0);
     CHECK(s.waiters == 0);
-    CHECK(s.waited >= 1);  // the waiter's wait, ended by the failed connection
+    CHECK(s.waited >= 1);  // the read's wait, ended by the failed connection
     CHECK(s.waits_within.back() == s.waited);
     store.reset();
 }

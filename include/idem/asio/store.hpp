@@ -20,10 +20,11 @@
 //   * ClaimOptions::wait polls the key (every 20 ms, then up to 200 ms apart) instead of LISTENing:
 //     no connection is held by a waiter. A save still NOTIFYs blocking waiters of other stores.
 //   * Group commit is always on (PostgresOptions::group_commit and pool_wait are ignored): at most
-//     2 × pool_size claim transactions, and as many save transactions, are in flight; the first
+//     pool_size claim and save transactions together are in flight, one per connection; the first
 //     attempts that arrive meanwhile go out together as one transaction (up to 256 rows and, for
-//     saves, 4 MiB of results; the batch statements) when one of them ends. A lone request never
-//     waits: below the bound it goes at once with the single-key statements. A group's failure reaches each member as
+//     saves, 4 MiB of results; the batch statements) when one of them ends, saves first. A lone
+//     request never waits: while a connection has no transaction it goes at once with the
+//     single-key statements. A group's failure reaches each member as
 //     its own call's would (a member whose row failed goes alone with its fence). Not on a Citus coordinator: there
 //     every request goes alone. stats() counts the groups.
 //   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
