@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>
+#include <algorithm>
 #include <atomic>
 
 #include "cache_entry.hpp"
@@ -132,20 +133,30 @@ std::shared_ptr<const Record> RedisReplayCache::find(const Key& key) {
         if (redis::type_of(*value) != ReplyType::string) return nullptr;
         const long long left_ms = redis::integer_of(*ttl);
         if (left_ms <= 0) return nullptr;  // expired between the two, or no TTL (not ours)
-        std::shared_ptr<Record> record;
-        try {
-            record = std::make_shared<Record>(m.seal.open(key, redis::text_of(*value)));
-        } catch (const corrupt_record&) {
-            // Not to be trusted (another format, altered, truncated, sealed under another secret,
-            // another key's): a miss, and it goes, so the primary's answer replaces it. Redis
-            // itself is fine: no pause.
+        // Not to be trusted: a miss, and it goes, so the primary's answer replaces it. Redis
+        // itself is fine: no pause.
+        auto untrusted = [&] {
             m.counters.untrusted.fetch_add(1, std::memory_order_relaxed);
             conn.append({"DEL", k});
             Impl::expect_ok(conn.read("cache del"));
             return nullptr;
+        };
+        std::shared_ptr<Record> record;
+        try {
+            record = std::make_shared<Record>(m.seal.open(key, redis::text_of(*value)));
+        } catch (const corrupt_record&) {
+            return untrusted();  // another format, altered, truncated, another secret, another key's
         }
-        // What is left now, stated by Redis's TTL, whatever this host's clock says.
-        record->read_at = record->expires_at - std::chrono::milliseconds(left_ms);
+        // The TTL is whatever a writer to Redis set; the sealed expires_at is the primary's. An
+        // entry past it answers a key the primary may have forgotten, and a new request with that
+        // key would be answered with the old bytes instead of running: not to be trusted, and it
+        // goes. Measured by this host's clock, with no allowance: one ahead of the primary's ends
+        // entries early (a miss, answered by the primary), one behind keeps them no longer than
+        // the difference.
+        const SysClock::time_point now = SysClock::now();
+        if (record->expires_at <= now) return untrusted();
+        // What is left now: Redis's TTL, never past the sealed expires_at.
+        record->read_at = std::max<SysClock::time_point>(record->expires_at - std::chrono::milliseconds(left_ms), now);
         return record;
     });
     (hit ? m.counters.hits : m.counters.misses).fetch_add(1, std::memory_order_relaxed);

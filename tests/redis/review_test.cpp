@@ -346,3 +346,81 @@ TEST_CASE("RedisStore: list_stale finds a matching key behind 600 stale keys of 
     CHECK(first[0].record.lease_until <= first[1].record.lease_until);
     CHECK(first[1].record.lease_until <= first[2].record.lease_until);
 }
+
+// Found by review (each case failed before its fix): RedisReplayCache took an entry's freshness
+// from Redis's PTTL alone, which whoever can write to the Redis sets, and never held it against the
+// expires_at sealed inside the entry. A genuine entry, copied while it lived and SET back with a
+// long PX once its retention had ended (the primary has forgotten the key), answered a new request
+// with the same key and body with the old bytes: its effect never ran.
+TEST_CASE("RedisReplayCache: a genuine entry put back after its sealed expiry is a miss; the effect runs again",
+          "[redis][review][cache]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, std::string(32, 's'), "");
+    RedisServer server({.appendonly = false});
+    idem::RedisReplayCacheOptions o;
+    o.connection.unix_socket = server.socket();
+    o.connection.key_prefix = "rc:";
+    o.entry_secret = secret;
+    auto tier = std::make_shared<idem::RedisReplayCache>(o);
+    idem::MemoryStoreOptions primary_options;
+    primary_options.default_retention = 1s;
+    idem::MemoryStore primary(primary_options);
+    idem::CachedStore store(primary, std::vector<std::shared_ptr<idem::ReplayTier>>{tier});
+    const idem::Key key("review", "replayed-late");
+    const idem::Fingerprint fp = idem::fingerprint("POST /charges"s, "100 EUR"s);
+    int runs = 0;
+    auto effect = [&] { return "charge #" + std::to_string(++runs); };
+
+    REQUIRE(idem::execute_once(store, key, fp, effect).outcome() == idem::Outcome::executed);
+    REQUIRE(idem::execute_once(store, key, fp, effect).outcome() == idem::Outcome::replayed);  // fills Redis
+    const auto record = primary.read(key);
+    REQUIRE(record);
+    const std::string entry = "rc:c:6:reviewreplayed-late";
+    const std::string got = server.command({"GET", entry});
+    REQUIRE(got.rfind("$", 0) == 0);
+    REQUIRE(got != "$-1");
+    const std::string bytes = got.substr(got.find('\n') + 1);
+
+    // The sealed expiry passes (with a margin for the clock's reading); the entry is put back.
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::system_clock::now() < record->expires_at + 200ms) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(20ms);
+    }
+    REQUIRE(server.command({"SET", entry, bytes, "PX", "600000"}) == "+OK");
+
+    const auto claims = primary.stats().claims;
+    const auto r = idem::execute_once(store, key, fp, effect);
+    CHECK(r.outcome() == idem::Outcome::executed);
+    CHECK(r.response() == "charge #2");
+    CHECK(runs == 2);
+    CHECK(primary.stats().claims == claims + 1);
+    CHECK(tier->stats().hits == 0);
+    CHECK(tier->stats().untrusted == 1);
+    CHECK(tier->stats().errors == 0);
+}
+
+// Found by review (failed before its fix): a hit's retention left came from the PTTL alone, so an
+// entry SET with a PX past its sealed expires_at was handed to the tiers in front (and to the
+// caller) as living that long.
+TEST_CASE("RedisReplayCache: a hit states no more retention than its sealed expires_at leaves",
+          "[redis][review][cache]") {
+    RedisServer server({.appendonly = false});
+    idem::RedisReplayCacheOptions o;
+    o.connection.unix_socket = server.socket();
+    o.connection.key_prefix = "rc:";
+    idem::RedisReplayCache cache(o);
+    const idem::Key key("review", "stretched");
+    idem::Record r;
+    r.state = idem::RecordState::completed;
+    r.fingerprint = idem::fingerprint("a"s);
+    r.result = "x";
+    r.read_at = std::chrono::system_clock::now();
+    r.expires_at = r.read_at + 1h;
+    REQUIRE(cache.insert(key, r, cache.now()));
+    REQUIRE(server.command({"PEXPIRE", "rc:c:6:reviewstretched", std::to_string(24 * 3600 * 1000)}) == ":1");
+    const auto hit = cache.find(key);
+    REQUIRE(hit);
+    CHECK(hit->expires_at == std::chrono::floor<std::chrono::milliseconds>(r.expires_at));  // sealed in ms
+    CHECK(hit->expires_at - hit->read_at <= 1h);
+    CHECK(hit->expires_at - hit->read_at > 1h - 5min);
+}

@@ -20,6 +20,11 @@
 //   entries were sealed) is a miss, counted in stats().untrusted and deleted: the primary answers
 //   and the tier refills. Only a secret stops whoever can write to the Redis from making the tier
 //   replay a response idem never produced; the checksum detects corruption and copied entries.
+// * Sealed expiry: a TTL is whatever a writer to the Redis sets, so an entry whose sealed expires_at
+//   has passed by this host's system clock is untrusted too (a miss, counted, deleted), and a hit
+//   states no more time left than its sealed expires_at leaves. No clock skew is allowed for: a
+//   host whose clock is ahead of the primary's ends entries early (misses), one behind keeps them
+//   at most that much longer.
 // * Fails open to the primary: a Redis error, refusal or timeout (command_timeout, small by
 //   default) is a miss and the call goes to the primary, which gives the true answer — a slow or
 //   dead cache costs latency, never a second effect. After a Redis error or timeout the tier
@@ -92,9 +97,10 @@ struct RedisReplayCacheStats {
     std::uint64_t errors = 0;    ///< Redis errors and timeouts, every pooled connection busy
     std::uint64_t skipped = 0;   ///< calls answered as misses during a pause after an error
     /// Entries found but not answered (each a miss, and deleted): a MAC (or checksum) that does not
-    /// verify, another key named, truncated, or of another format (idem's before entries were
-    /// sealed, or not idem's). Anything but zero with entry_secret set means that something other
-    /// than this tier wrote to its keys, or that instances disagree on the secret.
+    /// verify, another key named, truncated, of another format (idem's before entries were
+    /// sealed, or not idem's), or a sealed expires_at already passed (a TTL set past it). Anything but zero with
+    /// entry_secret set means that something other than this tier wrote to its keys, or that instances disagree on the
+    /// secret.
     std::uint64_t untrusted = 0;
 };
 
@@ -116,7 +122,7 @@ public:
     bool erase(const Key& key) override;
     /// std::chrono::steady_clock::now().
     [[nodiscard]] time_point now() const override;
-    /// true: a hit's read_at is set from the entry's TTL.
+    /// true: a hit's read_at is set from the entry's TTL, never past its sealed expires_at.
     [[nodiscard]] bool states_time_left() const noexcept override { return true; }
 
     /// Counters since the tier was made.
