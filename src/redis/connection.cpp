@@ -70,12 +70,17 @@ void throw_error_reply(std::string_view message, std::string_view what, std::str
     if (message.find("password") != std::string_view::npos && starts_with_code(message, "ERR")) {
         throw config_error(text);
     }
-    for (const char* code :
-         {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}) {
-        if (starts_with_code(message, code)) throw store_unavailable(text);
-    }
+    if (passing_refusal(message)) throw store_unavailable(text);
     if (starts_with_code(message, "WRONGTYPE")) throw corrupt_record(text);
     throw database_error(text);
+}
+
+bool passing_refusal(std::string_view message) noexcept {
+    for (const char* code :
+         {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}) {
+        if (starts_with_code(message, code)) return true;
+    }
+    return false;
 }
 
 std::chrono::system_clock::time_point time_from_unix_ms(std::int64_t ms, std::string_view what) {

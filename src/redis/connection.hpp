@@ -4,7 +4,7 @@
 // answer (replies come back in the order the commands were sent). Every failure is typed the
 // way RedisStore reports it: I/O errors and timeouts are store_unavailable and leave the connection
 // broken (it is never reused: an answer may still be on its way); refusals by the server are
-// classified by their error code (see classify_error).
+// classified by their error code (see throw_error_reply).
 //
 // Thread-safety: a Connection is used by one thread at a time (the pool hands it out); the Pool is
 // thread-safe.
@@ -47,10 +47,14 @@ enum class ReplyType { string, array, integer, nil, status, error, other };
 [[nodiscard]] const redisReply& element(const redisReply& reply, std::size_t i) noexcept;
 
 /// Throws the idem error for an error reply to `what` (the first word of a Redis error is its code):
-/// NOAUTH / WRONGPASS / NOPERM → config_error; LOADING / BUSY / READONLY / OOM / MASTERDOWN /
-/// TRYAGAIN / CLUSTERDOWN / NOREPLICAS → store_unavailable; WRONGTYPE → corrupt_record; anything
-/// else → database_error. `where` names the server (never its password).
+/// NOAUTH / WRONGPASS / NOPERM → config_error; a passing refusal (passing_refusal()) →
+/// store_unavailable; WRONGTYPE → corrupt_record; anything else → database_error. `where` names
+/// the server (never its password).
 [[noreturn]] void throw_error_reply(std::string_view message, std::string_view what, std::string_view where);
+
+/// Whether an error reply is a state of the server's that passes without anyone changing a setting:
+/// LOADING / BUSY / READONLY / OOM / MASTERDOWN / TRYAGAIN / CLUSTERDOWN / NOREPLICAS / MISCONF.
+[[nodiscard]] bool passing_refusal(std::string_view message) noexcept;
 
 /// A time stored as Unix ms, as a system_clock time_point. Beyond what that can hold (about ±292
 /// years around 1970, in nanoseconds) it is data idem did not write: corrupt_record naming `what`

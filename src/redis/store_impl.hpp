@@ -96,6 +96,15 @@ struct RedisStore::Impl {
         return n;
     }
 
+    // A refusal of a command sent at connect: a passing state of the server's (LOADING after a
+    // restart, BUSY, MASTERDOWN...) is store_unavailable, as for any command, so a save keeps
+    // trying within save_retry_window; any other refusal stays until the server or the options
+    // change: config_error, saying `what` was refused.
+    [[noreturn]] void refused_at_connect(std::string_view message, const std::string& what) const {
+        if (redis::passing_refusal(message)) redis::throw_error_reply(message, "connect", where);
+        throw config_error(what);
+    }
+
     // A new connection: the persistence check, the scripts loaded, in one round trip.
     std::unique_ptr<Connection> open() {
         auto conn = std::make_unique<Connection>(options);
@@ -113,11 +122,13 @@ struct RedisStore::Impl {
             for (std::string* out : {&appendonly, &appendfsync, &eviction, &no_fsync_on_rewrite}) {
                 Reply reply = conn->read("connect");
                 if (redis::type_of(*reply) == ReplyType::error) {
-                    throw config_error(fmt::format(
-                        "idem: connect: Redis at {} refused CONFIG GET ({}); RedisStore checks the server's "
-                        "persistence (RedisOptions::durability) — allow CONFIG for this user, or set "
-                        "durability = RedisDurability::unchecked if the persistence is known another way",
-                        where, redis::text_of(*reply)));
+                    refused_at_connect(
+                        redis::text_of(*reply),
+                        fmt::format("idem: connect: Redis at {} refused CONFIG GET ({}); RedisStore checks the "
+                                    "server's persistence (RedisOptions::durability) — allow CONFIG for this user, or "
+                                    "set durability = RedisDurability::unchecked if the persistence is known another "
+                                    "way",
+                                    where, redis::text_of(*reply)));
                 }
                 if (redis::size_of(*reply) == 2) *out = std::string(redis::text_of(redis::element(*reply, 1)));
             }
@@ -130,7 +141,8 @@ struct RedisStore::Impl {
             Reply reply = conn->read("connect");
             if (redis::type_of(*reply) != ReplyType::string) {
                 if (redis::type_of(*reply) == ReplyType::error) {
-                    throw config_error(fmt::format("idem: connect: Redis at {} refused to load idem's scripts: {}",
+                    refused_at_connect(redis::text_of(*reply),
+                                       fmt::format("idem: connect: Redis at {} refused to load idem's scripts: {}",
                                                    where, redis::text_of(*reply)));
                 }
                 throw store_unavailable(fmt::format("idem: connect: unexpected answer to SCRIPT LOAD from {}", where));
