@@ -18,6 +18,7 @@
 #include "idem/reconciler.hpp"            // IWYU pragma: export
 #include "idem/replay_cache.hpp"          // IWYU pragma: export
 #include "idem/response.hpp"              // IWYU pragma: export
+#include "idem/sealing.hpp"               // IWYU pragma: export
 #include "idem/store.hpp"                 // IWYU pragma: export
 #include "idem/version.hpp"               // IWYU pragma: export
 

@@ -65,6 +65,7 @@
 
 #include "idem/group_commit_stats.hpp"
 #include "idem/pool_stats.hpp"
+#include "idem/sealing.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
@@ -150,6 +151,10 @@ struct PostgresOptions {
     /// primary-key SELECT each), so any number of callers may wait; for poolers.
     enum class WaitStrategy { automatic, notify, poll };
     WaitStrategy wait_strategy = WaitStrategy::automatic;  ///< see WaitStrategy
+    /// Sealed responses (idem/sealing.hpp, opt-in): results are stored encrypted and authenticated
+    /// under the keyring, and opened as they are read back; a result that does not open is
+    /// corrupt_record. max_result_bytes bounds the result before sealing.
+    SealingOptions sealing{};
 };
 
 /// The distribution column of idem's table on a Citus cluster (docs/scale-out.md): `scope` keeps a
@@ -255,6 +260,9 @@ private:
     // attempts used (a row that an attempt committed before its answer was lost is then ours).
     [[nodiscard]] Claim claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options,
                                          Fence fence);
+    // save() of bytes as they are stored (sealed already when sealing is on): save_batch sending a
+    // row again alone keeps the bytes its batch attempts sent.
+    void save_stored(const Key& key, Fence fence, std::string_view stored);
 
     struct Impl;
     std::unique_ptr<Impl> impl_;

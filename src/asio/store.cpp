@@ -91,6 +91,9 @@ net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence,
                                      " bytes exceeds max_result_bytes " + std::to_string(options.max_result_bytes),
                                  std::string(result));
     }
+    // Sealed once: every attempt below, and the recognition of an earlier one's write, use these bytes.
+    std::string sealed;
+    result = idem::detail::seal_result(options.sealing, key, result, sealed);
     count(counters.saves);
     SaveMember me;
     me.key = &key, me.fence = fence, me.result = result;
@@ -172,7 +175,9 @@ std::size_t AsyncPostgresStore::max_result_bytes() const noexcept { return impl_
 net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, ClaimOptions options) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
-    co_return co_await impl->claim(key, fp, options);
+    Claim claim = co_await impl->claim(key, fp, options);
+    idem::detail::open_claim(impl->options.sealing, key, claim);
+    co_return claim;
 }
 
 net::awaitable<void> AsyncPostgresStore::co_save(Key key, Fence fence, std::string result) {
@@ -216,7 +221,9 @@ net::awaitable<std::optional<Record>> AsyncPostgresStore::co_read(Key key) {
     impl->count(impl->counters.reads);
     pg::ReadOp op(key);
     co_await impl->drive("read", op);
-    co_return std::move(op.record());
+    std::optional<Record> record = std::move(op.record());
+    idem::detail::open_record(impl->options.sealing, key, record);
+    co_return record;
 }
 
 namespace {

@@ -31,6 +31,7 @@
 #include "../postgres/record.hpp"
 #include "../postgres/rows.hpp"
 #include "../postgres/sql.hpp"
+#include "../sealed_results.hpp"
 #include "connection.hpp"
 
 namespace idem::asio {

@@ -121,6 +121,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                         continue;
                     }
                     Claim c{status, 0, std::move(record), {}};
+                    detail::open_claim(m.options.sealing, keys[i], c);
                     if (status == ClaimStatus::in_progress) {
                         c.retry_after = detail::retry_after_hint(
                             c.existing->lease_until, std::chrono::system_clock::now(), m.options.max_retry_after);
@@ -155,10 +156,14 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
     }
     if (order.empty()) return statuses;
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return saves[a].key < saves[b].key; });
+    // Sealed once (when sealing is on): every attempt, and a row sent again alone, stores these bytes.
+    std::vector<std::string> sealed(saves.size());
+    std::vector<std::string_view> stored(saves.size());
+    for (std::size_t i : order)
+        stored[i] = detail::seal_result(m.options.sealing, saves[i].key, saves[i].result, sealed[i]);
     std::vector<Impl::SaveRow> rows;
     rows.reserve(order.size());
-    for (std::size_t i : order)
-        rows.push_back({saves[i].key.scope(), saves[i].key.value(), saves[i].result, saves[i].fence});
+    for (std::size_t i : order) rows.push_back({saves[i].key.scope(), saves[i].key.value(), stored[i], saves[i].fence});
     m.counters().saves.fetch_add(rows.size(), std::memory_order_relaxed);
     std::vector<std::size_t> notify, alone;
     m.with_connection(
@@ -186,7 +191,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
             if (attempt > 1) {  // an earlier attempt of this batch may have committed before its connection broke
                 for (auto [fence, i] : index) {
                     if (statuses[i] != SaveStatus::lease_lost) continue;
-                    if (detail::save_landed(m.select(conn, saves[i].key), fence, saves[i].result)) {
+                    if (detail::save_landed(m.select(conn, saves[i].key), fence, stored[i])) {
                         statuses[i] = SaveStatus::saved;
                     }
                 }
@@ -198,7 +203,7 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
         if (statuses[i] == SaveStatus::saved) continue;              // an earlier attempt's, recognised above
         m.counters().saves.fetch_sub(1, std::memory_order_relaxed);  // save() counts again
         try {
-            save(saves[i].key, saves[i].fence, saves[i].result);
+            save_stored(saves[i].key, saves[i].fence, stored[i]);
             statuses[i] = SaveStatus::saved;
         } catch (const lease_lost&) {
             statuses[i] = SaveStatus::lease_lost;

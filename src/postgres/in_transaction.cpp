@@ -90,7 +90,10 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                     if (record.expired) continue;  // someone else re-claimed it first: read again
                     const ClaimStatus status = classify(record, fp);
                     TransactionOutcome out{status, {}, {}};
-                    if (status == ClaimStatus::completed) out.result = std::move(*record.result);
+                    if (status == ClaimStatus::completed) {
+                        detail::open_result(m.options.sealing, key, record.result);
+                        out.result = std::move(*record.result);
+                    }
                     if (status == ClaimStatus::in_progress) {
                         out.retry_after = detail::retry_after_hint(record.lease_until, std::chrono::system_clock::now(),
                                                                    m.options.max_retry_after);
@@ -148,7 +151,11 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                 std::move(bytes));
         }
         Params none, save;
-        save.text(key.scope()).text(key.value()).int8(fence).bytes(bytes);
+        std::string sealed;
+        save.text(key.scope())
+            .text(key.value())
+            .int8(fence)
+            .bytes(detail::seal_result(m.options.sealing, key, bytes, sealed));
         const Step steps[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
                               {&m.defs[pg::kSave], &save, false},
                               {&m.defs[pg::kCommit], &none, true}};

@@ -19,6 +19,7 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
     if (options.default_lease.count() <= 0 || options.default_retention.count() <= 0) {
         throw config_error("idem: default_lease and default_retention must be positive");
     }
+    detail::check_sealing(options.sealing);
     m.table = pg::TableName::parse(options.table);
     m.defs = pg::statements(m.table);
     m.settings = pg::ConnectSettings{std::move(conninfo),       options.application_name, options.connect_timeout,
@@ -119,6 +120,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
         }
     }
     if (machine.won()) m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
+    detail::open_claim(m.options.sealing, key, out);
     return out;
 }
 
@@ -129,6 +131,12 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                      " bytes exceeds max_result_bytes " + std::to_string(m.options.max_result_bytes),
                                  std::string(result));
     }
+    std::string sealed;
+    save_stored(key, fence, detail::seal_result(m.options.sealing, key, result, sealed));
+}
+
+void PostgresStore::save_stored(const Key& key, Fence fence, std::string_view result) {
+    Impl& m = *impl_;
     m.counters().saves.fetch_add(1, std::memory_order_relaxed);
     // Group commit: the first attempt may share one UPDATE with concurrent saves, when no pooled
     // connection is free (see claim()).
@@ -183,7 +191,9 @@ std::optional<Record> PostgresStore::read(const Key& key) {
     Impl& m = *impl_;
     m.counters().reads.fetch_add(1, std::memory_order_relaxed);
     pg::ReadOp op(key);
-    return std::move(m.drive("read", op).record());
+    std::optional<Record> record = std::move(m.drive("read", op).record());
+    detail::open_record(m.options.sealing, key, record);
+    return record;
 }
 
 PoolStats PostgresStore::pool_stats() const {

@@ -24,6 +24,7 @@
 
 #include "../common.hpp"
 #include "../resend_rules.hpp"
+#include "../sealed_results.hpp"
 #include "connection.hpp"
 #include "counters.hpp"
 #include "group.hpp"

@@ -44,6 +44,7 @@ std::vector<Claim> RedisStore::claim_batch(std::span<const Key> keys, std::span<
         if (!answers.replies[i]) continue;
         try {
             claims[i] = m.claim_answer(*answers.replies[i], keys[i], fps[i], fences[i], once, *this);
+            detail::open_claim(m.options.sealing, keys[i], claims[i]);
         } catch (...) {
             if (!answers.first_error) answers.first_error = std::current_exception();
             answers.replies[i].reset();
@@ -72,6 +73,11 @@ std::vector<SaveStatus> RedisStore::save_batch(std::span<const SaveRequest> save
         if (saves[i].result.size() <= m.options.max_result_bytes) sent.push_back(i);
     }
     if (sent.empty()) return statuses;
+    // Sealed once: a resent batch carries the same bytes, which each script recognises as its own.
+    std::vector<std::string> sealed(saves.size());
+    std::vector<std::string_view> stored(saves.size());
+    for (std::size_t i : sent)
+        stored[i] = detail::seal_result(m.options.sealing, saves[i].key, saves[i].result, sealed[i]);
     m.counters.saves.fetch_add(sent.size(), std::memory_order_relaxed);
     const auto send = [&](Connection& conn, int) {
         std::vector<std::string> fences;
@@ -79,7 +85,7 @@ std::vector<SaveStatus> RedisStore::save_batch(std::span<const SaveRequest> save
         for (std::size_t i : sent) {
             fences.push_back(std::to_string(saves[i].fence));
             Impl::append_script(conn, redis::kSave, {m.record_key(saves[i].key), m.index_key},
-                                {fences.back(), saves[i].result, member_of(saves[i].key)});
+                                {fences.back(), stored[i], member_of(saves[i].key)});
         }
         m.append_wait(conn);
         std::exception_ptr first_error;

@@ -19,6 +19,7 @@ void check_options(const RedisOptions& o) {
     if (o.default_retention.count() <= 0) bad("default_retention must be positive");
     if (o.max_result_bytes == 0 || o.max_result_bytes > (512u << 20)) bad("max_result_bytes must be 1 byte to 512 MiB");
     if (o.wait_replicas < 0) bad("wait_replicas must be 0 or more");
+    detail::check_sealing(o.sealing);
     if (o.wait_replicas > 0 && o.wait_replicas_timeout.count() <= 0) bad("wait_replicas_timeout must be positive");
     if (o.wait_replicas > 0 && o.wait_replicas_timeout >= o.command_timeout) {
         bad("wait_replicas_timeout must be shorter than command_timeout (else every WAIT times out client-side)");
@@ -47,6 +48,7 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& fp, const ClaimOption
             m.read_wait(conn, "claim");
             return m.claim_answer(*reply, key, fp, fence, options, *this);
         });
+        detail::open_claim(m.options.sealing, key, claim);
         if (claim.status != ClaimStatus::in_progress) return claim;
         // ClaimOptions::wait: poll until the running attempt saves (no notifications here).
         if (std::chrono::steady_clock::now() >= polls.end()) return claim;
@@ -57,6 +59,9 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& fp, const ClaimOption
 void RedisStore::save(const Key& key, Fence fence, std::string_view result) {
     Impl& m = *impl_;
     m.check_size(result);
+    // Sealed once: a resent save carries the same bytes, which the script recognises as its own.
+    std::string sealed;
+    result = detail::seal_result(m.options.sealing, key, result, sealed);
     m.counters.saves.fetch_add(1, std::memory_order_relaxed);
     const std::string fence_text = std::to_string(fence);
     // The effect ran: within save_retry_window the save rides out an outage (the script
@@ -124,7 +129,10 @@ std::optional<Fence> RedisStore::take_over(const Key& key, Fence stale_fence, st
 std::optional<Record> RedisStore::read(const Key& key) {
     Impl& m = *impl_;
     m.counters.reads.fetch_add(1, std::memory_order_relaxed);
-    return m.with_connection("read", [&](Connection& conn, int) { return m.read_record(conn, key); });
+    std::optional<Record> record =
+        m.with_connection("read", [&](Connection& conn, int) { return m.read_record(conn, key); });
+    detail::open_record(m.options.sealing, key, record);
+    return record;
 }
 
 std::vector<StaleKey> RedisStore::list_stale(std::size_t limit, const ScopeFilter& scopes) {

@@ -23,6 +23,7 @@
 #include "resend_rules.hpp"
 #include "retry_policy.hpp"
 #include "scripts.hpp"
+#include "sealed_results.hpp"
 
 namespace idem {
 

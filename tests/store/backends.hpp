@@ -114,6 +114,7 @@ public:
         options.max_result_bytes = config.max_result_bytes;
         options.max_retry_after = config.max_retry_after;
         options.default_lease = config.default_lease;
+        options.sealing = env_sealing();
         stores_.push_back(std::make_unique<idem::RedisStore>(options));
         return *stores_.back();
     }

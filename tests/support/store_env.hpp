@@ -5,15 +5,30 @@
 // the Citus statements on one node, where the fault-injecting suites can run (_per_scope,
 // _per_key). CTest registers the contract, concurrency, atomicity and fault suites a second time
 // with group commit off (tests/CMakeLists.txt, suffix _gc_off), so every guarantee is shown both
-// ways.
+// ways. IDEM_TEST_SEALED=1 turns sealed responses on (SealingOptions with a fixed test keyring;
+// suffix _sealed): the contract holds with every result stored sealed.
 #pragma once
 
 #include <cstdlib>
+#include <memory>
+#include <string>
 #include <string_view>
 
 #include "idem/postgres_store.hpp"
+#include "idem/sealing.hpp"
 
 namespace idem_test {
+
+/// The sealing the environment asks for: off, or a fixed two-key test keyring (key 2 seals).
+[[nodiscard]] inline idem::SealingOptions env_sealing() {
+    idem::SealingOptions sealing;
+    const char* v = std::getenv("IDEM_TEST_SEALED");
+    if (v == nullptr || std::string_view(v) != "1") return sealing;
+    auto ring = std::make_shared<idem::Keyring>();
+    ring->add(1, std::string(32, 'a')).add(2, std::string(32, 'b'));
+    sealing.keyring = std::move(ring);
+    return sealing;
+}
 
 /// `options` with the environment's choices applied (helper processes inherit the environment).
 [[nodiscard]] inline idem::PostgresOptions env_options(idem::PostgresOptions options) {
@@ -26,6 +41,7 @@ namespace idem_test {
                                   : shape == "arrays"  ? Shape::arrays
                                                        : Shape::automatic;
     }
+    options.sealing = env_sealing();
     return options;
 }
 

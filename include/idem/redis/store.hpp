@@ -77,6 +77,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/sealing.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
@@ -144,6 +145,10 @@ struct RedisOptions {
     int wait_replicas = 0;
     /// Bound of each WAIT.
     std::chrono::milliseconds wait_replicas_timeout{std::chrono::milliseconds(500)};
+    /// Sealed responses (idem/sealing.hpp, opt-in): results are stored in Redis encrypted and
+    /// authenticated under the keyring, and opened as they are read back; a result that does not
+    /// open is corrupt_record. max_result_bytes bounds the result before sealing.
+    SealingOptions sealing{};
 };
 
 /// The IdempotencyStore contract over Redis 7 (see the top of this header).

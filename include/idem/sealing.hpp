@@ -1,0 +1,108 @@
+// idem/sealing.hpp — sealed responses: stored results encrypted and authenticated at rest.
+//
+// With sealing on (PostgresOptions::sealing, RedisOptions::sealing, RedisReplayCacheOptions::keyring)
+// a store writes every result it saves as a sealed record and opens it again when it reads it back,
+// so a reader of the table, of a dump or of Redis sees neither the bytes nor their length to the
+// byte, and a writer cannot make idem replay bytes idem did not seal:
+//
+//   "idS1" | key id (4, big-endian) | salt (16) | nonce (12) | AES-256-GCM ciphertext | tag (16)
+//
+// The record key is HMAC-SHA256(keyring key, "idem/seal/v1" | salt): every record has a key of its
+// own (random salt), so one keyring key can seal any number of records without the 2^32 limit of
+// random GCM nonces under one key. The associated data is the header and the key's scope and value
+// (length-prefixed): a record copied to another key, or under another key id, does not open.
+//
+// A record that does not open (altered, truncated, copied from another key, sealed with a key id
+// the keyring lacks, or not sealed at all) is corrupt_record: never garbage bytes, never a re-run.
+// What stays readable: the key, its state, timestamps, the fingerprint (keyed with a fingerprint
+// secret if configured) and the recovery point (record_phase data). docs/security.md says why.
+//
+// Thread-safety: Keyring is immutable once shared (share it as std::shared_ptr<const Keyring>);
+// seal() and open_sealed() may run on any number of threads at once.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/key.hpp"
+
+namespace idem {
+
+/// AES-256 keys by id: the highest id seals new records; every id opens the records sealed with it.
+/// Rotation: add a key with a higher id (new records use it), and drop the old id once no record
+/// sealed with it is still kept (retention passed, and no key of that age left in progress).
+class Keyring {
+public:
+    /// Bytes of one key.
+    static constexpr std::size_t key_size = 32;
+
+    Keyring() = default;
+    /// Wipes the key bytes.
+    ~Keyring();
+    /// Copies the keys.
+    Keyring(const Keyring&) = default;
+    /// Copies the keys.
+    Keyring& operator=(const Keyring&) = default;
+
+    /// Adds key `id` (1 or more) with `secret` (exactly 32 bytes, e.g. from a secrets manager or
+    /// `openssl rand 32`). Throws config_error for id 0, an id already present or another size.
+    Keyring& add(std::uint32_t id, std::string_view secret);
+
+    /// A keyring from text: one key per line, `<id> <64 hexadecimal digits>`; blank lines and lines
+    /// starting with '#' are skipped. Throws config_error naming the line (never its key).
+    [[nodiscard]] static Keyring parse(std::string_view text);
+    /// parse() of a file's contents; throws config_error when it cannot be read.
+    [[nodiscard]] static Keyring from_file(const std::string& path);
+
+    /// The id new records are sealed with (the highest), or 0 when the keyring is empty.
+    [[nodiscard]] std::uint32_t sealing_id() const noexcept;
+    /// Whether key `id` is present.
+    [[nodiscard]] bool contains(std::uint32_t id) const noexcept;
+    /// The ids, ascending.
+    [[nodiscard]] std::vector<std::uint32_t> ids() const;
+    /// Whether no key was added.
+    [[nodiscard]] bool empty() const noexcept { return keys_.empty(); }
+
+    /// The key bytes of `id`, or null (for the implementation).
+    [[nodiscard]] const std::array<unsigned char, key_size>* find(std::uint32_t id) const noexcept;
+
+private:
+    std::map<std::uint32_t, std::array<unsigned char, key_size>> keys_;
+};
+
+/// A store's sealing settings. With no keyring, results are stored as given.
+struct SealingOptions {
+    /// The keys; null turns sealing off. Must not be empty when set (the store's constructor
+    /// throws config_error).
+    std::shared_ptr<const Keyring> keyring{};
+    /// While a table that was written without sealing still holds completed records in their
+    /// retention: a stored result that is not a sealed record is returned as stored instead of
+    /// corrupt_record. Turn it off once one retention period has passed since sealing was turned on
+    /// (and no key of that age is left in progress): with it on, a writer of the table can plant an
+    /// unsealed result.
+    bool open_unsealed = false;
+};
+
+/// Bytes a sealed record adds to the result.
+inline constexpr std::size_t seal_overhead = 4 + 4 + 16 + 12 + 16;
+
+/// `plaintext` sealed for `key` with the keyring's sealing key. Throws config_error for an empty
+/// keyring, error if OpenSSL fails.
+[[nodiscard]] std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext);
+
+/// The plaintext of a record seal() made for `key`. Throws corrupt_record (saying which: not a
+/// sealed record, truncated, unknown key id, or authentication failed) — the message never
+/// contains record bytes.
+[[nodiscard]] std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed);
+
+/// The key id of a sealed record, or nullopt when `stored` is not one (e.g. for idemctl).
+[[nodiscard]] std::optional<std::uint32_t> sealed_key_id(std::string_view stored) noexcept;
+
+}  // namespace idem

@@ -1,0 +1,50 @@
+// How every store applies SealingOptions (idem/sealing.hpp) at its boundary: results are sealed
+// once, when a save enters the store (so every retry of that save, and the recognition of an
+// earlier attempt's write, see the same stored bytes), and opened when a record leaves it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/errors.hpp"
+#include "idem/sealing.hpp"
+#include "idem/store.hpp"
+
+namespace idem::detail {
+
+/// Throws config_error for a keyring that is set but empty (a store's constructor).
+inline void check_sealing(const SealingOptions& sealing) {
+    if (sealing.keyring && sealing.keyring->empty()) {
+        throw config_error(
+            "idem: SealingOptions::keyring holds no key; add one, or leave it null to store results as "
+            "given");
+    }
+}
+
+/// The bytes to store for `result`: sealed into `buffer` when sealing is on, else `result` itself.
+[[nodiscard]] inline std::string_view seal_result(const SealingOptions& sealing, const Key& key,
+                                                  std::string_view result, std::string& buffer) {
+    if (!sealing.keyring) return result;
+    buffer = seal(*sealing.keyring, key, result);
+    return buffer;
+}
+
+/// Opens a stored result in place; throws corrupt_record when it does not open.
+inline void open_result(const SealingOptions& sealing, const Key& key, std::optional<std::string>& result) {
+    if (!sealing.keyring || !result) return;
+    if (sealing.open_unsealed && !sealed_key_id(*result)) return;  // written before sealing was on
+    result = open_sealed(*sealing.keyring, key, *result);
+}
+
+/// Opens a record read back for `key`.
+inline void open_record(const SealingOptions& sealing, const Key& key, std::optional<Record>& record) {
+    if (record) open_result(sealing, key, record->result);
+}
+
+/// Opens the record a claim found.
+inline void open_claim(const SealingOptions& sealing, const Key& key, Claim& claim) {
+    open_record(sealing, key, claim.existing);
+}
+
+}  // namespace idem::detail

@@ -1,0 +1,262 @@
+// Sealed records (include/idem/sealing.hpp): the keyring, seal() and open_sealed().
+#include "idem/sealing.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include "idem/errors.hpp"
+
+namespace idem {
+
+namespace {
+
+constexpr std::string_view kMagic = "idS1";
+constexpr std::string_view kDerive = "idem/seal/v1";
+constexpr std::size_t kSalt = 16;
+constexpr std::size_t kNonce = 12;
+constexpr std::size_t kTag = 16;
+constexpr std::size_t kHeader = 4 + 4 + kSalt + kNonce;
+static_assert(seal_overhead == kHeader + kTag);
+
+using KeyBytes = std::array<unsigned char, Keyring::key_size>;
+
+struct CipherCtxDeleter {
+    void operator()(EVP_CIPHER_CTX* ctx) const noexcept { EVP_CIPHER_CTX_free(ctx); }
+};
+struct CipherDeleter {
+    void operator()(EVP_CIPHER* cipher) const noexcept { EVP_CIPHER_free(cipher); }
+};
+
+// Fetched once: an implicit fetch on every init costs a provider lookup under a lock.
+const EVP_CIPHER* aes_256_gcm() {
+    static const std::unique_ptr<EVP_CIPHER, CipherDeleter> cipher(EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr));
+    if (!cipher) throw error("idem: OpenSSL has no AES-256-GCM");
+    return cipher.get();
+}
+
+// One context per thread, re-initialised for every record.
+EVP_CIPHER_CTX* thread_context() {
+    thread_local const std::unique_ptr<EVP_CIPHER_CTX, CipherCtxDeleter> ctx(EVP_CIPHER_CTX_new());
+    if (!ctx) throw error("idem: EVP_CIPHER_CTX_new failed");
+    return ctx.get();
+}
+
+// The record's own key: HMAC-SHA256(keyring key, "idem/seal/v1" | salt).
+KeyBytes record_key(const KeyBytes& master, const unsigned char* salt) {
+    unsigned char message[kDerive.size() + kSalt];
+    std::copy(kDerive.begin(), kDerive.end(), message);
+    std::copy(salt, salt + kSalt, message + kDerive.size());
+    KeyBytes out{};
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), master.data(), static_cast<int>(master.size()), message, sizeof message, out.data(), &len) ==
+            nullptr ||
+        len != out.size()) {
+        throw error("idem: HMAC-SHA256 failed (OpenSSL)");
+    }
+    return out;
+}
+
+void put_be32(std::string& out, std::uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+}
+
+std::uint32_t get_be32(std::string_view in) {
+    std::uint32_t v = 0;
+    for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(in[i]);
+    return v;
+}
+
+// The associated data: the header, then the key's scope and value, each with a 2-byte length.
+std::string associated_data(std::string_view header, const Key& key) {
+    std::string aad(header);
+    for (const std::string* part : {&key.scope(), &key.value()}) {
+        aad.push_back(static_cast<char>((part->size() >> 8) & 0xff));
+        aad.push_back(static_cast<char>(part->size() & 0xff));
+        aad.append(*part);
+    }
+    return aad;
+}
+
+const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
+
+// A key is never part of an error message.
+[[noreturn]] void bad_line(std::size_t line, std::string_view why) {
+    throw config_error("idem: keyring line " + std::to_string(line) + ": " + std::string(why));
+}
+
+int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+}  // namespace
+
+Keyring::~Keyring() {
+    for (auto& [id, key] : keys_) OPENSSL_cleanse(key.data(), key.size());
+}
+
+Keyring& Keyring::add(std::uint32_t id, std::string_view secret) {
+    if (id == 0) throw config_error("idem: keyring key ids start at 1");
+    if (secret.size() != key_size) {
+        throw config_error("idem: keyring key " + std::to_string(id) + " has " + std::to_string(secret.size()) +
+                           " bytes; AES-256 needs exactly 32");
+    }
+    if (keys_.contains(id)) throw config_error("idem: keyring key id " + std::to_string(id) + " added twice");
+    KeyBytes& key = keys_[id];
+    std::copy(bytes(secret), bytes(secret) + key_size, key.begin());
+    return *this;
+}
+
+Keyring Keyring::parse(std::string_view text) {
+    Keyring ring;
+    std::size_t line_no = 0;
+    while (!text.empty()) {
+        ++line_no;
+        const std::size_t end = text.find('\n');
+        std::string_view line = text.substr(0, end);
+        text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+        while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t'))
+            line.remove_suffix(1);
+        while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+        if (line.empty() || line.front() == '#') continue;
+        const std::size_t space = line.find_first_of(" \t");
+        if (space == std::string_view::npos) bad_line(line_no, "expected `<id> <64 hexadecimal digits>`");
+        const std::string_view id_text = line.substr(0, space);
+        std::string_view hex = line.substr(space);
+        while (!hex.empty() && (hex.front() == ' ' || hex.front() == '\t')) hex.remove_prefix(1);
+        std::uint32_t id = 0;
+        const auto [ptr, ec] = std::from_chars(id_text.data(), id_text.data() + id_text.size(), id);
+        if (ec != std::errc() || ptr != id_text.data() + id_text.size() || id == 0) {
+            bad_line(line_no, "the id must be a whole number from 1 to 4294967295");
+        }
+        if (hex.size() != 2 * key_size) bad_line(line_no, "the key must be 64 hexadecimal digits (32 bytes)");
+        std::string secret(key_size, '\0');
+        for (std::size_t i = 0; i < key_size; ++i) {
+            const int hi = hex_value(hex[2 * i]);
+            const int lo = hex_value(hex[2 * i + 1]);
+            if (hi < 0 || lo < 0) {
+                OPENSSL_cleanse(secret.data(), secret.size());
+                bad_line(line_no, "the key must be 64 hexadecimal digits (32 bytes)");
+            }
+            secret[i] = static_cast<char>(hi * 16 + lo);
+        }
+        if (ring.contains(id)) {
+            OPENSSL_cleanse(secret.data(), secret.size());
+            bad_line(line_no, "key id " + std::to_string(id) + " appears twice");
+        }
+        ring.add(id, secret);
+        OPENSSL_cleanse(secret.data(), secret.size());
+    }
+    return ring;
+}
+
+Keyring Keyring::from_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw config_error("idem: cannot read the keyring file " + path);
+    std::ostringstream text;
+    text << in.rdbuf();
+    std::string contents = text.str();
+    try {
+        Keyring ring = parse(contents);
+        OPENSSL_cleanse(contents.data(), contents.size());
+        return ring;
+    } catch (...) {
+        OPENSSL_cleanse(contents.data(), contents.size());
+        throw;
+    }
+}
+
+std::uint32_t Keyring::sealing_id() const noexcept { return keys_.empty() ? 0 : keys_.rbegin()->first; }
+
+bool Keyring::contains(std::uint32_t id) const noexcept { return keys_.contains(id); }
+
+std::vector<std::uint32_t> Keyring::ids() const {
+    std::vector<std::uint32_t> out;
+    for (const auto& [id, key] : keys_) out.push_back(id);
+    return out;
+}
+
+const std::array<unsigned char, Keyring::key_size>* Keyring::find(std::uint32_t id) const noexcept {
+    auto it = keys_.find(id);
+    return it == keys_.end() ? nullptr : &it->second;
+}
+
+std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext) {
+    const std::uint32_t id = keyring.sealing_id();
+    if (id == 0) throw config_error("idem: cannot seal with an empty keyring");
+    std::string out;
+    out.reserve(seal_overhead + plaintext.size());
+    out.append(kMagic);
+    put_be32(out, id);
+    unsigned char random[kSalt + kNonce];
+    if (RAND_bytes(random, sizeof random) != 1) throw error("idem: RAND_bytes failed (OpenSSL)");
+    out.append(reinterpret_cast<const char*>(random), sizeof random);
+    KeyBytes rkey = record_key(*keyring.find(id), random);
+    const std::string aad = associated_data(out, key);
+
+    EVP_CIPHER_CTX* ctx = thread_context();
+    out.resize(kHeader + plaintext.size() + kTag);
+    auto* body = reinterpret_cast<unsigned char*>(out.data()) + kHeader;
+    int len = 0, final_len = 0;
+    const bool ok =
+        EVP_EncryptInit_ex(ctx, aes_256_gcm(), nullptr, rkey.data(), random + kSalt) == 1 &&
+        EVP_EncryptUpdate(ctx, nullptr, &len, bytes(aad), static_cast<int>(aad.size())) == 1 &&
+        (plaintext.empty() ||
+         EVP_EncryptUpdate(ctx, body, &len, bytes(plaintext), static_cast<int>(plaintext.size())) == 1) &&
+        EVP_EncryptFinal_ex(ctx, body + (plaintext.empty() ? 0 : len), &final_len) == 1 &&
+        EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kTag), body + plaintext.size()) == 1;
+    OPENSSL_cleanse(rkey.data(), rkey.size());
+    if (!ok) throw error("idem: AES-256-GCM encryption failed (OpenSSL)");
+    return out;
+}
+
+std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed) {
+    if (sealed.size() < 4 || sealed.substr(0, 4) != kMagic) {
+        throw corrupt_record("idem: the stored result of this key is not a sealed record");
+    }
+    if (sealed.size() < seal_overhead) throw corrupt_record("idem: the sealed result of this key is truncated");
+    const std::uint32_t id = get_be32(sealed.substr(4, 4));
+    const KeyBytes* master = keyring.find(id);
+    if (master == nullptr) {
+        throw corrupt_record("idem: the result of this key is sealed with key id " + std::to_string(id) +
+                             ", which the keyring does not hold");
+    }
+    const auto* salt = bytes(sealed) + 8;
+    KeyBytes rkey = record_key(*master, salt);
+    const std::string aad = associated_data(sealed.substr(0, kHeader), key);
+    const std::size_t n = sealed.size() - seal_overhead;
+    std::string out(n, '\0');
+    unsigned char tag[kTag];
+    std::copy(bytes(sealed) + kHeader + n, bytes(sealed) + kHeader + n + kTag, tag);
+
+    EVP_CIPHER_CTX* ctx = thread_context();
+    int len = 0, final_len = 0;
+    const bool setup = EVP_DecryptInit_ex(ctx, aes_256_gcm(), nullptr, rkey.data(), salt + kSalt) == 1 &&
+                       EVP_DecryptUpdate(ctx, nullptr, &len, bytes(aad), static_cast<int>(aad.size())) == 1 &&
+                       (n == 0 || EVP_DecryptUpdate(ctx, reinterpret_cast<unsigned char*>(out.data()), &len,
+                                                    bytes(sealed) + kHeader, static_cast<int>(n)) == 1) &&
+                       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTag), tag) == 1;
+    OPENSSL_cleanse(rkey.data(), rkey.size());
+    if (!setup) throw error("idem: AES-256-GCM decryption failed (OpenSSL)");
+    if (EVP_DecryptFinal_ex(ctx, reinterpret_cast<unsigned char*>(out.data()) + (n == 0 ? 0 : len), &final_len) != 1) {
+        OPENSSL_cleanse(out.data(), out.size());
+        throw corrupt_record(
+            "idem: the sealed result of this key does not authenticate (altered, or sealed for another key)");
+    }
+    return out;
+}
+
+std::optional<std::uint32_t> sealed_key_id(std::string_view stored) noexcept {
+    if (stored.size() < seal_overhead || stored.substr(0, 4) != kMagic) return std::nullopt;
+    return get_be32(stored.substr(4, 4));
+}
+
+}  // namespace idem
