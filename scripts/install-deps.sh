@@ -3,7 +3,7 @@
 #
 # Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--all]
 #
-#   (core, always)    cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev
+#   (core, always)    cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev openssl libfmt-dev
 #                     catch2 postgresql-15 postgresql-client-15 libcli11-dev nlohmann-json3-dev
 #                     (idemctl; nlohmann-json3-dev also for its test and some examples)
 #   --with-examples   libcpp-httplib-dev wrk
@@ -22,7 +22,7 @@
 # Note: never add `npm` here; it conflicts with the machine's nodesource nodejs.
 set -euo pipefail
 
-core=(cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev libfmt-dev catch2 postgresql-15
+core=(cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev openssl libfmt-dev catch2 postgresql-15
       postgresql-client-15 libcli11-dev nlohmann-json3-dev)
 examples=(libcpp-httplib-dev wrk)
 asio_pkgs=(libboost1.81-dev)

@@ -10,7 +10,8 @@
 //   ├── config_error           a permanent misconfiguration, never healed by retrying: a bad option
 //   │                          (table name, pool size...), or the database's word: no such database,
 //   │                          role or table (call ensure_schema()), authentication failed,
-//   │                          permission denied; also a store used in a fork()ed child
+//   │                          permission denied, a TLS certificate that does not verify; also a
+//   │                          store used in a fork()ed child
 //   ├── store_unavailable      cannot reach a healthy database (or it timed out); fn was not called.
 //   │                          A claim may still have been recorded if every answer was lost: it
 //   │                          stays in progress with a fence nobody holds, for the reconciler.
@@ -56,7 +57,8 @@ public:
 
 /// A permanent misconfiguration: an invalid option or argument (table name, pool size, ...), or the
 /// database refusing idem for good — no such database, role, table or column, failed
-/// authentication, missing privilege (sqlstate() says which) — or a store used from a process it
+/// authentication, missing privilege, a server certificate that does not verify or TLS the server
+/// does not offer (sqlstate() says which) — or a store used from a process it
 /// does not belong to (a fork()ed child). Retrying does not help: map it to a 500, not a 503.
 class config_error : public error {
 public:

@@ -40,7 +40,8 @@
 //
 // Errors: config_error — bad options (constructor), or a permanent misconfiguration reported by
 // the database: no such database / role / table (the message says to call ensure_schema()),
-// authentication failed, permission denied (sqlstate() says which); store_unavailable /
+// authentication failed, permission denied, a server certificate that does not verify (TLS)
+// (sqlstate() says which); store_unavailable /
 // pool_timeout — what a retry can heal (no connection, timeouts, cancels, shortages);
 // database_error (with sqlstate()), lease_lost, response_too_large, corrupt_record.
 // Every entry point is reconnect-safe: a pooled connection found dead is replaced and the call

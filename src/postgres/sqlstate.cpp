@@ -49,7 +49,21 @@ std::string_view attempt_failure_sqlstate(std::string_view message) noexcept {
         {"certificate authentication failed for user", "28000"},
         {"is not permitted to log in", "28000"},
         {"permission denied for database", "42501"},
+        // TLS: the server's certificate does not verify (an unknown CA, expired, another host's
+        // name), or the server offers no TLS where sslmode requires it. Retrying meets the same
+        // certificate and the same server settings.
+        {"SSL error: certificate verify failed", "28000"},
+        {"does not match host name", "28000"},
+        {"server does not support SSL, but SSL was required", "28000"},
+        // TLS: the client's own files (sslrootcert, sslcert, sslkey) missing or unusable.
+        {"could not read root certificate file", "22023"},
+        {"certificate present, but not private key file", "22023"},
+        {"has group or world access", "22023"},
     };
+    if (message.find("root certificate file \"") != std::string_view::npos &&
+        message.find("\" does not exist") != std::string_view::npos) {
+        return "22023";
+    }
     if (message.find("FATAL:  database \"") != std::string_view::npos &&
         message.find("\" does not exist") != std::string_view::npos) {
         return "3D000";

@@ -29,8 +29,9 @@ bool is_configuration_sqlstate(std::string_view sqlstate) noexcept;
 [[noreturn]] void throw_database_error(std::string message, const std::string& sqlstate);
 
 /// The SQLSTATE of a failed connection attempt, recognised from libpq's message (libpq keeps no
-/// SQLSTATE for it): 3D000, 28000, 28P01, 42501, 22023 (a malformed conninfo) — or empty (an
-/// outage, an authentication service that may be down, or a message not recognised).
+/// SQLSTATE for it): 3D000, 28000 (also TLS: a server certificate that does not verify, no TLS
+/// where sslmode requires it), 28P01, 42501, 22023 (a malformed conninfo, an unusable TLS file) —
+/// or empty (an outage, an authentication service that may be down, or a message not recognised).
 std::string connect_failure_sqlstate(std::string_view libpq_message) noexcept;
 
 /// Throws config_error for a permanent connect failure (connect_failure_sqlstate), else
