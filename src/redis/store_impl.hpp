@@ -137,6 +137,17 @@ struct RedisStore::Impl {
         Reply replication = conn->read("connect");
         std::string replication_info;
         if (redis::type_of(*replication) == ReplyType::string) replication_info = redis::text_of(*replication);
+        // Without INFO a replica would go unseen (durability = unchecked vouches for the server's
+        // persistence, not for its role): refused whatever the durability.
+        if (redis::type_of(*replication) == ReplyType::error) {
+            refused_at_connect(
+                redis::text_of(*replication),
+                fmt::format(
+                    "idem: connect: Redis at {} refused INFO replication ({}); RedisStore checks that the server "
+                    "is a primary, whatever RedisOptions::durability says — allow INFO for this user (ACL: "
+                    "+info)",
+                    where, redis::text_of(*replication)));
+        }
         conn->script_shas.clear();
         for (std::size_t i = 0; i < redis::kScripts.size(); ++i) {
             Reply reply = conn->read("connect");

@@ -182,6 +182,22 @@ TEST_CASE("RedisStore: the persistence check refuses what cannot keep the promis
         idem::RedisStore trusting(o);
         CHECK_FALSE(trusting.read(idem::Key("s", "k")).has_value());
     }
+    SECTION("INFO forbidden by an ACL: refused whatever durability says, since a replica would go unseen") {
+        RedisServer server;
+        // CONFIG allowed (the persistence check passes), INFO not.
+        REQUIRE(redis_command(server.socket(), {"ACL", "SETUSER", "app", "on", ">secret", "~*", "+@all", "-info"}) ==
+                "+OK");
+        idem::RedisOptions o = store_options(server);
+        o.username = "app";
+        o.password = "secret";
+        const auto durability = GENERATE(idem::RedisDurability::fsync_always, idem::RedisDurability::fsync_everysec,
+                                         idem::RedisDurability::unchecked);
+        o.durability = durability;
+        INFO("durability " << static_cast<int>(durability));
+        idem::RedisStore store(o);
+        refused_with_config_error(store, {"INFO replication", "NOPERM", "+info"});
+        CHECK(integer_answer(redis_command(server.socket(), {"DBSIZE"})) == 0);
+    }
 }
 
 TEST_CASE("RedisStore: a username without a password connects as that ACL user", "[redis]") {

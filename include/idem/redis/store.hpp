@@ -52,17 +52,18 @@
 // skipped during rewrites, an evicting policy, a server that forbids CONFIG — unless durability is
 // `unchecked`. With noeviction a full server refuses writes (OOM), which is store_unavailable: fail
 // closed. A replica (role:slave) is refused with store_unavailable whatever the durability: it
-// may lag, and a writable one would arbitrate keys apart from its primary. Settings are checked
-// when a connection opens: a CONFIG SET on a running server is seen by the next new connection. Replicas
-// without wait_replicas are reported once through the observer (Event::reconcile_failed is not
-// used for it: see RedisStore::warnings()).
+// may lag, and a writable one would arbitrate keys apart from its primary; a user that may not run
+// INFO is refused with config_error whatever the durability (the role could not be seen: grant
+// +info). Settings are checked when a connection opens: a CONFIG SET on a running server is seen
+// by the next new connection. Replicas without wait_replicas are reported once through the
+// observer (Event::reconcile_failed is not used for it: see RedisStore::warnings()).
 //
 // Not supported: Redis Cluster (a script touches a record and the shared index: two hash slots).
 //
 // Errors: config_error — bad options (constructor), authentication refused, a server whose
-// persistence cannot keep the durability asked for, scripts refused; store_unavailable — no
-// connection, timeouts, a server loading or read-only (a replica), out of memory; lease_lost,
-// response_too_large, corrupt_record (a hash idem did not write).
+// persistence cannot keep the durability asked for, CONFIG (unless unchecked), INFO or the scripts
+// refused; store_unavailable — no connection, timeouts, a server loading or read-only (a replica),
+// out of memory; lease_lost, response_too_large, corrupt_record (a hash idem did not write).
 // Thread-safety: all members may be called concurrently; the pool hands each call its own
 // connection. fork(): as PostgresStore, a store belongs to the process that made it (in a child
 // every call throws config_error).
