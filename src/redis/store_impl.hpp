@@ -260,7 +260,7 @@ struct RedisStore::Impl {
     void read_wait(Connection& conn, std::string_view what) const {
         if (options.wait_replicas == 0) return;
         Reply reply = conn.read(what);
-        if (redis::type_of(*reply) == ReplyType::error) redis::throw_error_reply(redis::text_of(*reply), what, where);
+        if (redis::type_of(*reply) == ReplyType::error) throw_reply(redis::text_of(*reply), what);
         if (redis::integer_of(*reply) < options.wait_replicas) {
             throw store_unavailable(fmt::format(
                 "idem: {}: only {} of {} replicas of Redis at {} confirmed the write within {} ms; it is on the "
@@ -322,13 +322,25 @@ struct RedisStore::Impl {
 
     struct noscript {};
 
+    // An error reply to a command of the store's, thrown as redis::throw_error_reply says; a key the
+    // ACL user may not access (NOPERM) is config_error naming the key prefix to grant.
+    [[noreturn]] void throw_reply(std::string_view message, std::string_view what) const {
+        if (message.substr(0, 6) == "NOPERM" && message.find("key") != std::string_view::npos) {
+            throw config_error(fmt::format(
+                "idem: {}: Redis at {} answered: {}; every key of this store starts with RedisOptions::key_prefix "
+                "\"{}\": grant this ACL user ~{}* (or choose a key_prefix its key patterns cover)",
+                what, where, message, options.key_prefix, options.key_prefix));
+        }
+        redis::throw_error_reply(message, what, where);
+    }
+
     // The answer to a script: its reply, errors thrown as idem errors.
     Reply script_reply(Connection& conn, std::string_view what) const {
         Reply reply = conn.read(what);
         if (redis::type_of(*reply) == ReplyType::error) {
             const std::string_view message = redis::text_of(*reply);
             if (message.substr(0, 8) == "NOSCRIPT") throw noscript{};
-            redis::throw_error_reply(message, what, where);
+            throw_reply(message, what);
         }
         return reply;
     }

@@ -208,17 +208,26 @@ TEST_CASE("RedisStore: a username without a password connects as that ACL user",
     idem::RedisOptions o = store_options(server);
     o.username = "app";
     o.durability = idem::RedisDurability::unchecked;
-    SECTION("keys outside the user's pattern are refused with config_error, nothing written") {
+    SECTION("keys outside the user's pattern are refused at first use with config_error naming the prefix") {
         o.key_prefix = "idem:";
         idem::RedisStore store(o);
-        int runs = 0;
-        CHECK_THROWS_AS(idem::execute_once(store, idem::Key("s", "k"), fp_of("a"),
-                                           [&] {
-                                               ++runs;
-                                               return "x"s;
-                                           }),
-                        idem::config_error);
-        CHECK(runs == 0);
+        // execute_once (the claim script), a read, a batch and list_stale: each refused, the
+        // message naming the prefix to grant, nothing written anywhere.
+        refused_with_config_error(store, {"NOPERM", "key_prefix \"idem:\"", "~idem:*"});
+        const std::initializer_list<const char*> names{"NOPERM", "~idem:*"};
+        auto names_prefix = [&](auto&& call) {
+            try {
+                call();
+                FAIL_CHECK("no config_error");
+            } catch (const idem::config_error& e) {
+                for (const char* word : names) CHECK_THAT(e.what(), Catch::Contains(word));
+            }
+        };
+        names_prefix([&] { (void)store.read(idem::Key("s", "k")); });
+        const std::vector<idem::Key> keys{idem::Key("s", "a")};
+        const std::vector<idem::Fingerprint> fps{fp_of("a")};
+        names_prefix([&] { (void)store.claim_batch(keys, fps); });
+        names_prefix([&] { (void)store.list_stale(10); });
         CHECK(integer_answer(redis_command(server.socket(), {"DBSIZE"})) == 0);
     }
     SECTION("keys inside it: the store works as that user") {

@@ -62,7 +62,8 @@
 //
 // Errors: config_error — bad options (constructor), authentication refused, a server whose
 // persistence cannot keep the durability asked for, CONFIG (unless unchecked), INFO or the scripts
-// refused; store_unavailable — no connection, timeouts, a server loading or read-only (a replica),
+// refused, keys outside the ACL user's key patterns (NOPERM: the message names key_prefix);
+// store_unavailable — no connection, timeouts, a server loading or read-only (a replica),
 // out of memory; lease_lost, response_too_large, corrupt_record (a hash idem did not write).
 // Thread-safety: all members may be called concurrently; the pool hands each call its own
 // connection. fork(): as PostgresStore, a store belongs to the process that made it (in a child
