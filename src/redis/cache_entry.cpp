@@ -17,7 +17,7 @@ namespace {
 
 using SysClock = std::chrono::system_clock;
 
-constexpr std::string_view kVersion = "idem-c2";
+constexpr std::string_view kVersion = "idem-c3";
 constexpr char kHmac = 'h';
 constexpr char kChecksum = 's';
 constexpr std::size_t kTagSize = 32;  // SHA-256
@@ -119,7 +119,8 @@ Record decode_record(std::string_view bytes) {
 
 }  // namespace
 
-EntrySeal::EntrySeal(std::string secret) : secret_(std::move(secret)) {}
+EntrySeal::EntrySeal(std::string secret, std::string key_prefix)
+    : secret_(std::move(secret)), key_prefix_(std::move(key_prefix)) {}
 
 EntrySeal::~EntrySeal() { OPENSSL_cleanse(secret_.data(), secret_.size()); }
 
@@ -149,6 +150,7 @@ std::string EntrySeal::seal(const Key& key, const Record& record) const {
     Writer w;
     w.out().append(kVersion);
     w.out().push_back(secret_.empty() ? kChecksum : kHmac);
+    w.text(key_prefix_);
     w.text(key.scope());
     w.text(key.value());
     w.integer(static_cast<std::int64_t>(record.fingerprint.algorithm()));
@@ -169,6 +171,8 @@ Record EntrySeal::open(const Key& key, std::string_view entry) const {
     if (CRYPTO_memcmp(tag.data(), entry.data() + sealed.size(), kTagSize) != 0)
         throw corrupt_record("idem: a Redis cache entry whose tag does not verify");
     Reader in(sealed.substr(kVersion.size() + 1));
+    if (in.text() != key_prefix_)
+        throw corrupt_record("idem: a Redis cache entry written by a tier of another key_prefix");
     const std::string_view scope = in.text();
     const std::string_view value = in.text();
     if (scope != key.scope() || value != key.value())

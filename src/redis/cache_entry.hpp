@@ -1,11 +1,12 @@
 // How RedisReplayCache keeps a completed record in Redis (internal): a sealed entry that names the
-// key and the request fingerprint it answers.
+// tier's key prefix, the key and the request fingerprint it answers.
 //
 // An entry's bytes, integers 64-bit little-endian, every variable field after its length:
 //
-//   "idem-c2"  the format version (7 bytes)
+//   "idem-c3"  the format version (7 bytes)
 //   seal       'h': HMAC-SHA256 under the tier's entry_secret; 's': SHA-256 (no secret) (1 byte)
-//   scope, key value, fingerprint algorithm, fingerprint bytes
+//   key prefix (RedisOptions::key_prefix of the tier that wrote it), scope, key value,
+//   fingerprint algorithm, fingerprint bytes
 //   record     fence, attempt, result, phase and phase data (each after a presence byte),
 //              created_at, lease_until, expires_at (Unix ms)
 //   tag        the HMAC or SHA-256 of every byte before it (32 bytes)
@@ -14,6 +15,8 @@
 // + key "bc" are different bytes), and the version and seal kind are inside what the tag covers.
 // Only the HMAC defends against whoever can write to the Redis: the checksum detects corruption
 // and an entry copied into another key's slot, and anyone can compute it for bytes of their own.
+// The key prefix is inside too: an entry copied from a tier of another prefix (another deployment
+// sharing the Redis, and perhaps the secret) names another prefix.
 #pragma once
 
 #include <string>
@@ -24,13 +27,15 @@
 
 namespace idem::redis {
 
-/// What seals a tier's entries: HMAC-SHA256 under a secret, or with none a SHA-256 checksum.
-/// The secret is wiped from memory when the seal goes. Thread-safety: const members may be called
-/// from any number of threads at once.
+/// What seals a tier's entries: HMAC-SHA256 under a secret, or with none a SHA-256 checksum, over
+/// entries that name the tier's key prefix. The secret is wiped from memory when the seal goes.
+/// Thread-safety: const members may be called from any number of threads at once.
 class EntrySeal {
 public:
-    /// `secret`: empty (a checksum), or the HMAC key (the caller checks its length).
-    explicit EntrySeal(std::string secret);
+    /// `secret`: empty (a checksum), or the HMAC key (the caller checks its length); `key_prefix`:
+    /// the tier's RedisOptions::key_prefix, named in every entry it seals and required of every
+    /// entry it opens.
+    EntrySeal(std::string secret, std::string key_prefix);
     ~EntrySeal();
     EntrySeal(const EntrySeal&) = delete;
     EntrySeal& operator=(const EntrySeal&) = delete;
@@ -41,12 +46,14 @@ public:
 
     /// The completed record in `entry`, which was asked for `key`. Throws corrupt_record when the
     /// entry is not to be trusted: of another format or seal kind, truncated, a tag that does not
-    /// verify (compared in constant time), another key named, or fields that cannot be decoded.
+    /// verify (compared in constant time), another key prefix or key named, or fields that cannot be
+    /// decoded.
     /// The record's read_at is left unset. Throws idem::error when OpenSSL fails.
     [[nodiscard]] Record open(const Key& key, std::string_view entry) const;
 
 private:
     std::string secret_;
+    std::string key_prefix_;
 };
 
 }  // namespace idem::redis

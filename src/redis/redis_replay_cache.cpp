@@ -36,7 +36,7 @@ struct RedisReplayCache::Impl {
 
     explicit Impl(RedisReplayCacheOptions o)
         : options(std::move(o)),
-          seal(take_secret(options)),
+          seal(take_secret(options), options.connection.key_prefix),
           pool(options.connection.pool_size, options.connection.pool_wait,
                [this] { return std::make_unique<Connection>(options.connection); }) {}
 

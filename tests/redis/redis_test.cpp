@@ -2,10 +2,10 @@
 // in-progress keys), the persistence check, authentication, scripts flushed behind its back,
 // batches, bad options and bad data; and RedisReplayCache as a tier of CachedStore in front of
 // PostgreSQL: shared replays, TTLs bounded by the retention left, fingerprints checked, in-progress
-// never cached, a stopped Redis falling back to PostgreSQL, entries altered, copied between keys,
-// truncated, of the old format or sealed under another secret answered by PostgreSQL instead of
-// replayed. Each test case starts its own redis-server(s); the tier's cases need
-// IDEM_TEST_DATABASE_URL (scripts/with-postgres.sh).
+// never cached, a stopped Redis falling back to PostgreSQL, entries altered, copied between keys
+// or from a tier of another key prefix, truncated, of the old format or sealed under another
+// secret answered by PostgreSQL instead of replayed. Each test case starts its own redis-server(s); the tier's cases
+// need IDEM_TEST_DATABASE_URL (scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "idem/redis/replay_cache.hpp"
 #include "idem/redis/store.hpp"
@@ -615,6 +615,25 @@ TEST_CASE("RedisReplayCache: another key's entry copied into a key's slot is a m
     replayed_from_primary(t, c, fp_of("same"), "for c");
     replayed_from_primary(t, other, fp_of("same"), "for t/a");
     CHECK(runs == 4);
+}
+
+TEST_CASE("RedisReplayCache: an entry copied from a tier of another key_prefix, same secret, is a miss",
+          "[redis][cache][integrity]") {
+    const std::string secret = GENERATE(Catch::Generators::as<std::string>{}, kEntrySecret, "");
+    RedisServer server(RedisServerOptions{.appendonly = false});
+    // Two deployments sharing a Redis and a secret, told apart by their prefixes (and primaries).
+    Tiered a(server, secret);
+    Tiered b(server, secret);
+    REQUIRE(a.cache_options.connection.key_prefix != b.cache_options.connection.key_prefix);
+    const idem::Key key("s", "k");  // the same key and request in both
+    int runs_a = 0;
+    int runs_b = 0;
+    fill(*a.instance(), key, fp_of("same"), "answered by A", runs_a);
+    fill(*b.instance(), key, fp_of("same"), "answered by B", runs_b);
+    put_entry(server, b, key, entry_bytes(server, a, key));
+    replayed_from_primary(b, key, fp_of("same"), "answered by B");
+    CHECK(runs_a == 1);
+    CHECK(runs_b == 1);
 }
 
 TEST_CASE("RedisReplayCache: a truncated entry is a miss, answered by the primary", "[redis][cache][integrity]") {

@@ -13,13 +13,15 @@
 //   Redis with a TTL of the retention the record had left as the primary stated it
 //   (expires_at - read_at, less the time since the primary was asked), so it never outlives the
 //   record. The fingerprint is checked on every hit (by CachedStore): mismatch stays mismatch.
-// * Sealed entries: each entry names its key (scope and value) and the request fingerprint it
-//   answers, and carries an HMAC-SHA256 under entry_secret over a versioned, length-prefixed
-//   encoding of them and the record (without a secret, a SHA-256 checksum). An entry whose MAC does
-//   not verify, that names another key, or of an unknown format (including entries written before
-//   entries were sealed) is a miss, counted in stats().untrusted and deleted: the primary answers
-//   and the tier refills. Only a secret stops whoever can write to the Redis from making the tier
-//   replay a response idem never produced; the checksum detects corruption and copied entries.
+// * Sealed entries: each entry names the tier's key prefix, its key (scope and value) and the
+//   request fingerprint it answers, and carries an HMAC-SHA256 under entry_secret over a
+//   versioned, length-prefixed encoding of them and the record (without a secret, a SHA-256
+//   checksum). An entry whose MAC does not verify, that names another key or another key prefix
+//   (copied from a deployment sharing the Redis, even under the same secret), or of an unknown
+//   format (including entries of an earlier idem's format) is a miss, counted in
+//   stats().untrusted and deleted: the primary answers and the tier refills. Only a secret stops whoever can write to
+//   the Redis from making the tier replay a response idem never produced; the checksum detects corruption and copied
+//   entries.
 // * Sealed expiry: a TTL is whatever a writer to the Redis sets, so an entry whose sealed expires_at
 //   has passed by this host's system clock is untrusted too (a miss, counted, deleted), and a hit
 //   states no more time left than its sealed expires_at leaves. No clock skew is allowed for: a
@@ -65,9 +67,10 @@ struct RedisReplayCacheOptions {
     std::size_t max_entry_bytes = 1u << 20;
     /// The key of the HMAC-SHA256 that seals every entry: empty, or at least
     /// min_entry_secret_bytes of secret (e.g. 32 random bytes), the same on every instance that
-    /// shares the entries. Each entry names its key and the request fingerprint it answers, and
-    /// carries a MAC over them and the record; an entry whose MAC does not verify, that names
-    /// another key, or of another format is a miss (stats().untrusted), answered by the primary.
+    /// shares the entries. Each entry names the key prefix, its key and the request fingerprint it
+    /// answers, and carries a MAC over them and the record; an entry whose MAC does not verify,
+    /// that names another key or key prefix, or of another format is a miss (stats().untrusted),
+    /// answered by the primary.
     /// Empty: entries carry a SHA-256 checksum instead, which catches corruption and entries
     /// copied into another key's slot, but not forgery — whoever can write to this Redis can then
     /// make the tier replay a response idem never produced. Set it wherever anyone but idem can
@@ -97,10 +100,10 @@ struct RedisReplayCacheStats {
     std::uint64_t errors = 0;    ///< Redis errors and timeouts, every pooled connection busy
     std::uint64_t skipped = 0;   ///< calls answered as misses during a pause after an error
     /// Entries found but not answered (each a miss, and deleted): a MAC (or checksum) that does not
-    /// verify, another key named, truncated, of another format (idem's before entries were
-    /// sealed, or not idem's), or a sealed expires_at already passed (a TTL set past it). Anything but zero with
-    /// entry_secret set means that something other than this tier wrote to its keys, or that instances disagree on the
-    /// secret.
+    /// verify, another key or key prefix named, truncated, of another format (an earlier idem's,
+    /// or not idem's), or a sealed expires_at already passed (a TTL set past it). Anything but zero
+    /// with entry_secret set means that something other than this tier wrote to its keys, or that
+    /// instances disagree on the secret or the key prefix.
     std::uint64_t untrusted = 0;
 };
 
