@@ -10,6 +10,7 @@
 
 #include "connection.hpp"
 #include "idem/errors.hpp"
+#include "idem/sealing.hpp"
 
 namespace idem::redis {
 
@@ -20,6 +21,7 @@ using SysClock = std::chrono::system_clock;
 constexpr std::string_view kVersion = "idem-c3";
 constexpr char kHmac = 'h';
 constexpr char kChecksum = 's';
+constexpr char kGcm = 'g';            // the whole entry sealed with idem::seal under the tier's keyring
 constexpr std::size_t kTagSize = 32;  // SHA-256
 using Tag = std::array<unsigned char, kTagSize>;
 
@@ -119,8 +121,8 @@ Record decode_record(std::string_view bytes) {
 
 }  // namespace
 
-EntrySeal::EntrySeal(std::string secret, std::string key_prefix)
-    : secret_(std::move(secret)), key_prefix_(std::move(key_prefix)) {}
+EntrySeal::EntrySeal(std::string secret, std::string key_prefix, std::shared_ptr<const Keyring> keyring)
+    : secret_(std::move(secret)), key_prefix_(std::move(key_prefix)), keyring_(std::move(keyring)) {}
 
 EntrySeal::~EntrySeal() { OPENSSL_cleanse(secret_.data(), secret_.size()); }
 
@@ -146,31 +148,21 @@ Tag tag_of(const std::string& secret, std::string_view bytes) {
 
 }  // namespace
 
-std::string EntrySeal::seal(const Key& key, const Record& record) const {
+// What an entry names and holds, after its version and seal kind: the key prefix, the key, the
+// fingerprint and the record.
+std::string EntrySeal::body(const Key& key, const Record& record) const {
     Writer w;
-    w.out().append(kVersion);
-    w.out().push_back(secret_.empty() ? kChecksum : kHmac);
     w.text(key_prefix_);
     w.text(key.scope());
     w.text(key.value());
     w.integer(static_cast<std::int64_t>(record.fingerprint.algorithm()));
     w.text(record.fingerprint.bytes());
     w.text(encode_record(record));
-    const Tag tag = tag_of(secret_, w.out());
-    w.out().append(reinterpret_cast<const char*>(tag.data()), tag.size());
     return std::move(w.out());
 }
 
-Record EntrySeal::open(const Key& key, std::string_view entry) const {
-    if (entry.size() < kVersion.size() + 1 + kTagSize || entry.substr(0, kVersion.size()) != kVersion)
-        throw corrupt_record("idem: not a Redis cache entry of this version");
-    if (entry[kVersion.size()] != (secret_.empty() ? kChecksum : kHmac))
-        throw corrupt_record("idem: a Redis cache entry sealed another way (with or without entry_secret)");
-    const std::string_view sealed = entry.substr(0, entry.size() - kTagSize);
-    const Tag tag = tag_of(secret_, sealed);
-    if (CRYPTO_memcmp(tag.data(), entry.data() + sealed.size(), kTagSize) != 0)
-        throw corrupt_record("idem: a Redis cache entry whose tag does not verify");
-    Reader in(sealed.substr(kVersion.size() + 1));
+Record EntrySeal::parse(const Key& key, std::string_view body) const {
+    Reader in(body);
     if (in.text() != key_prefix_)
         throw corrupt_record("idem: a Redis cache entry written by a tier of another key_prefix");
     const std::string_view scope = in.text();
@@ -185,6 +177,47 @@ Record EntrySeal::open(const Key& key, std::string_view entry) const {
         throw corrupt_record("idem: a Redis cache entry names an unknown fingerprint algorithm");
     record.fingerprint = Fingerprint::from_bytes(static_cast<std::int16_t>(algorithm), fp);
     return record;
+}
+
+char EntrySeal::kind() const noexcept { return keyring_ ? kGcm : secret_.empty() ? kChecksum : kHmac; }
+
+std::string EntrySeal::seal(const Key& key, const Record& record) const {
+    std::string out(kVersion);
+    out.push_back(kind());
+    if (keyring_) {
+        std::string plain = body(key, record);
+        out.append(idem::seal(*keyring_, key, plain));
+        OPENSSL_cleanse(plain.data(), plain.size());
+        return out;
+    }
+    out.append(body(key, record));
+    const Tag tag = tag_of(secret_, out);
+    out.append(reinterpret_cast<const char*>(tag.data()), tag.size());
+    return out;
+}
+
+Record EntrySeal::open(const Key& key, std::string_view entry) const {
+    if (entry.size() < kVersion.size() + 1 || entry.substr(0, kVersion.size()) != kVersion)
+        throw corrupt_record("idem: not a Redis cache entry of this version");
+    if (entry[kVersion.size()] != kind())
+        throw corrupt_record("idem: a Redis cache entry sealed another way (keyring, entry_secret or neither)");
+    if (keyring_) {
+        std::string plain = open_sealed(*keyring_, key, entry.substr(kVersion.size() + 1));
+        try {
+            Record record = parse(key, plain);
+            OPENSSL_cleanse(plain.data(), plain.size());
+            return record;
+        } catch (...) {
+            OPENSSL_cleanse(plain.data(), plain.size());
+            throw;
+        }
+    }
+    if (entry.size() < kVersion.size() + 1 + kTagSize) throw corrupt_record("idem: a truncated Redis cache entry");
+    const std::string_view sealed = entry.substr(0, entry.size() - kTagSize);
+    const Tag tag = tag_of(secret_, sealed);
+    if (CRYPTO_memcmp(tag.data(), entry.data() + sealed.size(), kTagSize) != 0)
+        throw corrupt_record("idem: a Redis cache entry whose tag does not verify");
+    return parse(key, sealed.substr(kVersion.size() + 1));
 }
 
 }  // namespace idem::redis

@@ -4,12 +4,17 @@
 // An entry's bytes, integers 64-bit little-endian, every variable field after its length:
 //
 //   "idem-c3"  the format version (7 bytes)
-//   seal       'h': HMAC-SHA256 under the tier's entry_secret; 's': SHA-256 (no secret) (1 byte)
+//   seal       'h': HMAC-SHA256 under the tier's entry_secret; 's': SHA-256 (no secret);
+//              'g': AES-256-GCM under the tier's keyring (1 byte)
 //   key prefix (RedisOptions::key_prefix of the tier that wrote it), scope, key value,
 //   fingerprint algorithm, fingerprint bytes
 //   record     fence, attempt, result, phase and phase data (each after a presence byte),
 //              created_at, lease_until, expires_at (Unix ms)
 //   tag        the HMAC or SHA-256 of every byte before it (32 bytes)
+//
+// With a keyring ('g') everything after the seal byte is one record sealed by idem::seal for the
+// key (idem/sealing.hpp): the GCM tag authenticates what the HMAC would, and nothing of the
+// record, the fingerprint or the key prefix is readable in Redis.
 //
 // The length prefixes keep a byte from moving between fields (scope "ab" + key "c" and scope "a"
 // + key "bc" are different bytes), and the version and seal kind are inside what the tag covers.
@@ -19,10 +24,12 @@
 // sharing the Redis, and perhaps the secret) names another prefix.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "idem/key.hpp"
+#include "idem/sealing.hpp"
 #include "idem/store.hpp"
 
 namespace idem::redis {
@@ -34,8 +41,8 @@ class EntrySeal {
 public:
     /// `secret`: empty (a checksum), or the HMAC key (the caller checks its length); `key_prefix`:
     /// the tier's RedisOptions::key_prefix, named in every entry it seals and required of every
-    /// entry it opens.
-    EntrySeal(std::string secret, std::string key_prefix);
+    /// entry it opens; `keyring`: when set, entries are sealed under it ('g') and `secret` is unused.
+    EntrySeal(std::string secret, std::string key_prefix, std::shared_ptr<const Keyring> keyring = nullptr);
     ~EntrySeal();
     EntrySeal(const EntrySeal&) = delete;
     EntrySeal& operator=(const EntrySeal&) = delete;
@@ -52,8 +59,13 @@ public:
     [[nodiscard]] Record open(const Key& key, std::string_view entry) const;
 
 private:
+    [[nodiscard]] char kind() const noexcept;
+    [[nodiscard]] std::string body(const Key& key, const Record& record) const;
+    [[nodiscard]] Record parse(const Key& key, std::string_view body) const;
+
     std::string secret_;
     std::string key_prefix_;
+    std::shared_ptr<const Keyring> keyring_;
 };
 
 }  // namespace idem::redis

@@ -9,6 +9,7 @@
 #include "common.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
+#include "sealed_results.hpp"
 
 namespace idem {
 
@@ -36,7 +37,7 @@ struct RedisReplayCache::Impl {
 
     explicit Impl(RedisReplayCacheOptions o)
         : options(std::move(o)),
-          seal(take_secret(options), options.connection.key_prefix),
+          seal(take_secret(options), options.connection.key_prefix, options.connection.sealing.keyring),
           pool(options.connection.pool_size, options.connection.pool_wait,
                [this] { return std::make_unique<Connection>(options.connection); }) {}
 
@@ -110,6 +111,7 @@ RedisReplayCache::RedisReplayCache(RedisReplayCacheOptions options) {
     if (options.pause_after_error.count() < 0)
         throw config_error("idem: RedisReplayCacheOptions: pause_after_error < 0");
     if (options.max_entry_bytes == 0) throw config_error("idem: RedisReplayCacheOptions: max_entry_bytes must be > 0");
+    detail::check_sealing(options.connection.sealing);
     if (!options.entry_secret.empty() &&
         options.entry_secret.size() < RedisReplayCacheOptions::min_entry_secret_bytes) {
         throw config_error(fmt::format("idem: RedisReplayCacheOptions: entry_secret must be empty or at least {} bytes",

@@ -1,8 +1,11 @@
-// RedisStore with sealed responses (idem/sealing.hpp): what is in Redis (read with the test's own
-// connection), and a result altered, truncated or copied from another key answered with
-// corrupt_record, the effect never run again. The record format itself is tests/store/sealing_test.cpp's.
+// Sealed responses (idem/sealing.hpp) in Redis: RedisStore — what is in Redis (read with the
+// test's own connection), and a result altered, truncated or copied from another key answered with
+// corrupt_record, the effect never run again — and RedisReplayCache entries sealed under a keyring
+// (nothing readable; an altered entry or one sealed under other keys is a miss answered by the
+// primary). The record format itself is tests/store/sealing_test.cpp's.
 #include "idem/sealing.hpp"
 #include "idem/idem.hpp"
+#include "idem/redis/replay_cache.hpp"
 #include "idem/redis/store.hpp"
 #include "redis_server.hpp"
 #include "test_env.hpp"
@@ -80,4 +83,66 @@ TEST_CASE("RedisStore sealed: nothing of the response in Redis; altered or copie
     CHECK(runs == 4);
     CHECK(charge(a).response() == kBody);
     CHECK(runs == 4);
+}
+
+TEST_CASE("RedisReplayCache sealed: nothing readable in the entry; altered or foreign entries are misses",
+          "[redis][cache][sealing]") {
+    RedisServer server(idem_test::RedisServerOptions{.appendonly = false});
+    idem::MemoryStore primary;
+    const auto tier_options = [&](char key_byte) {
+        idem::RedisReplayCacheOptions o;
+        o.connection.unix_socket = server.socket();
+        o.connection.key_prefix = "tier:";
+        o.connection.command_timeout = std::chrono::seconds(2);  // a busy machine: no spurious misses
+        auto ring = std::make_shared<idem::Keyring>();
+        ring->add(1, std::string(32, key_byte));
+        o.connection.sealing.keyring = ring;
+        return o;
+    };
+    const auto instance = [&](char key_byte) {
+        return std::make_unique<idem::CachedStore>(
+            primary, std::vector<std::shared_ptr<idem::ReplayTier>>{
+                         std::make_shared<idem::RedisReplayCache>(tier_options(key_byte))});
+    };
+    auto one = instance('x');
+    auto two = instance('x');
+    auto other_keys = instance('y');
+    const idem::Key key("acct_secret_scope", "key-value-visible?");
+    int runs = 0;
+    const auto charge = [&](idem::CachedStore& store) {
+        return idem::execute_once(store, key, idem::fingerprint("POST /charges"s, 1999), [&] {
+            ++runs;
+            return kBody;
+        });
+    };
+    REQUIRE(charge(*one).outcome() == Outcome::executed);
+    REQUIRE(charge(*one).outcome() == Outcome::replayed);  // reaches the primary, fills Redis
+    const std::string entry_key = "tier:c:" + std::to_string(key.scope().size()) + ":" + key.scope() + key.value();
+    const std::string entry = bulk(server.command({"GET", entry_key}));
+    CHECK(entry.starts_with("idem-c3g"));
+    for (const std::string& secret : {kBody, key.scope(), key.value()}) CHECK(entry.find(secret) == std::string::npos);
+
+    const auto claims = primary.stats().claims;
+    CHECK(charge(*two).response() == kBody);
+    CHECK(primary.stats().claims == claims);  // from Redis
+    auto& tier_two = dynamic_cast<idem::RedisReplayCache&>(*two->tiers()[0]);
+    CHECK(tier_two.stats().hits == 1);
+
+    // sealed under other keys: a miss, answered by the primary
+    CHECK(charge(*other_keys).response() == kBody);
+    CHECK(primary.stats().claims == claims + 1);
+    CHECK(dynamic_cast<idem::RedisReplayCache&>(*other_keys->tiers()[0]).stats().untrusted == 1);
+
+    // one byte altered: a miss, answered by the primary (a fresh instance: no in-process copy)
+    (void)charge(*one);  // refills Redis if the other instance's miss replaced the entry
+    std::string altered = bulk(server.command({"GET", entry_key}));
+    REQUIRE(altered.starts_with("idem-c3g"));
+    altered[altered.size() - 20] = static_cast<char>(altered[altered.size() - 20] ^ 0x01);
+    (void)server.command({"SET", entry_key, altered, "KEEPTTL"});
+    auto three = instance('x');
+    const auto before = primary.stats().claims;
+    CHECK(charge(*three).response() == kBody);
+    CHECK(primary.stats().claims == before + 1);
+    CHECK(dynamic_cast<idem::RedisReplayCache&>(*three->tiers()[0]).stats().untrusted == 1);
+    CHECK(runs == 1);
 }

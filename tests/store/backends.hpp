@@ -225,6 +225,7 @@ public:
         cache.connection = idem::RedisReplayCacheOptions::cache_connection_defaults();
         cache.connection.unix_socket = contract_redis().socket();
         cache.connection.key_prefix = prefix_;
+        cache.connection.sealing = env_sealing();  // entries sealed too (IDEM_TEST_SEALED)
         // A busy test machine: the cache's 50 ms default would turn into misses, which the
         // contract would survive, but then the tier would not be what is tested.
         cache.connection.command_timeout = std::chrono::seconds(5);
