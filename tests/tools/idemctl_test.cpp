@@ -260,6 +260,53 @@ TEST_CASE("idemctl show: a completed HTTP response, decoded", "[idemctl]") {
     CHECK(text.has_line(R"(body         13 bytes: {"id":"ch_1"})"));
 }
 
+TEST_CASE("idemctl show: a sealed result is opened only with --keyring", "[idemctl]") {
+    Fixture f;
+    const auto dir = std::filesystem::temp_directory_path() / idem_test::unique_name("idemctl_keys");
+    std::filesystem::create_directories(dir);
+    const auto write = [&](const std::string& name, const std::string& text) {
+        std::ofstream(dir / name) << text;
+        return (dir / name).string();
+    };
+    const std::string right = write("right", "# test keys\n1 " + std::string(64, 'a') + "\n");
+    const std::string wrong = write("wrong", "1 " + std::string(64, 'b') + "\n");
+    auto options = Fixture::make_options(f.table);
+    options.sealing.keyring = std::make_shared<const idem::Keyring>(idem::Keyring::from_file(right));
+    idem::PostgresStore sealed(f.url, options);
+    const idem::Key key(f.scope, "sealed-1");
+    const auto c = sealed.claim(key, idem::fingerprint(std::string("request")));
+    REQUIRE(c.status == idem::ClaimStatus::claimed);
+    sealed.save(key, c.fence, idem::codec<idem::Response>::encode(f.response));
+    const std::size_t stored = idem::codec<idem::Response>::encode(f.response).size() + idem::seal_overhead;
+
+    const Run closed = f.ctl({"show", key.scope(), key.value()});
+    REQUIRE(closed.exit_code == 0);
+    CHECK(closed.has_line("result       " + std::to_string(stored) +
+                          " bytes, sealed with key id 1 (give --keyring FILE to open it)"));
+    CHECK(closed.out.find("ch_1") == std::string::npos);
+    const json j = f.ctl({"show", key.scope(), key.value(), "--json"}).doc();
+    CHECK(j["sealed_key_id"] == 1);
+    CHECK(j["response"].is_null());
+    CHECK(j["result_bytes"] == stored);
+
+    const Run opened = f.ctl({"show", key.scope(), key.value(), "--keyring", right});
+    REQUIRE(opened.exit_code == 0);
+    CHECK(opened.has_line(R"(body         13 bytes: {"id":"ch_1"})"));
+    // with a keyring, an unsealed record of the same table is still shown as stored
+    const Run plain = f.ctl({"show", f.completed.scope(), f.completed.value(), "--keyring", right});
+    REQUIRE(plain.exit_code == 0);
+    CHECK(plain.has_line(R"(body         13 bytes: {"id":"ch_1"})"));
+
+    const Run refused = f.ctl({"show", key.scope(), key.value(), "--keyring", wrong});
+    CHECK(refused.exit_code != 0);
+    CHECK(refused.err.find("does not authenticate") != std::string::npos);
+    CHECK(refused.out.find("ch_1") == std::string::npos);
+    const Run missing = f.ctl({"show", key.scope(), key.value(), "--keyring", (dir / "absent").string()});
+    CHECK(missing.exit_code != 0);
+    CHECK(missing.err.find("cannot read the keyring file") != std::string::npos);
+    std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("idemctl show: a stale in-progress key with its recovery point", "[idemctl]") {
     Fixture f;
     const Run run = f.ctl({"--json", "show", f.stale.scope(), f.stale.value()});

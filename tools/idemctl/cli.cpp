@@ -46,7 +46,7 @@ Exit codes:
 Passwords are never printed: conninfo in messages is shown without its password.)";
 
 constexpr std::string_view kCommandFooter =
-    "Global options, before or after the command: --db CONNINFO, --table NAME, --json\n"
+    "Global options, before or after the command: --db CONNINFO, --table NAME, --keyring FILE, --json\n"
     "(idemctl --help has them and the exit codes).";
 
 struct CommandSpec {
@@ -268,6 +268,8 @@ Options parse(int argc, const char* const* argv) {
                    "PGDATABASE, PGUSER, PGPASSWORD, PGSERVICE, ...)")
         ->type_name("CONNINFO");
     app.add_option("--table", o.table, "idem's table, [schema.]table (default idem_keys)")->type_name("NAME");
+    app.add_option("--keyring", o.keyring, "a keyring file (lines `<id> <64 hex digits>`) to open sealed results with")
+        ->type_name("FILE");
     app.add_flag("--json", o.json, "one JSON document on stdout, errors too; nothing on stderr");
 
     std::vector<std::pair<std::string_view, CLI::App*>> commands;

@@ -57,7 +57,9 @@ struct Options {
     bool exact = false;  ///< show --exact: never look up the key's percent-decoded form
     /// --db; unset: libpq's environment (PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, ...).
     std::string conninfo;
-    std::string table;                        ///< --table; default: the library's default table
+    std::string table;  ///< --table; default: the library's default table
+    /// --keyring: a keyring file (idem::Keyring::parse's format) to open sealed results with.
+    std::string keyring;
     std::optional<std::int64_t> fence;        ///< release --fence
     std::optional<std::string> scope;         ///< --scope (exact)
     std::optional<std::string> scope_prefix;  ///< --scope-prefix (literal)

@@ -8,6 +8,7 @@
 #include "idem/key.hpp"
 #include "idem/postgres_store.hpp"
 #include "idem/response.hpp"
+#include "idem/sealing.hpp"
 #include "json.hpp"
 #include "table.hpp"
 #include "text.hpp"
@@ -49,6 +50,11 @@ std::unique_ptr<idem::PostgresStore> open_store(const Options& o) {
     options.table = checked_table_name(o);
     options.pool_size = 1;
     options.application_name = "idemctl";
+    if (!o.keyring.empty()) {
+        // Rows stored before sealing was turned on are shown as they are.
+        options.sealing.keyring = std::make_shared<const idem::Keyring>(idem::Keyring::from_file(o.keyring));
+        options.sealing.open_unsealed = true;
+    }
     return std::make_unique<idem::PostgresStore>(o.conninfo, options);
 }
 
@@ -109,6 +115,11 @@ Json record_json(const idem::Key& key, const idem::Record& r) {
         return j;
     }
     j["result_bytes"] = static_cast<std::uint64_t>(r.result->size());
+    if (const auto id = idem::sealed_key_id(*r.result)) {  // not opened: no --keyring
+        j["sealed_key_id"] = *id;
+        j["response"] = nullptr;
+        return j;
+    }
     if (const auto response = as_response(*r.result)) {
         Json headers = Json::array();
         for (const auto& [name, value] : response->headers) {
@@ -160,6 +171,11 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
         r.phase_data ? fmt::format("{} ({} bytes)", printable(*r.phase_data), r.phase_data->size()) : "-");
     if (!r.result) {
         row("result", "- (none yet: in progress)");
+        return;
+    }
+    if (const auto id = idem::sealed_key_id(*r.result)) {
+        row("result",
+            fmt::format("{} bytes, sealed with key id {} (give --keyring FILE to open it)", r.result->size(), *id));
         return;
     }
     const auto response = as_response(*r.result);
