@@ -54,6 +54,7 @@
 #include "output.hpp"
 #include "pgbench.hpp"
 #include "postgres/sql.hpp"  // internal: only to check that the floor's copy of the SQL is current
+#include "seal_check.hpp"
 #include "util.hpp"
 #ifdef IDEM_BENCH_REDIS
 #include "redis.hpp"  // --store redis | tiered (bench/redis.cpp, bench/redis/)
@@ -178,7 +179,8 @@ int main(int argc, char** argv) {
         std::vector<Run> runs;
         std::optional<TableSizeResult> ts;
         std::optional<RssResult> rss;
-        if (o.table_size_check > 0 || o.rss_check) {
+        if (o.table_size_check > 0 || o.rss_check || o.seal_check > 0) {
+            if (o.seal_check > 0) seal_check(o, admin, tables, prefix, seed);
             if (o.table_size_check > 0) ts = table_size_check(o, admin, tables, prefix, fp, seed);
             if (o.rss_check) rss = rss_check(o, admin, tables, prefix, fp, seed ^ 0xABCDEFull);
         } else {

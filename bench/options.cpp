@@ -55,6 +55,8 @@ Throughput matrix (default):
                           shared store with a pool of T: isolates the cost of sharing the pool
 Checks (when given, they run instead of the matrix):
   --table-size-check N    claim p50 (1 thread, new keys) on an empty table vs one with N rows
+  --seal-check N          client CPU per new call and replay with sealed responses off and on
+                          (N-byte bodies, 1 thread, --rounds pairs), and seal() / open_sealed()
   --rss-check             RSS after 100k and after --rss-calls calls (default 1000000),
                           --rss-threads threads (default 4), half replays, half new keys
 Other:
@@ -175,6 +177,9 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--table-size-check") {
             o.table_size_check = to_int(value(), "--table-size-check");
             if (o.table_size_check < 1) usage(2);
+        } else if (arg == "--seal-check") {
+            o.seal_check = to_int(value(), "--seal-check");
+            if (o.seal_check < 0) usage(2);
         } else if (arg == "--rss-check") {
             o.rss_check = true;
         } else if (arg == "--rss-calls") {

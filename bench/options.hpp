@@ -34,6 +34,7 @@ struct Options {
     bool expect_round_trips = false;
     std::int64_t table_size_check = 0;
     bool rss_check = false;
+    std::int64_t seal_check = 0;  ///< --seal-check N: the sealing check with N-byte bodies
     std::int64_t rss_calls = 1'000'000;
     int rss_threads = 4;
     bool print_scripts = false;
