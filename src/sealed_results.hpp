@@ -33,7 +33,7 @@ inline void check_sealing(const SealingOptions& sealing) {
 /// Opens a stored result in place; throws corrupt_record when it does not open.
 inline void open_result(const SealingOptions& sealing, const Key& key, std::optional<std::string>& result) {
     if (!sealing.keyring || !result) return;
-    if (sealing.open_unsealed && !sealed_key_id(*result)) return;  // written before sealing was on
+    if (sealing.open_unsealed && !looks_sealed(*result)) return;  // written before sealing was on
     result = open_sealed(*sealing.keyring, key, *result);
 }
 
@@ -42,8 +42,13 @@ inline void open_record(const SealingOptions& sealing, const Key& key, std::opti
     if (record) open_result(sealing, key, record->result);
 }
 
-/// Opens the record a claim found.
+/// Opens the record a claim found. A mismatch never replays: its record's result is dropped
+/// unopened, so a reused key answers mismatch whether or not that result opens.
 inline void open_claim(const SealingOptions& sealing, const Key& key, Claim& claim) {
+    if (sealing.keyring && claim.status == ClaimStatus::mismatch && claim.existing) {
+        claim.existing->result.reset();
+        return;
+    }
     open_record(sealing, key, claim.existing);
 }
 

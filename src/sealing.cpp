@@ -4,11 +4,13 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 
 #include "idem/errors.hpp"
 
@@ -18,6 +20,7 @@ namespace {
 
 constexpr std::string_view kMagic = "idS1";
 constexpr std::string_view kDerive = "idem/seal/v1";
+constexpr std::string_view kSiv = "idem/seal/siv/v1";
 constexpr std::size_t kSalt = 16;
 constexpr std::size_t kNonce = 12;
 constexpr std::size_t kTag = 16;
@@ -47,19 +50,22 @@ EVP_CIPHER_CTX* thread_context() {
     return ctx.get();
 }
 
-// The record's own key: HMAC-SHA256(keyring key, "idem/seal/v1" | salt).
-KeyBytes record_key(const KeyBytes& master, const unsigned char* salt) {
-    unsigned char message[kDerive.size() + kSalt];
-    std::copy(kDerive.begin(), kDerive.end(), message);
-    std::copy(salt, salt + kSalt, message + kDerive.size());
+KeyBytes hmac(const KeyBytes& master, std::string_view message) {
     KeyBytes out{};
     unsigned int len = 0;
-    if (HMAC(EVP_sha256(), master.data(), static_cast<int>(master.size()), message, sizeof message, out.data(), &len) ==
-            nullptr ||
+    if (HMAC(EVP_sha256(), master.data(), static_cast<int>(master.size()),
+             reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len) == nullptr ||
         len != out.size()) {
         throw error("idem: HMAC-SHA256 failed (OpenSSL)");
     }
     return out;
+}
+
+// The record's own key: HMAC-SHA256(keyring key, "idem/seal/v1" | salt).
+KeyBytes record_key(const KeyBytes& master, const unsigned char* salt) {
+    std::string message(kDerive);
+    message.append(reinterpret_cast<const char*>(salt), kSalt);
+    return hmac(master, message);
 }
 
 void put_be32(std::string& out, std::uint32_t v) {
@@ -72,15 +78,16 @@ std::uint32_t get_be32(std::string_view in) {
     return v;
 }
 
-// The associated data: the header, then the key's scope and value, each with a 2-byte length.
-std::string associated_data(std::string_view header, const Key& key) {
-    std::string aad(header);
+// What binds a record to its place: the purpose, then the key's scope and value, each with a
+// 2-byte length (a key part is at most 255 bytes).
+std::string binding(SealPurpose purpose, const Key& key) {
+    std::string out(1, static_cast<char>(purpose));
     for (const std::string* part : {&key.scope(), &key.value()}) {
-        aad.push_back(static_cast<char>((part->size() >> 8) & 0xff));
-        aad.push_back(static_cast<char>(part->size() & 0xff));
-        aad.append(*part);
+        out.push_back(static_cast<char>((part->size() >> 8) & 0xff));
+        out.push_back(static_cast<char>(part->size() & 0xff));
+        out.append(*part);
     }
-    return aad;
+    return out;
 }
 
 const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
@@ -159,11 +166,34 @@ Keyring Keyring::parse(std::string_view text) {
 }
 
 Keyring Keyring::from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw config_error("idem: cannot read the keyring file " + path);
-    std::ostringstream text;
-    text << in.rdbuf();
-    std::string contents = text.str();
+    // Read with read(2) into one buffer that is wiped afterwards: a stream would leave copies of
+    // the keys in buffers of its own.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw config_error("idem: cannot read the keyring file " + path + ": " + std::strerror(errno));
+    std::string contents;
+    contents.reserve(1 << 16);
+    char chunk[4096];
+    for (;;) {
+        const ssize_t n = ::read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const int why = n < 0 ? errno : 0;
+            ::close(fd);
+            OPENSSL_cleanse(chunk, sizeof chunk);
+            if (n < 0) {
+                OPENSSL_cleanse(contents.data(), contents.size());
+                throw config_error("idem: cannot read the keyring file " + path + ": " + std::strerror(why));
+            }
+            break;
+        }
+        if (contents.size() + static_cast<std::size_t>(n) > contents.capacity()) {
+            ::close(fd);
+            OPENSSL_cleanse(chunk, sizeof chunk);
+            OPENSSL_cleanse(contents.data(), contents.size());
+            throw config_error("idem: the keyring file " + path + " is larger than 64 KiB");
+        }
+        contents.append(chunk, static_cast<std::size_t>(n));  // within capacity: never reallocates
+    }
     try {
         Keyring ring = parse(contents);
         OPENSSL_cleanse(contents.data(), contents.size());
@@ -172,6 +202,14 @@ Keyring Keyring::from_file(const std::string& path) {
         OPENSSL_cleanse(contents.data(), contents.size());
         throw;
     }
+}
+
+Keyring& Keyring::operator=(const Keyring& other) {
+    if (this == &other) return *this;
+    for (auto& [id, key] : keys_) OPENSSL_cleanse(key.data(), key.size());
+    keys_.clear();
+    keys_ = other.keys_;
+    return *this;
 }
 
 std::uint32_t Keyring::sealing_id() const noexcept { return keys_.empty() ? 0 : keys_.rbegin()->first; }
@@ -189,25 +227,34 @@ const std::array<unsigned char, Keyring::key_size>* Keyring::find(std::uint32_t 
     return it == keys_.end() ? nullptr : &it->second;
 }
 
-std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext) {
+std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext, SealPurpose purpose) {
     const std::uint32_t id = keyring.sealing_id();
     if (id == 0) throw config_error("idem: cannot seal with an empty keyring");
+    const KeyBytes& master = *keyring.find(id);
+    const std::string bound = binding(purpose, key);
     std::string out;
     out.reserve(seal_overhead + plaintext.size());
     out.append(kMagic);
     put_be32(out, id);
-    unsigned char random[kSalt + kNonce];
-    if (RAND_bytes(random, sizeof random) != 1) throw error("idem: RAND_bytes failed (OpenSSL)");
-    out.append(reinterpret_cast<const char*>(random), sizeof random);
-    KeyBytes rkey = record_key(*keyring.find(id), random);
-    const std::string aad = associated_data(out, key);
+    // Salt and nonce from a keyed hash of everything sealed (a synthetic IV): the same bytes for
+    // the same key and plaintext, so a save sent again, or saved again, stores what is already
+    // there; other plaintexts get other record keys. Without the keyring key nobody can compute it.
+    std::string siv_input(kSiv);
+    siv_input.append(out.substr(4, 4));
+    siv_input.append(bound);
+    siv_input.append(plaintext);
+    const KeyBytes siv = hmac(master, siv_input);
+    OPENSSL_cleanse(siv_input.data(), siv_input.size());
+    out.append(reinterpret_cast<const char*>(siv.data()), kSalt + kNonce);
+    KeyBytes rkey = record_key(master, siv.data());
+    const std::string aad = out + bound;
 
     EVP_CIPHER_CTX* ctx = thread_context();
     out.resize(kHeader + plaintext.size() + kTag);
     auto* body = reinterpret_cast<unsigned char*>(out.data()) + kHeader;
     int len = 0, final_len = 0;
     const bool ok =
-        EVP_EncryptInit_ex(ctx, aes_256_gcm(), nullptr, rkey.data(), random + kSalt) == 1 &&
+        EVP_EncryptInit_ex(ctx, aes_256_gcm(), nullptr, rkey.data(), siv.data() + kSalt) == 1 &&
         EVP_EncryptUpdate(ctx, nullptr, &len, bytes(aad), static_cast<int>(aad.size())) == 1 &&
         (plaintext.empty() ||
          EVP_EncryptUpdate(ctx, body, &len, bytes(plaintext), static_cast<int>(plaintext.size())) == 1) &&
@@ -218,8 +265,8 @@ std::string seal(const Keyring& keyring, const Key& key, std::string_view plaint
     return out;
 }
 
-std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed) {
-    if (sealed.size() < 4 || sealed.substr(0, 4) != kMagic) {
+std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed, SealPurpose purpose) {
+    if (!looks_sealed(sealed)) {
         throw corrupt_record("idem: the stored result of this key is not a sealed record");
     }
     if (sealed.size() < seal_overhead) throw corrupt_record("idem: the sealed result of this key is truncated");
@@ -231,7 +278,7 @@ std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view
     }
     const auto* salt = bytes(sealed) + 8;
     KeyBytes rkey = record_key(*master, salt);
-    const std::string aad = associated_data(sealed.substr(0, kHeader), key);
+    const std::string aad = std::string(sealed.substr(0, kHeader)) + binding(purpose, key);
     const std::size_t n = sealed.size() - seal_overhead;
     std::string out(n, '\0');
     unsigned char tag[kTag];
@@ -254,8 +301,10 @@ std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view
     return out;
 }
 
+bool looks_sealed(std::string_view stored) noexcept { return stored.substr(0, kMagic.size()) == kMagic; }
+
 std::optional<std::uint32_t> sealed_key_id(std::string_view stored) noexcept {
-    if (stored.size() < seal_overhead || stored.substr(0, 4) != kMagic) return std::nullopt;
+    if (stored.size() < seal_overhead || !looks_sealed(stored)) return std::nullopt;
     return get_be32(stored.substr(4, 4));
 }
 

@@ -1,16 +1,21 @@
 // idem/sealing.hpp — sealed responses: stored results encrypted and authenticated at rest.
 //
-// With sealing on (PostgresOptions::sealing, RedisOptions::sealing, RedisReplayCacheOptions::keyring)
-// a store writes every result it saves as a sealed record and opens it again when it reads it back,
-// so a reader of the table, of a dump or of Redis sees neither the bytes nor their length to the
-// byte, and a writer cannot make idem replay bytes idem did not seal:
+// With sealing on (PostgresOptions::sealing, RedisOptions::sealing, and a RedisReplayCache's
+// connection.sealing) a store writes every result it saves as a sealed record and opens it again
+// when it reads it back, so a reader of the table, of a dump or of Redis does not see the bytes
+// (their length is visible: the record is the result plus seal_overhead), and a writer cannot make
+// idem replay bytes idem did not seal:
 //
 //   "idS1" | key id (4, big-endian) | salt (16) | nonce (12) | AES-256-GCM ciphertext | tag (16)
 //
-// The record key is HMAC-SHA256(keyring key, "idem/seal/v1" | salt): every record has a key of its
-// own (random salt), so one keyring key can seal any number of records without the 2^32 limit of
-// random GCM nonces under one key. The associated data is the header and the key's scope and value
-// (length-prefixed): a record copied to another key, or under another key id, does not open.
+// The record key is HMAC-SHA256(keyring key, "idem/seal/v1" | salt): every distinct record has a
+// key of its own, so one keyring key can seal any number of records without the 2^32 limit of
+// random GCM nonces under one key. Salt and nonce are a synthetic IV, HMAC-SHA256 under the keyring
+// key of the key id, purpose, key and plaintext: sealing the same result for the same key again
+// gives the same bytes (a save repeated after a lost answer is recognised as already stored), and
+// no one without the keyring can compute it. The associated data is the header, the purpose (a
+// stored result, a replay-tier entry) and the key's scope and value (length-prefixed): a record
+// copied to another key, another purpose or another key id does not open.
 //
 // A record that does not open (altered, truncated, copied from another key, sealed with a key id
 // the keyring lacks, or not sealed at all) is corrupt_record: never garbage bytes, never a re-run.
@@ -48,8 +53,8 @@ public:
     ~Keyring();
     /// Copies the keys.
     Keyring(const Keyring&) = default;
-    /// Copies the keys.
-    Keyring& operator=(const Keyring&) = default;
+    /// Copies the keys (the keys it held before are wiped).
+    Keyring& operator=(const Keyring& other);
 
     /// Adds key `id` (1 or more) with `secret` (exactly 32 bytes, e.g. from a secrets manager or
     /// `openssl rand 32`). Throws config_error for id 0, an id already present or another size.
@@ -58,7 +63,8 @@ public:
     /// A keyring from text: one key per line, `<id> <64 hexadecimal digits>`; blank lines and lines
     /// starting with '#' are skipped. Throws config_error naming the line (never its key).
     [[nodiscard]] static Keyring parse(std::string_view text);
-    /// parse() of a file's contents; throws config_error when it cannot be read.
+    /// parse() of a file's contents (at most 64 KiB; the bytes read are wiped afterwards); throws
+    /// config_error when it cannot be read.
     [[nodiscard]] static Keyring from_file(const std::string& path);
 
     /// The id new records are sealed with (the highest), or 0 when the keyring is empty.
@@ -93,16 +99,30 @@ struct SealingOptions {
 /// Bytes a sealed record adds to the result.
 inline constexpr std::size_t seal_overhead = 4 + 4 + 16 + 12 + 16;
 
-/// `plaintext` sealed for `key` with the keyring's sealing key. Throws config_error for an empty
-/// keyring, error if OpenSSL fails.
-[[nodiscard]] std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext);
+/// What a sealed record is for: part of what it is bound to, so a record made for one purpose does
+/// not open as the other.
+enum class SealPurpose : std::uint8_t {
+    result = 1,      ///< a stored result (the stores)
+    tier_entry = 2,  ///< a replay-tier entry (RedisReplayCache)
+};
 
-/// The plaintext of a record seal() made for `key`. Throws corrupt_record (saying which: not a
-/// sealed record, truncated, unknown key id, or authentication failed) — the message never
-/// contains record bytes.
-[[nodiscard]] std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed);
+/// `plaintext` sealed for `key` with the keyring's sealing key (the same bytes each time for the
+/// same key, plaintext and keyring). Throws config_error for an empty keyring, error if OpenSSL
+/// fails.
+[[nodiscard]] std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext,
+                               SealPurpose purpose = SealPurpose::result);
 
-/// The key id of a sealed record, or nullopt when `stored` is not one (e.g. for idemctl).
+/// The plaintext of a record seal() made for `key` and `purpose`. Throws corrupt_record (saying
+/// which: not a sealed record, truncated, unknown key id, or authentication failed) — the message
+/// never contains record bytes.
+[[nodiscard]] std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed,
+                                      SealPurpose purpose = SealPurpose::result);
+
+/// Whether `stored` starts as a sealed record does (it may still be truncated or altered).
+[[nodiscard]] bool looks_sealed(std::string_view stored) noexcept;
+
+/// The key id of a sealed record, or nullopt when `stored` is not one or too short (e.g. for
+/// idemctl).
 [[nodiscard]] std::optional<std::uint32_t> sealed_key_id(std::string_view stored) noexcept;
 
 }  // namespace idem

@@ -186,7 +186,7 @@ std::string EntrySeal::seal(const Key& key, const Record& record) const {
     out.push_back(kind());
     if (keyring_) {
         std::string plain = body(key, record);
-        out.append(idem::seal(*keyring_, key, plain));
+        out.append(idem::seal(*keyring_, key, plain, SealPurpose::tier_entry));
         OPENSSL_cleanse(plain.data(), plain.size());
         return out;
     }
@@ -202,7 +202,7 @@ Record EntrySeal::open(const Key& key, std::string_view entry) const {
     if (entry[kVersion.size()] != kind())
         throw corrupt_record("idem: a Redis cache entry sealed another way (keyring, entry_secret or neither)");
     if (keyring_) {
-        std::string plain = open_sealed(*keyring_, key, entry.substr(kVersion.size() + 1));
+        std::string plain = open_sealed(*keyring_, key, entry.substr(kVersion.size() + 1), SealPurpose::tier_entry);
         try {
             Record record = parse(key, plain);
             OPENSSL_cleanse(plain.data(), plain.size());

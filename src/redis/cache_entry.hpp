@@ -13,8 +13,10 @@
 //   tag        the HMAC or SHA-256 of every byte before it (32 bytes)
 //
 // With a keyring ('g') everything after the seal byte is one record sealed by idem::seal for the
-// key (idem/sealing.hpp): the GCM tag authenticates what the HMAC would, and nothing of the
-// record, the fingerprint or the key prefix is readable in Redis.
+// key as a tier entry (idem/sealing.hpp; it does not open as a stored result): the GCM tag
+// authenticates the key prefix, key, fingerprint and record as the HMAC would, and none of them
+// is readable in Redis. The version and seal byte stay outside the seal: an entry of another
+// version or kind is refused before it is opened.
 //
 // The length prefixes keep a byte from moving between fields (scope "ab" + key "c" and scope "a"
 // + key "bc" are different bytes), and the version and seal kind are inside what the tag covers.

@@ -17,7 +17,12 @@ void check_options(const RedisOptions& o) {
     if (o.save_retry_window.count() < 0) bad("save_retry_window must be 0 or more");
     if (o.default_lease.count() <= 0) bad("default_lease must be positive");
     if (o.default_retention.count() <= 0) bad("default_retention must be positive");
-    if (o.max_result_bytes == 0 || o.max_result_bytes > (512u << 20)) bad("max_result_bytes must be 1 byte to 512 MiB");
+    // Redis keeps values up to 512 MiB; a sealed result is seal_overhead bytes longer.
+    const std::size_t most = (512u << 20) - (o.sealing.keyring ? seal_overhead : 0);
+    if (o.max_result_bytes == 0 || o.max_result_bytes > most) {
+        bad(o.sealing.keyring ? "max_result_bytes must be 1 byte to 512 MiB less seal_overhead (sealing is on)"
+                              : "max_result_bytes must be 1 byte to 512 MiB");
+    }
     if (o.wait_replicas < 0) bad("wait_replicas must be 0 or more");
     detail::check_sealing(o.sealing);
     if (o.wait_replicas > 0 && o.wait_replicas_timeout.count() <= 0) bad("wait_replicas_timeout must be positive");

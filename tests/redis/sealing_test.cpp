@@ -146,3 +146,64 @@ TEST_CASE("RedisReplayCache sealed: nothing readable in the entry; altered or fo
     CHECK(dynamic_cast<idem::RedisReplayCache&>(*three->tiers()[0]).stats().untrusted == 1);
     CHECK(runs == 1);
 }
+
+TEST_CASE("sealed: a tier entry's sealed bytes moved into RedisStore's record are corrupt_record, not a result",
+          "[redis][sealing]") {
+    // One keyring for the store and its tier, one Redis for both (the configuration security.md
+    // describes). The tier's 'g' entry is idem::seal() of its own body under the same key: with
+    // no domain separation it opens as the store's result.
+    RedisServer server;
+    auto ring = std::make_shared<idem::Keyring>();
+    ring->add(1, std::string(32, 'k'));
+    idem::RedisOptions o = server.store_options();
+    o.key_prefix = idem_test::unique_name("t") + ":";
+    o.sealing.keyring = ring;
+    idem::RedisStore store(o);
+    idem::RedisReplayCacheOptions t;
+    t.connection = server.store_options();
+    t.connection.key_prefix = "tier:";
+    t.connection.command_timeout = std::chrono::seconds(2);
+    t.connection.sealing.keyring = ring;
+    idem::CachedStore cached(
+        store, std::vector<std::shared_ptr<idem::ReplayTier>>{std::make_shared<idem::RedisReplayCache>(t)});
+    const idem::Key key(idem_test::unique_name("seal"), "k-1");
+    int runs = 0;
+    const auto charge = [&](idem::IdempotencyStore& s) {
+        return idem::execute_once(s, key, idem::fingerprint("POST /charges"s, 1999), [&] {
+            ++runs;
+            return kBody;
+        });
+    };
+    REQUIRE(charge(cached).outcome() == Outcome::executed);
+    REQUIRE(charge(cached).outcome() == Outcome::replayed);  // fills the tier
+    const std::string entry_key = "tier:c:" + std::to_string(key.scope().size()) + ":" + key.scope() + key.value();
+    const std::string entry = bulk(server.command({"GET", entry_key}));
+    REQUIRE(entry.starts_with("idem-c3g"));
+    // A writer to the Redis moves the tier's sealed record into the store's result field.
+    (void)server.command({"HSET", record_key(o.key_prefix, key), "r", entry.substr(8)});
+    CHECK_THROWS_AS(store.read(key), idem::corrupt_record);
+    CHECK_THROWS_AS(charge(store), idem::corrupt_record);
+    CHECK(runs == 1);
+}
+
+TEST_CASE("sealed: RedisStore answers a repeated save of the same result alike, sealed or not", "[redis][sealing]") {
+    // design.md: kSave answers saved for a completed record with this fence and these bytes. A
+    // sealed save re-seals (new salt), so the same call is lease_lost only when sealing is on.
+    RedisServer server;
+    for (const bool sealed : {false, true}) {
+        CAPTURE(sealed);
+        idem::RedisOptions o = server.store_options();
+        o.key_prefix = idem_test::unique_name("t") + ":";
+        if (sealed) {
+            auto ring = std::make_shared<idem::Keyring>();
+            ring->add(1, std::string(32, 'k'));
+            o.sealing.keyring = ring;
+        }
+        idem::RedisStore store(o);
+        const idem::Key key(idem_test::unique_name("seal"), "k-1");
+        const auto c = store.claim(key, idem::fingerprint("POST /charges"s, 1999));
+        REQUIRE(c.status == idem::ClaimStatus::claimed);
+        store.save(key, c.fence, kBody);
+        CHECK_NOTHROW(store.save(key, c.fence, kBody));
+    }
+}

@@ -136,7 +136,15 @@ TEST_CASE("a sealed record: opens for its key only, any change refused", "[seali
     CHECK(sealed.size() == kBody.size() + idem::seal_overhead);
     CHECK(sealed.find(kBody) == std::string::npos);
     CHECK(idem::sealed_key_id(sealed) == 2u);
-    CHECK(idem::seal(*keys, key, kBody) != sealed);  // a salt and nonce of its own each time
+    // a synthetic IV: the same bytes for the same key and plaintext, other salts for anything else
+    CHECK(idem::seal(*keys, key, kBody) == sealed);
+    CHECK(idem::seal(*keys, key, kBody + ".").substr(8, 28) != sealed.substr(8, 28));
+    CHECK(idem::seal(*keys, idem::Key("acct_1:POST /charges", "k-2"), kBody).substr(8, 28) != sealed.substr(8, 28));
+    // a record made for a replay tier does not open as a stored result, nor the other way round
+    const std::string entry = idem::seal(*keys, key, kBody, idem::SealPurpose::tier_entry);
+    CHECK_THROWS_AS(idem::open_sealed(*keys, key, entry), idem::corrupt_record);
+    CHECK(idem::open_sealed(*keys, key, entry, idem::SealPurpose::tier_entry) == kBody);
+    CHECK_THROWS_AS(idem::open_sealed(*keys, key, sealed, idem::SealPurpose::tier_entry), idem::corrupt_record);
     CHECK(idem::open_sealed(*keys, key, sealed) == kBody);
     CHECK(idem::open_sealed(*keys, key, idem::seal(*keys, key, "")).empty());
 
@@ -309,4 +317,55 @@ TEST_CASE("sealed: an empty keyring is a configuration error", "[sealing][postgr
     idem::PostgresOptions o;
     o.sealing.keyring = std::make_shared<idem::Keyring>();
     CHECK_THROWS_AS(idem::PostgresStore("dbname=unused", o), idem::config_error);
+}
+
+TEST_CASE("sealed: open_unsealed never returns the bytes of a truncated sealed record", "[sealing][postgres]") {
+    // open_result() treats anything sealed_key_id() does not recognise as unsealed, and
+    // sealed_key_id() needs seal_overhead bytes: a sealed record cut below 52 bytes is returned
+    // as stored — ciphertext handed out as the result.
+    Fixture f;
+    const std::string scope = idem_test::unique_name("seal");
+    auto& migrating = f.store(sealing(ring({1}), /*open_unsealed=*/true));
+    const idem::Key key(scope, "short");
+    const auto c = migrating.claim(key, fp_of(1));
+    REQUIRE(c.status == idem::ClaimStatus::claimed);
+    migrating.save(key, c.fence, "ok");
+    REQUIRE(f.count("SELECT octet_length(result) FROM T WHERE key = 'short'") == 2 + idem::seal_overhead);
+    f.sql("UPDATE T SET result = substring(result from 1 for 40) WHERE key = 'short'");
+    CHECK_THROWS_AS(migrating.read(key), idem::corrupt_record);
+    CHECK_THROWS_AS(migrating.claim(key, fp_of(1)), idem::corrupt_record);
+}
+
+TEST_CASE("sealed: claim_batch meeting a sealed record that does not open releases what it won",
+          "[sealing][postgres]") {
+    Fixture f;
+    auto& store = f.store(sealing(ring({1})));
+    const std::string scope = idem_test::unique_name("seal");
+    int runs = 0;
+    REQUIRE(charge(store, idem::Key(scope, "bad"), runs).outcome() == Outcome::executed);
+    f.sql("UPDATE T SET result = set_byte(result, 40, get_byte(result, 40) # 1) WHERE key = 'bad'");
+    std::vector<idem::Key> keys{idem::Key(scope, "a-new"), idem::Key(scope, "bad"), idem::Key(scope, "z-new")};
+    std::vector<idem::Fingerprint> fps(3, fp_of(1999));
+    CHECK_THROWS_AS(store.claim_batch(keys, fps), idem::corrupt_record);
+    CHECK(f.count("SELECT count(*) FROM T WHERE key IN ('a-new', 'z-new')") == 0);
+    CHECK(runs == 1);
+}
+
+TEST_CASE("sealed: a reused key on a record that does not open is mismatch on every path", "[sealing][postgres]") {
+    // claim() opens the result of a mismatch (which never replays) and throws corrupt_record; the
+    // in-transaction path does not open it and answers mismatch. One key, two answers.
+    Fixture f;
+    auto& store = f.store(sealing(ring({1})));
+    const std::string scope = idem_test::unique_name("seal");
+    int runs = 0;
+    const idem::Key key(scope, "bad");
+    REQUIRE(charge(store, key, runs).outcome() == Outcome::executed);
+    f.sql("UPDATE T SET result = set_byte(result, 40, get_byte(result, 40) # 1) WHERE key = 'bad'");
+    const auto effect = [&](idem::Transaction&) {
+        ++runs;
+        return kBody;
+    };
+    CHECK(store.run_in_transaction(key, fp_of(2000), {}, effect).status == idem::ClaimStatus::mismatch);
+    CHECK(charge(store, key, runs, 2000).outcome() == Outcome::mismatch);
+    CHECK(runs == 1);
 }

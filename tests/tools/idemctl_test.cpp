@@ -286,16 +286,22 @@ TEST_CASE("idemctl show: a sealed result is opened only with --keyring", "[idemc
     CHECK(closed.out.find("ch_1") == std::string::npos);
     const json j = f.ctl({"show", key.scope(), key.value(), "--json"}).doc();
     CHECK(j["sealed_key_id"] == 1);
+    CHECK(j["opened"] == false);
     CHECK(j["response"].is_null());
     CHECK(j["result_bytes"] == stored);
 
     const Run opened = f.ctl({"show", key.scope(), key.value(), "--keyring", right});
     REQUIRE(opened.exit_code == 0);
     CHECK(opened.has_line(R"(body         13 bytes: {"id":"ch_1"})"));
-    // with a keyring, an unsealed record of the same table is still shown as stored
+    CHECK(opened.has_line("sealing      sealed with key id 1, opened and authenticated with --keyring"));
+    const json jo = f.ctl({"show", key.scope(), key.value(), "--json", "--keyring", right}).doc();
+    CHECK(jo["opened"] == true);
+    CHECK(jo["response"]["body"] == R"({"id":"ch_1"})");
+    // with a keyring, an unsealed record of the same table is shown as stored, and said to be so
     const Run plain = f.ctl({"show", f.completed.scope(), f.completed.value(), "--keyring", right});
     REQUIRE(plain.exit_code == 0);
     CHECK(plain.has_line(R"(body         13 bytes: {"id":"ch_1"})"));
+    CHECK(plain.has_line("sealing      stored unsealed: not authenticated (written without sealing, or planted)"));
 
     const Run refused = f.ctl({"show", key.scope(), key.value(), "--keyring", wrong});
     CHECK(refused.exit_code != 0);

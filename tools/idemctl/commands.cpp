@@ -50,11 +50,6 @@ std::unique_ptr<idem::PostgresStore> open_store(const Options& o) {
     options.table = checked_table_name(o);
     options.pool_size = 1;
     options.application_name = "idemctl";
-    if (!o.keyring.empty()) {
-        // Rows stored before sealing was turned on are shown as they are.
-        options.sealing.keyring = std::make_shared<const idem::Keyring>(idem::Keyring::from_file(o.keyring));
-        options.sealing.open_unsealed = true;
-    }
     return std::make_unique<idem::PostgresStore>(o.conninfo, options);
 }
 
@@ -92,7 +87,14 @@ std::optional<idem::Response> as_response(const std::string& result) {
     }
 }
 
-Json record_json(const idem::Key& key, const idem::Record& r) {
+/// What show found about a result's sealing.
+struct Sealing {
+    std::optional<std::uint32_t> key_id{};  ///< sealed, with this key id
+    bool opened = false;                    ///< opened (and so authenticated) with --keyring
+    bool keyring_given = false;             ///< --keyring was given
+};
+
+Json record_json(const idem::Key& key, const idem::Record& r, const Sealing& seal) {
     Json j = Json::object();
     j["scope"] = key.scope();
     j["key"] = key.value();
@@ -115,8 +117,9 @@ Json record_json(const idem::Key& key, const idem::Record& r) {
         return j;
     }
     j["result_bytes"] = static_cast<std::uint64_t>(r.result->size());
-    if (const auto id = idem::sealed_key_id(*r.result)) {  // not opened: no --keyring
-        j["sealed_key_id"] = *id;
+    j["sealed_key_id"] = seal.key_id ? Json(*seal.key_id) : Json();
+    j["opened"] = seal.opened;
+    if (seal.key_id && !seal.opened) {  // no --keyring
         j["response"] = nullptr;
         return j;
     }
@@ -141,7 +144,7 @@ Json record_json(const idem::Key& key, const idem::Record& r) {
     return j;
 }
 
-void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r) {
+void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r, const Sealing& seal) {
     const auto row = [&](std::string_view name, const std::string& value) {
         out << fmt::format("{:<12} {}\n", name, value);
     };
@@ -173,10 +176,15 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
         row("result", "- (none yet: in progress)");
         return;
     }
-    if (const auto id = idem::sealed_key_id(*r.result)) {
-        row("result",
-            fmt::format("{} bytes, sealed with key id {} (give --keyring FILE to open it)", r.result->size(), *id));
+    if (seal.key_id && !seal.opened) {
+        row("result", fmt::format("{} bytes, sealed with key id {} (give --keyring FILE to open it)", r.result->size(),
+                                  *seal.key_id));
         return;
+    }
+    if (seal.opened) {
+        row("sealing", fmt::format("sealed with key id {}, opened and authenticated with --keyring", *seal.key_id));
+    } else if (seal.keyring_given) {
+        row("sealing", "stored unsealed: not authenticated (written without sealing, or planted)");
     }
     const auto response = as_response(*r.result);
     if (!response) {
@@ -187,6 +195,23 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
     row("status", std::to_string(response->status));
     for (const auto& [name, value] : response->headers) row("header", printable(name) + ": " + printable(value));
     row("body", fmt::format("{} bytes: {}", response->body.size(), printable(response->body)));
+}
+
+/// Opens `record`'s result in place when it is sealed and a keyring was given (corrupt_record when
+/// it does not open), and says what it found.
+Sealing open_result(const Options& o, const idem::Key& key, idem::Record& record) {
+    Sealing seal;
+    seal.keyring_given = !o.keyring.empty();
+    if (!record.result) return seal;
+    if (idem::looks_sealed(*record.result)) {
+        seal.key_id = idem::sealed_key_id(*record.result);
+        if (!seal.key_id) throw idem::corrupt_record("idem: the sealed result of this key is truncated");
+    }
+    if (!seal.key_id || !seal.keyring_given) return seal;
+    const idem::Keyring keyring = idem::Keyring::from_file(o.keyring);
+    record.result = idem::open_sealed(keyring, key, *record.result);
+    seal.opened = true;
+    return seal;
 }
 
 /// The key cpp-httplib would have handed an HTTP adapter for `key` (percent-decoded), when that is
@@ -216,8 +241,9 @@ Exit show(const Options& o, std::ostream& out) {
                                                      printable(decoded->value())));
     }
     const idem::Key& shown = decoded ? *decoded : key;
+    const Sealing seal = open_result(o, shown, *record);
     if (o.json) {
-        Json j = record_json(shown, *record);
+        Json j = record_json(shown, *record, seal);
         j["requested_key"] = key.value();
         j["lookup"] = decoded ? "percent_decoded" : "exact";
         out << dump(j) << '\n';
@@ -230,7 +256,7 @@ Exit show(const Options& o, std::ostream& out) {
             "given)\n",
             printable(key.value()), printable(decoded->value()));
     }
-    print_record(out, shown, *record);
+    print_record(out, shown, *record, seal);
     return Exit::ok;
 }
 
