@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS "idem_keys" (
     key              text COLLATE "C" NOT NULL,   -- the client's Idempotency-Key, verbatim
     state            text NOT NULL CHECK (state IN ('in_progress', 'completed')),
     fingerprint      bytea NOT NULL,              -- digest of the request
-    fingerprint_alg  smallint NOT NULL,           -- 1 = SHA-256
+    fingerprint_alg  smallint NOT NULL,           -- 1 = SHA-256, 2 = HMAC-SHA256 (fingerprint_secret)
     fence            bigint NOT NULL,             -- random token of the current claim
     attempt          integer NOT NULL DEFAULT 1,
     result           bytea,                       -- the stored response, byte for byte

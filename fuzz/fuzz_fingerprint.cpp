@@ -179,11 +179,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                hex.c_str());
     FUZZ_CHECK(idem::Fingerprint::from_bytes(1, a.bytes()) == a, "from_bytes round trip");
 
-    // from_bytes refuses what is not a stored SHA-256 fingerprint.
+    // from_bytes refuses what is not a stored SHA-256 or HMAC-SHA256 fingerprint.
     std::string stored(a.bytes());
     stored.resize(split_hint % 64);
     const auto alg = static_cast<std::int16_t>(split_hint >> 6);
-    if (stored.size() != idem::Fingerprint::size || alg != 1) {
+    if (stored.size() != idem::Fingerprint::size || (alg != 1 && alg != 2)) {
         bool threw = false;
         try {
             (void)idem::Fingerprint::from_bytes(alg, stored);

@@ -95,10 +95,10 @@ bool decodable(const std::vector<Cell>& cells, int ncols, int nrows, int row) {
     };
     const auto& state = cells[0].value;
     if (!state || (*state != "in_progress" && *state != "completed")) return false;
-    if (!fixed(2, 2) || be(*cells[2].value) != 1) return false;         // fingerprint_alg = sha256
-    if (!cells[1].value || cells[1].value->size() != 32) return false;  // 32-byte digest
-    if (!fixed(3, 8) || !fixed(4, 4)) return false;                     // fence int8, attempt int4
-    if (*state == "completed" && !cells[5].value) return false;         // completed needs a result
+    if (!fixed(2, 2) || (be(*cells[2].value) != 1 && be(*cells[2].value) != 2)) return false;  // sha256, hmac
+    if (!cells[1].value || cells[1].value->size() != 32) return false;                         // 32-byte digest
+    if (!fixed(3, 8) || !fixed(4, 4)) return false;              // fence int8, attempt int4
+    if (*state == "completed" && !cells[5].value) return false;  // completed needs a result
     for (int c : {6, 7, 8, 13}) {
         if (!fixed(c, 8)) return false;
     }

@@ -9,6 +9,8 @@ namespace {
 
 // What claim() answers from a cached completed record: the same as the primary would, with no
 // round trip (a completed record answers completed or mismatch, whatever the claim's options).
+// `fp` is keyed as the primary keys it (key_fingerprint()), so classify() compares the cached
+// record by its own algorithm, as the primary compares its row.
 Claim from_cache(const Record& record, const Fingerprint& fp) { return Claim{classify(record, fp), 0, record, {}}; }
 
 bool cacheable(const Claim& c) {
@@ -71,7 +73,7 @@ void CachedStore::keep(const Key& key, const Record& record, const std::vector<R
 }
 
 Claim CachedStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
-    if (const auto hit = find(key)) return from_cache(*hit, fp);
+    if (const auto hit = find(key)) return from_cache(*hit, primary_.key_fingerprint(fp));
     // Taken before the primary is asked, so no entry's expiry lies past what the database stated
     // (its read_at is later than this moment).
     const auto asked_at = now_of_tiers();
@@ -88,7 +90,7 @@ std::vector<Claim> CachedStore::claim_batch(std::span<const Key> keys, std::span
     std::vector<Fingerprint> miss_fps;
     for (std::size_t i = 0; i < keys.size(); ++i) {
         if (const auto hit = find(keys[i])) {
-            out[i] = from_cache(*hit, fps[i]);
+            out[i] = from_cache(*hit, primary_.key_fingerprint(fps[i]));
         } else {
             misses.push_back(i);
             miss_keys.push_back(keys[i]);
@@ -141,5 +143,7 @@ std::size_t CachedStore::purge_expired(std::size_t batch_size, std::size_t max_b
 StoreStats CachedStore::stats() const { return primary_.stats(); }
 
 std::size_t CachedStore::max_result_bytes() const noexcept { return primary_.max_result_bytes(); }
+
+Fingerprint CachedStore::key_fingerprint(const Fingerprint& fp) const { return primary_.key_fingerprint(fp); }
 
 }  // namespace idem

@@ -105,7 +105,8 @@ Fingerprint FingerprintBuilder::finish() {
 }
 
 Fingerprint Fingerprint::from_bytes(std::int16_t algorithm, std::string_view bytes) {
-    if (algorithm != static_cast<std::int16_t>(FingerprintAlgorithm::sha256)) {
+    if (algorithm != static_cast<std::int16_t>(FingerprintAlgorithm::sha256) &&
+        algorithm != static_cast<std::int16_t>(FingerprintAlgorithm::hmac_sha256)) {
         throw corrupt_record("idem: unknown fingerprint algorithm " + std::to_string(algorithm));
     }
     if (bytes.size() != size) {
@@ -114,7 +115,7 @@ Fingerprint Fingerprint::from_bytes(std::int16_t algorithm, std::string_view byt
     }
     Digest digest;
     std::memcpy(digest.data(), bytes.data(), size);
-    return Fingerprint(FingerprintAlgorithm::sha256, digest);
+    return Fingerprint(static_cast<FingerprintAlgorithm>(algorithm), digest);
 }
 
 std::string Fingerprint::hex() const {

@@ -42,14 +42,15 @@ struct MemoryStore::Impl {
     }
 
     Fence fresh_claim(Record& record, const Fingerprint& fp, const ClaimOptions& o, Clock::time_point now) {
-        record = Record{};
-        record.state = RecordState::in_progress;
-        record.fingerprint = fp;
-        record.fence = detail::new_fence();
-        record.attempt = 1;
-        record.created_at = now;
-        record.lease_until = now + o.lease.value_or(options.default_lease);
-        record.expires_at = now + o.retention.value_or(options.default_retention);
+        Record fresh;
+        fresh.state = RecordState::in_progress;
+        fresh.fingerprint = fp.stored();  // not the plain digest a keyed one carries
+        fresh.fence = detail::new_fence();
+        fresh.attempt = 1;
+        fresh.created_at = now;
+        fresh.lease_until = now + o.lease.value_or(options.default_lease);
+        fresh.expires_at = now + o.retention.value_or(options.default_retention);
+        record = std::move(fresh);
         ++stats.claims_won;
         return record.fence;
     }
@@ -62,8 +63,13 @@ MemoryStore::MemoryStore(MemoryStoreOptions options) : impl_(std::make_unique<Im
 
 MemoryStore::~MemoryStore() = default;
 
-Claim MemoryStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
+Fingerprint MemoryStore::key_fingerprint(const Fingerprint& fp) const {
+    return impl_->options.fingerprint_secret ? impl_->options.fingerprint_secret->key(fp) : fp;
+}
+
+Claim MemoryStore::claim(const Key& key, const Fingerprint& plain, const ClaimOptions& options) {
     Impl& m = *impl_;
+    const Fingerprint fp = key_fingerprint(plain);
     std::unique_lock lock(m.mutex);
     ++m.stats.claims;
     ++m.stats.round_trips;

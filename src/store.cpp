@@ -1,15 +1,38 @@
 #include "idem/store.hpp"
 
+#include <cstring>
 #include <limits>
 
 #include "idem/errors.hpp"
 
 namespace idem {
 
-ClaimStatus classify(const Record& existing, const Fingerprint& fp) noexcept {
+namespace {
+
+// Whether a found record's fingerprint names the request of `fp`. The row's algorithm decides
+// what it is compared with: a plain row (written without a FingerprintSecret, or before one was
+// set) with the request's plain SHA-256, a keyed row with the request's keyed digest. So a store
+// given a secret replays and refuses rows of both kinds correctly.
+bool same_request(const Fingerprint& stored, const Fingerprint& fp) {
+    if (stored.algorithm() == FingerprintAlgorithm::sha256) {
+        const Fingerprint::Digest* plain = fp.plain_digest();
+        return plain != nullptr && std::memcmp(plain->data(), stored.digest().data(), Fingerprint::size) == 0;
+    }
+    if (stored.algorithm() == FingerprintAlgorithm::hmac_sha256 && fp.algorithm() == FingerprintAlgorithm::sha256) {
+        // Not a mismatch: the request may well be the same one. Running it again would be worse.
+        throw config_error(
+            "idem: the stored record's fingerprint is keyed (hmac-sha256) but this store has no "
+            "fingerprint_secret: rows were keyed; configure fingerprint_secret");
+    }
+    return stored == fp;
+}
+
+}  // namespace
+
+ClaimStatus classify(const Record& existing, const Fingerprint& fp) {
     // The fingerprint is checked first: a reused key with another request is the client's error
     // whatever state the first request is in.
-    if (!(existing.fingerprint == fp)) return ClaimStatus::mismatch;
+    if (!same_request(existing.fingerprint, fp)) return ClaimStatus::mismatch;
     return existing.state == RecordState::completed ? ClaimStatus::completed : ClaimStatus::in_progress;
 }
 

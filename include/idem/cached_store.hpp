@@ -9,7 +9,8 @@
 //                                      std::make_shared<idem::RedisReplayCache>(redis_options)}};
 //
 // * claim(): a cached completed record of the key answers at once, with no round trip to the
-//   primary: completed if the fingerprint matches, mismatch if not (checked on every hit). The
+//   primary: completed if the fingerprint matches, mismatch if not (checked on every hit, by the
+//   same rule and with the same FingerprintSecret as the primary: key_fingerprint()). The
 //   tiers are asked in order; a hit in a tier that states the time left (idem/replay_tier.hpp) is
 //   copied into the tiers in front of it. On a miss in every tier — or a tier's error or timeout,
 //   which is a miss — the primary is asked, and a completed (or mismatch-on-completed) answer is
@@ -77,6 +78,8 @@ public:
     /// The primary's counters (cache hits add nothing: see cache().stats()).
     [[nodiscard]] StoreStats stats() const override;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+    /// The primary's (a cached record is compared as the primary compares its row).
+    [[nodiscard]] Fingerprint key_fingerprint(const Fingerprint& fp) const override;
 
     /// The store behind the cache.
     /// The store behind the tiers.

@@ -7,6 +7,11 @@
 // Field order matters and is the caller's: list the parts in a fixed order, not in the order of a
 // JSON object. Stored as bytes together with an algorithm tag.
 //
+// Keyed at rest (opt-in): a store given a FingerprintSecret (idem/fingerprint_secret.hpp) writes
+// HMAC-SHA256(secret, domain tag || this SHA-256) with algorithm hmac_sha256 instead, so whoever
+// reads the table, a dump or the Redis keys cannot confirm a guess of a low-entropy request. The
+// store keys the fingerprint itself; callers go on passing the plain one.
+//
 // Thread-safety: Fingerprint is an immutable value; FingerprintBuilder is not shareable while in use.
 #pragma once
 
@@ -16,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,11 +29,19 @@
 
 namespace idem {
 
-/// The digest a Fingerprint holds; stored with it, so another algorithm could be added.
-enum class FingerprintAlgorithm : std::int16_t { sha256 = 1 };
+/// The digest a Fingerprint holds; stored with it (fingerprint_alg), so rows of both kinds coexist.
+enum class FingerprintAlgorithm : std::int16_t {
+    sha256 = 1,       ///< the plain SHA-256 of the request's parts (fingerprint())
+    hmac_sha256 = 2,  ///< that digest keyed with a FingerprintSecret (idem/fingerprint_secret.hpp)
+};
 
-/// The SHA-256 of a request's parts (see fingerprint()): a reused key with another fingerprint is a
-/// mismatch.
+/// "sha256" or "hmac-sha256" (what idemctl prints before the hex digest).
+[[nodiscard]] constexpr std::string_view to_string(FingerprintAlgorithm algorithm) noexcept {
+    return algorithm == FingerprintAlgorithm::hmac_sha256 ? "hmac-sha256" : "sha256";
+}
+
+/// The SHA-256 of a request's parts (see fingerprint()), or that digest keyed with a
+/// FingerprintSecret: a reused key with another fingerprint is a mismatch (classify()).
 class Fingerprint {
 public:
     /// Digest size in bytes.
@@ -40,13 +54,28 @@ public:
     Fingerprint(FingerprintAlgorithm algorithm, const Digest& digest) noexcept
         : algorithm_(algorithm), digest_(digest) {}
 
-    /// Rebuilds a fingerprint from stored bytes; throws corrupt_record on a wrong length or algorithm.
+    /// A keyed fingerprint (hmac_sha256) that also carries the plain SHA-256 it was made from
+    /// (FingerprintSecret::key() makes them): a claim compares a row written before the secret was
+    /// set (algorithm sha256) with `plain`. The plain digest is never stored: bytes() is `digest`.
+    Fingerprint(FingerprintAlgorithm algorithm, const Digest& digest, const Digest& plain) noexcept
+        : algorithm_(algorithm), digest_(digest), plain_(plain) {}
+
+    /// Rebuilds a fingerprint from stored bytes; throws corrupt_record on a wrong length or an
+    /// unknown algorithm. A keyed one rebuilt this way knows no plain digest.
     static Fingerprint from_bytes(std::int16_t algorithm, std::string_view bytes);
 
     /// The algorithm of the digest.
     [[nodiscard]] FingerprintAlgorithm algorithm() const noexcept { return algorithm_; }
     /// The digest.
     [[nodiscard]] const Digest& digest() const noexcept { return digest_; }
+    /// The plain SHA-256 of the request: digest() for sha256; for a keyed fingerprint, the digest it
+    /// was made from, or null when it was rebuilt from stored bytes (from_bytes()).
+    [[nodiscard]] const Digest* plain_digest() const noexcept {
+        if (algorithm_ == FingerprintAlgorithm::sha256) return &digest_;
+        return plain_ ? &*plain_ : nullptr;
+    }
+    /// The same fingerprint without the plain digest it carries: what a store keeps.
+    [[nodiscard]] Fingerprint stored() const noexcept { return Fingerprint(algorithm_, digest_); }
     /// The digest as 32 raw bytes (what the store keeps).
     [[nodiscard]] std::string_view bytes() const noexcept {
         return {reinterpret_cast<const char*>(digest_.data()), digest_.size()};
@@ -54,6 +83,7 @@ public:
     /// The digest in lower-case hexadecimal (64 characters), for logs.
     [[nodiscard]] std::string hex() const;
 
+    /// Same algorithm and digest (the plain digest a keyed one carries is not compared).
     // (memcmp: the defaulted member-wise == compared the 32 bytes one by one, on every replay)
     friend bool operator==(const Fingerprint& a, const Fingerprint& b) noexcept {
         return a.algorithm_ == b.algorithm_ && std::memcmp(a.digest_.data(), b.digest_.data(), size) == 0;
@@ -62,6 +92,7 @@ public:
 private:
     FingerprintAlgorithm algorithm_;
     Digest digest_;
+    std::optional<Digest> plain_{};  // a keyed fingerprint's plain digest (FingerprintSecret::key())
 };
 
 /// Incremental form of fingerprint(): add parts, then finish() once.

@@ -6,6 +6,7 @@
 #include "idem/errors.hpp"                // IWYU pragma: export
 #include "idem/execute_once.hpp"          // IWYU pragma: export
 #include "idem/fingerprint.hpp"           // IWYU pragma: export
+#include "idem/fingerprint_secret.hpp"    // IWYU pragma: export
 #include "idem/http.hpp"                  // IWYU pragma: export
 #include "idem/key.hpp"                   // IWYU pragma: export
 #include "idem/memory_store.hpp"          // IWYU pragma: export

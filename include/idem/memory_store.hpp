@@ -11,7 +11,9 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 
+#include "idem/fingerprint_secret.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
@@ -32,6 +34,9 @@ struct MemoryStoreOptions {
     /// with the store's mutex held: it must be thread-safe and must not call back into the store.
     /// ClaimOptions::wait stays a real wait (steady clock), whatever this clock says.
     std::function<std::chrono::system_clock::time_point()> clock{};
+    /// Keyed fingerprints (idem/fingerprint_secret.hpp), as PostgresOptions::fingerprint_secret:
+    /// for testing code that runs against a keyed store (records in process memory are not at rest).
+    std::optional<FingerprintSecret> fingerprint_secret{};
 };
 
 /// The IdempotencyStore contract in process memory, for unit tests (see the top of this header).
@@ -58,6 +63,8 @@ public:
     /// Calls counted as a database store counts them (each call counts as one round trip).
     [[nodiscard]] StoreStats stats() const override;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+    /// `fp` keyed with MemoryStoreOptions::fingerprint_secret, or `fp` without one.
+    [[nodiscard]] Fingerprint key_fingerprint(const Fingerprint& fp) const override;
 
     /// Number of records held (expired ones included).
     [[nodiscard]] std::size_t size() const;

@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "idem/fingerprint_secret.hpp"
 #include "idem/group_commit_stats.hpp"
 #include "idem/pool_stats.hpp"
 #include "idem/sealing.hpp"
@@ -156,6 +157,14 @@ struct PostgresOptions {
     /// under the keyring, and opened as they are read back; a result that does not open is
     /// corrupt_record. max_result_bytes bounds the result before sealing.
     SealingOptions sealing{};
+    /// Keyed fingerprints at rest (opt-in; idem/fingerprint_secret.hpp): new rows get
+    /// HMAC-SHA256 under this secret (fingerprint_alg 2) instead of the plain SHA-256, so a reader
+    /// of the table or a dump cannot confirm guesses of low-entropy requests. Every claim path
+    /// keys (single, batch, group commit, in-transaction, idem::asio); found rows are compared by
+    /// their own algorithm, so rows written before the secret was set still replay. Without it,
+    /// a keyed row is config_error. Rotating: keep the old secret until its rows have expired (a
+    /// row keyed with another secret is a mismatch).
+    std::optional<FingerprintSecret> fingerprint_secret{};
 };
 
 /// The distribution column of idem's table on a Citus cluster (docs/scale-out.md): `scope` keeps a
@@ -235,6 +244,8 @@ public:
     /// touch the database and does not throw. Thread-safe.
     [[nodiscard]] GroupCommitStats group_commit_stats() const;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+    /// `fp` keyed with PostgresOptions::fingerprint_secret, or `fp` without one.
+    [[nodiscard]] Fingerprint key_fingerprint(const Fingerprint& fp) const override;
 
     /// The options the store was made with.
     [[nodiscard]] const PostgresOptions& options() const noexcept;
@@ -259,6 +270,7 @@ public:
 private:
     // claim() with a given fence: claim_batch settling a key on its own keeps the fence its batch
     // attempts used (a row that an attempt committed before its answer was lost is then ours).
+    // `fp` is already keyed (key_fingerprint()).
     [[nodiscard]] Claim claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options,
                                          Fence fence);
     // save() of bytes as they are stored (sealed already when sealing is on): save_batch sending a

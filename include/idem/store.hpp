@@ -77,7 +77,8 @@ enum class RecordState { in_progress, completed };
 /// A stored key, as read back.
 struct Record {
     RecordState state = RecordState::in_progress;  ///< in progress, or completed with a result
-    /// The fingerprint of the request that claimed the key.
+    /// The fingerprint of the request that claimed the key, as stored (sha256, or hmac_sha256 from
+    /// a store with a FingerprintSecret).
     Fingerprint fingerprint{FingerprintAlgorithm::sha256, {}};
     Fence fence = 0;  ///< the fence token of the current owner
     /// 1 for the first attempt; resume-mode takeovers add one.
@@ -238,6 +239,13 @@ public:
     /// Largest result save() accepts, in bytes.
     [[nodiscard]] virtual std::size_t max_result_bytes() const noexcept = 0;
 
+    /// The fingerprint this store writes for a new claim of a request whose fingerprint is `fp`,
+    /// and compares found records with (classify()): `fp` itself by default; keyed with the
+    /// store's FingerprintSecret when it has one (idem/fingerprint_secret.hpp). claim() and
+    /// claim_batch() key by themselves: callers pass the plain fingerprint. A store wrapping
+    /// another (CachedStore) answers for the store it wraps.
+    [[nodiscard]] virtual Fingerprint key_fingerprint(const Fingerprint& fp) const { return fp; }
+
     /// Observer of this store's events (execute_once, reconciler, purge report here too).
     /// Set it before sharing the store between threads.
     void set_observer(std::shared_ptr<Observer> observer) noexcept { observer_ = std::move(observer); }
@@ -261,7 +269,13 @@ private:
     std::shared_ptr<Observer> observer_;
 };
 
-/// How a found record answers a claim for fingerprint `fp` (shared by every backend).
-[[nodiscard]] ClaimStatus classify(const Record& existing, const Fingerprint& fp) noexcept;
+/// How a found record answers a claim for fingerprint `fp` (shared by every backend): mismatch
+/// when the record was claimed by another request, else its state. `fp` is the claim's fingerprint
+/// as the store keys it (IdempotencyStore::key_fingerprint()). The record's algorithm decides the
+/// comparison: a sha256 record is compared with fp's plain digest, an hmac_sha256 one with fp's
+/// keyed digest (a store moving to a FingerprintSecret still replays the rows written before).
+/// Throws config_error for a keyed record and an unkeyed `fp` (a store without the secret its
+/// rows were written with): neither a mismatch nor a reason to run the effect again.
+[[nodiscard]] ClaimStatus classify(const Record& existing, const Fingerprint& fp);
 
 }  // namespace idem

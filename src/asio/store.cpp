@@ -6,9 +6,12 @@
 
 namespace idem::asio {
 
-net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fingerprint& fp,
+net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fingerprint& plain,
                                                       const ClaimOptions& options_) {
     count(counters.claims);
+    // Keyed once (PostgresOptions::fingerprint_secret), as PostgresStore::claim does: the shared
+    // transaction, every retry and the found row's classification use it.
+    const Fingerprint fp = options.fingerprint_secret ? options.fingerprint_secret->key(plain) : plain;
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
     const Fence fence = idem::detail::new_fence();
     const auto lease = options_.lease.value_or(options.default_lease);
@@ -170,6 +173,9 @@ AsyncPostgresStore::executor_type AsyncPostgresStore::get_executor() const noexc
 const PostgresOptions& AsyncPostgresStore::options() const noexcept { return impl_->options; }
 PostgresStore& AsyncPostgresStore::blocking() { return impl_->blocking; }
 std::size_t AsyncPostgresStore::max_result_bytes() const noexcept { return impl_->options.max_result_bytes; }
+Fingerprint AsyncPostgresStore::key_fingerprint(const Fingerprint& fp) const {
+    return impl_->blocking.key_fingerprint(fp);
+}
 
 // Each coroutine keeps the Impl alive while it runs (a copy of impl_ in its frame).
 net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, ClaimOptions options) {

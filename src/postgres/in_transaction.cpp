@@ -14,9 +14,10 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
 }
 
 PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
-    const Key& key, const Fingerprint& fp, const ClaimOptions& options, const TransactionOptions& transaction,
+    const Key& key, const Fingerprint& request, const ClaimOptions& options, const TransactionOptions& transaction,
     const std::function<std::string(Transaction&)>& effect) {
     Impl& m = *impl_;
+    const Fingerprint fp = key_fingerprint(request);  // PostgresOptions::fingerprint_secret
     // TransactionOptions::lock_wait, else the deprecated ClaimOptions::transaction_lock_wait.
     const std::optional<std::chrono::milliseconds> lock_wait =
         transaction.lock_wait ? transaction.lock_wait : options.transaction_lock_wait;

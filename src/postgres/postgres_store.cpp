@@ -51,9 +51,14 @@ const PostgresOptions& PostgresStore::options() const noexcept { return impl_->o
 
 std::size_t PostgresStore::max_result_bytes() const noexcept { return impl_->options.max_result_bytes; }
 
+Fingerprint PostgresStore::key_fingerprint(const Fingerprint& fp) const {
+    return impl_->options.fingerprint_secret ? impl_->options.fingerprint_secret->key(fp) : fp;
+}
+
 Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
-    return claim_with_fence(key, fp, options, detail::new_fence());
+    // Keyed here, once: every attempt, a group's statement and the found row's classification use it.
+    return claim_with_fence(key, key_fingerprint(fp), options, detail::new_fence());
 }
 
 Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options, Fence fence) {

@@ -40,8 +40,13 @@ RedisStore::RedisStore(RedisOptions options) {
 
 RedisStore::~RedisStore() = default;
 
-Claim RedisStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
+Fingerprint RedisStore::key_fingerprint(const Fingerprint& fp) const {
+    return impl_->options.fingerprint_secret ? impl_->options.fingerprint_secret->key(fp) : fp;
+}
+
+Claim RedisStore::claim(const Key& key, const Fingerprint& plain, const ClaimOptions& options) {
     Impl& m = *impl_;
+    const Fingerprint fp = key_fingerprint(plain);  // RedisOptions::fingerprint_secret
     m.counters.claims.fetch_add(1, std::memory_order_relaxed);
     const Fence fence = detail::new_fence();
     detail::PollSchedule polls(std::chrono::steady_clock::now() + options.wait);

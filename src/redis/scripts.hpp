@@ -27,8 +27,10 @@ enum Script : std::size_t { kClaim, kSave, kRelease, kExtend, kPhase, kTakeOver,
     "local FIELDS = {'s','fa','fp','f','a','r','ph','pd','c','l','e'}\n"
 
 inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
-    // kClaim. KEYS: record, index. ARGV: fence, fp algorithm, fp bytes, lease ms, retention ms,
-    // resume (1/0), index member. Answers {tag, now, 11 fields of the record found}:
+    // kClaim. KEYS: record, index. ARGV: fence, fp algorithm, fp bytes (as stored: keyed with a
+    // FingerprintSecret), lease ms, retention ms, resume (1/0), index member, the plain SHA-256
+    // (what a record of fa 1 is compared with; empty when unknown). Answers {tag, now, 11 fields
+    // of the record found}:
     //   claimed — created (no fields); own — the record already has this fence (a retry of our own
     //   claim whose answer was lost); taken — resume mode took the stale record over (the fields
     //   are the record before); found — someone else's record; corrupt — a hash idem did not write
@@ -46,7 +48,8 @@ inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
     "  return {'claimed', now}\n"
     "end\n"
     "if r[1] == 'p' and r[4] == ARGV[1] then return {'own', now, unpack(r)} end\n"
-    "if ARGV[6] == '1' and r[1] == 'p' and tonumber(r[10]) < now and r[2] == ARGV[2] and r[3] == ARGV[3] then\n"
+    "local same = (r[2] == ARGV[2] and r[3] == ARGV[3]) or (r[2] == '1' and ARGV[8] ~= '' and r[3] == ARGV[8])\n"
+    "if ARGV[6] == '1' and r[1] == 'p' and tonumber(r[10]) < now and same then\n"
     "  local lease_until = now + tonumber(ARGV[4])\n"
     "  redis.call('HSET', KEYS[1], 'f', ARGV[1], 'a', ms(tonumber(r[5]) + 1), 'l', ms(lease_until))\n"
     "  redis.call('ZADD', KEYS[2], ms(lease_until), ARGV[7])\n"

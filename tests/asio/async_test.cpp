@@ -31,6 +31,7 @@
 
 namespace net = boost::asio;
 using namespace std::chrono_literals;
+using namespace std::string_literals;
 using idem_test::PgConn;
 
 namespace {
@@ -83,6 +84,50 @@ TEST_CASE("async: new key executed once, repeat replayed with the same bytes, ot
     auto other = idem::asio::async_execute_once(*f.store, k, fp("b"), effect, net::use_future).get();
     REQUIRE(other.outcome() == idem::Outcome::mismatch);
     REQUIRE(runs == 1);
+}
+
+TEST_CASE("async: keyed fingerprints: keyed rows, plain rows still replay, keyed rows refused without the secret",
+          "[asio][fingerprint_secret]") {
+    Fixture f;  // its store has no secret
+    const idem::FingerprintSecret secret("an async fingerprint secret, 32 bytes or more"s);
+    idem::PostgresOptions o;
+    o.table = f.table;
+    o.fingerprint_secret = secret;
+    std::optional<idem::asio::AsyncPostgresStore> keyed;
+    keyed.emplace(f.io.get_executor(), idem_test::database_url(), o);
+    std::atomic<int> runs{0};
+    auto effect = [&] {
+        ++runs;
+        return idem::Response{201, "charged"};
+    };
+    const auto old_key = key(idem_test::unique_name("old")), new_key = key(idem_test::unique_name("new"));
+    REQUIRE(idem::asio::async_execute_once(*f.store, old_key, fp("a"), effect, net::use_future).get().outcome() ==
+            idem::Outcome::executed);
+    // A row written without the secret: same request replays, another is a mismatch.
+    CHECK(idem::asio::async_execute_once(*keyed, old_key, fp("a"), effect, net::use_future).get().outcome() ==
+          idem::Outcome::replayed);
+    CHECK(idem::asio::async_execute_once(*keyed, old_key, fp("b"), effect, net::use_future).get().outcome() ==
+          idem::Outcome::mismatch);
+    // A new row is keyed at rest.
+    REQUIRE(idem::asio::async_execute_once(*keyed, new_key, fp("a"), effect, net::use_future).get().outcome() ==
+            idem::Outcome::executed);
+    auto row = PgConn(idem_test::database_url())
+                   .exec("SELECT fingerprint_alg, encode(fingerprint, 'hex') FROM " + f.table +
+                             " WHERE scope = $1 AND key = $2",
+                         {new_key.scope(), new_key.value()});
+    REQUIRE(row.rows() == 1);
+    CHECK(row.integer(0, 0) == 2);
+    CHECK(row.text(0, 1) == secret.key(fp("a")).hex());
+    CHECK(row.text(0, 1) != fp("a").hex());
+    CHECK(idem::asio::async_execute_once(*keyed, new_key, fp("a"), effect, net::use_future).get().outcome() ==
+          idem::Outcome::replayed);
+    CHECK(idem::asio::async_execute_once(*keyed, new_key, fp("b"), effect, net::use_future).get().outcome() ==
+          idem::Outcome::mismatch);
+    // The store without the secret: config_error, the effect not run.
+    CHECK_THROWS_AS(idem::asio::async_execute_once(*f.store, new_key, fp("a"), effect, net::use_future).get(),
+                    idem::config_error);
+    CHECK(runs == 2);
+    keyed.reset();
 }
 
 TEST_CASE("async: an awaitable effect on a timer, from a coroutine (use_awaitable)", "[asio]") {

@@ -1083,7 +1083,7 @@ TEST_CASE("Reconciler: one undecodable stale row does not stop the other keys fr
     std::this_thread::sleep_for(5ms);
     claim_briefly(store, good);
     idem_test::PgConn(backend.conninfo())
-        .exec("UPDATE " + backend.table() + " SET fingerprint_alg = 2 WHERE scope = $1 AND key = $2",
+        .exec("UPDATE " + backend.table() + " SET fingerprint_alg = 9 WHERE scope = $1 AND key = $2",
               {scope, poison.value()});
     std::this_thread::sleep_for(150ms);
     int resolved_good = 0;
@@ -1107,7 +1107,7 @@ TEST_CASE("Reconciler: one undecodable stale row does not stop the other keys fr
     const auto reported = observer->of(idem::Event::reconcile_failed);
     REQUIRE(reported.size() == 1);
     CHECK(reported[0].key == poison);
-    CHECK(reported[0].detail.find("unknown fingerprint algorithm 2") != std::string::npos);
+    CHECK(reported[0].detail.find("unknown fingerprint algorithm 9") != std::string::npos);
 }
 #endif
 

@@ -231,6 +231,51 @@ TEST_CASE("claims that find no connection free share one group: each keeps its o
           kHeld);
 }
 
+TEST_CASE("grouped claims key their fingerprints and classify found rows by their algorithm", "[group_commit]") {
+    IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
+    Table t(require_db());
+    const auto scope = idem_test::unique_name("keyed");
+    const idem::FingerprintSecret secret("a fingerprint secret of at least 32 bytes"s);
+    const idem::Fingerprint other = idem::fingerprint("POST /group"s, "another request"s);
+    {
+        // Rows written before the secret was set (plain SHA-256).
+        idem::PostgresStore plain(t.url, t.options());
+        for (const char* k : {"old-same", "old-other"}) {
+            const auto c = plain.claim(idem::Key(scope, k), kFp);
+            REQUIRE(c.status == ClaimStatus::claimed);
+            plain.save(idem::Key(scope, k), c.fence, "old");
+        }
+    }
+    auto options = t.options(kHeld);
+    options.fingerprint_secret = secret;
+    idem::PostgresStore store(t.url, options);
+    constexpr int kNew = 6;
+    std::vector<idem::Claim> claims(kNew + 2);
+    {
+        Hold hold(t, scope, store);
+        queue_behind(hold, kNew + 2, [&](int i) {
+            const auto n = static_cast<std::size_t>(i);
+            if (i < kNew) claims[n] = store.claim(idem::Key(scope, "k" + std::to_string(i)), kFp);
+            if (i == kNew) claims[n] = store.claim(idem::Key(scope, "old-same"), kFp);
+            if (i == kNew + 1) claims[n] = store.claim(idem::Key(scope, "old-other"), other);
+        });
+    }
+    CHECK(store.group_commit_stats().largest_claim_group > 1);  // a group did form
+    for (int i = 0; i < kNew; ++i) {
+        const std::string k = "k" + std::to_string(i);
+        CAPTURE(k);
+        CHECK(claims[static_cast<std::size_t>(i)].status == ClaimStatus::claimed);
+        auto r = t.admin.exec(
+            "SELECT fingerprint_alg, encode(fingerprint, 'hex') FROM " + t.name + " WHERE scope = $1 AND key = $2",
+            {scope, k});
+        REQUIRE(r.rows() == 1);
+        CHECK(r.integer(0, 0) == 2);
+        CHECK(r.text(0, 1) == secret.key(kFp).hex());
+    }
+    CHECK(claims[kNew].status == ClaimStatus::completed);     // plain row, same request
+    CHECK(claims[kNew + 1].status == ClaimStatus::mismatch);  // plain row, another request
+}
+
 TEST_CASE("group commit engages only for callers that find no connection free", "[group_commit]") {
     Table t(require_db());
     // T threads, each claiming and saving its own keys, on a pool of P connections.

@@ -1,6 +1,10 @@
-// fingerprint(): SHA-256 over a domain-tagged, type-tagged, length-prefixed encoding of the parts.
+// fingerprint(): SHA-256 over a domain-tagged, type-tagged, length-prefixed encoding of the parts;
+// FingerprintSecret: the keyed form, and how classify() compares records of either algorithm.
 #include "idem/fingerprint.hpp"
 #include "idem/errors.hpp"
+#include "idem/fingerprint_secret.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/store.hpp"
 
 #include <array>
 #include <catch2/catch.hpp>
@@ -116,6 +120,71 @@ TEST_CASE("Fingerprint::from_bytes round trips and refuses bad input", "[fingerp
     CHECK_THROWS_AS(idem::Fingerprint::from_bytes(1, bytes + "x"), idem::corrupt_record);
     CHECK_THROWS_AS(idem::Fingerprint::from_bytes(1, ""), idem::corrupt_record);
     CHECK_THROWS_AS(idem::Fingerprint::from_bytes(0, bytes), idem::corrupt_record);
-    CHECK_THROWS_AS(idem::Fingerprint::from_bytes(2, bytes), idem::corrupt_record);
+    CHECK_THROWS_AS(idem::Fingerprint::from_bytes(3, bytes), idem::corrupt_record);
+    // 2: keyed (hmac_sha256); rebuilt from storage it knows no plain digest.
+    const auto keyed = idem::Fingerprint::from_bytes(2, bytes);
+    CHECK(keyed.algorithm() == idem::FingerprintAlgorithm::hmac_sha256);
+    CHECK(keyed.bytes() == fp.bytes());
+    CHECK(keyed.plain_digest() == nullptr);
+    CHECK_FALSE(keyed == fp);
     CHECK_THROWS_AS(idem::Fingerprint::from_bytes(-1, bytes), idem::corrupt_record);
+}
+
+TEST_CASE("FingerprintSecret::key is HMAC-SHA256(secret, domain tag || plain digest) (hard-coded)", "[fingerprint]") {
+    // Computed once, independently (Python hmac): HMAC-SHA256(secret, "idem.fingerprint.hmac.v1"
+    // || the 32-byte plain digest). If it changes, every keyed row turns into a mismatch.
+    const auto plain = idem::fingerprint("POST /charges"s, 25000, "BRL"s);
+    std::string long_secret = "a longer secret than one SHA-256 block: " + std::string(60, 'x');
+    std::string block(64, '\0');
+    for (std::size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i);
+    CHECK(idem::FingerprintSecret(std::string(32, 'k')).key(plain).hex() ==
+          "9de5b057d3fd8d3d0adb9579e0a4ab0fb0b4e0f151add3abfdd41857e4b3c574");
+    CHECK(idem::FingerprintSecret(block).key(plain).hex() ==
+          "4ed46a80bdcad265ff284031fe8e9e06eba1a01bf64050c698177e18bdedf207");
+    CHECK(idem::FingerprintSecret(long_secret).key(plain).hex() ==
+          "d922d7b958a3d9f5e5fa2b1ba422c2b77bb1f076582bfae56bdf91cbacd24560");
+    const auto keyed = idem::FingerprintSecret(std::string(32, 'k')).key(plain);
+    CHECK(keyed.algorithm() == idem::FingerprintAlgorithm::hmac_sha256);
+    CHECK(idem::to_string(keyed.algorithm()) == "hmac-sha256");
+    CHECK(idem::to_string(plain.algorithm()) == "sha256");
+    CHECK_THROWS_AS(idem::FingerprintSecret(std::string(31, 'k')), idem::config_error);
+    CHECK_THROWS_AS(idem::FingerprintSecret(""), idem::config_error);
+}
+
+TEST_CASE("classify compares a record by its own algorithm", "[fingerprint]") {
+    const idem::FingerprintSecret a(std::string(32, 'a')), b(std::string(32, 'b'));
+    const auto same = idem::fingerprint("req"s, 1), other = idem::fingerprint("req"s, 2);
+    idem::Record plain_row;
+    plain_row.state = idem::RecordState::completed;
+    plain_row.fingerprint = same;
+    idem::Record keyed_row = plain_row;
+    keyed_row.fingerprint = a.key(same).stored();
+    // A plain row: with the plain digest, whether the request's fingerprint is keyed or not.
+    CHECK(idem::classify(plain_row, same) == idem::ClaimStatus::completed);
+    CHECK(idem::classify(plain_row, a.key(same)) == idem::ClaimStatus::completed);
+    CHECK(idem::classify(plain_row, a.key(other)) == idem::ClaimStatus::mismatch);
+    // A keyed row: with the keyed digest; another secret's is a mismatch; none is config_error.
+    CHECK(idem::classify(keyed_row, a.key(same)) == idem::ClaimStatus::completed);
+    CHECK(idem::classify(keyed_row, a.key(other)) == idem::ClaimStatus::mismatch);
+    CHECK(idem::classify(keyed_row, b.key(same)) == idem::ClaimStatus::mismatch);
+    CHECK_THROWS_AS(idem::classify(keyed_row, same), idem::config_error);
+    // A keyed fingerprint rebuilt from storage carries no plain digest: a plain row cannot match it.
+    CHECK(idem::classify(plain_row, keyed_row.fingerprint) == idem::ClaimStatus::mismatch);
+}
+
+TEST_CASE("MemoryStore with a secret keeps keyed fingerprints and replays by them", "[fingerprint]") {
+    idem::MemoryStoreOptions o;
+    o.fingerprint_secret = idem::FingerprintSecret(std::string(40, 's'));
+    idem::MemoryStore store(o);
+    const idem::Key key("s", "k");
+    const auto fp = idem::fingerprint("req"s, 1);
+    const auto c = store.claim(key, fp);
+    REQUIRE(c.status == idem::ClaimStatus::claimed);
+    store.save(key, c.fence, "r");
+    const auto record = store.read(key);
+    REQUIRE(record);
+    CHECK(record->fingerprint == o.fingerprint_secret->key(fp));
+    CHECK(record->fingerprint.plain_digest() == nullptr);  // the plain digest is not kept
+    CHECK(store.claim(key, fp).status == idem::ClaimStatus::completed);
+    CHECK(store.claim(key, idem::fingerprint("req"s, 2)).status == idem::ClaimStatus::mismatch);
 }

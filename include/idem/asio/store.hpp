@@ -184,6 +184,8 @@ public:
     /// the counters each in its own. Does not touch the database; does not throw.
     [[nodiscard]] PoolStats pool_stats() const;
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+    /// `fp` keyed with PostgresOptions::fingerprint_secret, or `fp` without one.
+    [[nodiscard]] Fingerprint key_fingerprint(const Fingerprint& fp) const override;
 
 private:
     struct Impl;

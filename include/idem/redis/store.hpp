@@ -79,6 +79,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/fingerprint_secret.hpp"
 #include "idem/sealing.hpp"
 #include "idem/store.hpp"
 
@@ -151,6 +152,13 @@ struct RedisOptions {
     /// authenticated under the keyring, and opened as they are read back; a result that does not
     /// open is corrupt_record. max_result_bytes bounds the result before sealing.
     SealingOptions sealing{};
+    /// Keyed fingerprints at rest (opt-in; idem/fingerprint_secret.hpp): new records keep
+    /// HMAC-SHA256 under this secret (fa 2) instead of the plain SHA-256, so whoever reads the
+    /// keys, an RDB or an AOF cannot confirm guesses of low-entropy requests. Found records are
+    /// compared by their own algorithm (the claim script's resume check included), so records
+    /// written before the secret was set still replay. Without it, a keyed record is
+    /// config_error. Rotating: keep the old secret until its records have expired.
+    std::optional<FingerprintSecret> fingerprint_secret{};
 };
 
 /// The IdempotencyStore contract over Redis 7 (see the top of this header).
@@ -193,6 +201,8 @@ public:
     [[nodiscard]] StoreStats stats() const override;
     /// RedisOptions::max_result_bytes.
     [[nodiscard]] std::size_t max_result_bytes() const noexcept override;
+    /// `fp` keyed with RedisOptions::fingerprint_secret, or `fp` without one.
+    [[nodiscard]] Fingerprint key_fingerprint(const Fingerprint& fp) const override;
 
     /// What the persistence check found that the store accepted but an operator should know (e.g.
     /// "2 replicas and wait_replicas = 0: a failover can lose acknowledged writes"), once per server
