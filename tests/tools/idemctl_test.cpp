@@ -313,6 +313,32 @@ TEST_CASE("idemctl show: a sealed result is opened only with --keyring", "[idemc
     std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("idemctl show and list: a keyed fingerprint (fingerprint_secret) shows its algorithm", "[idemctl]") {
+    Fixture f;
+    auto options = Fixture::make_options(f.table);
+    options.fingerprint_secret = idem::FingerprintSecret("an idemctl test secret of 32 bytes or more");
+    idem::PostgresStore keyed(f.url, options);
+    const idem::Key key{f.scope, "keyed-1"};
+    const auto c = keyed.claim(key, idem::fingerprint(std::string("request")));
+    REQUIRE(c.status == idem::ClaimStatus::claimed);
+    keyed.save(key, c.fence, "raw result");
+    const auto record = keyed.read(key);
+    REQUIRE(record);
+
+    const Run json_run = f.ctl({"show", key.scope(), key.value(), "--json"});
+    REQUIRE(json_run.exit_code == 0);
+    CHECK(json_run.doc()["fingerprint"] == "hmac-sha256:" + record->fingerprint.hex());
+    const Run text = f.ctl({"show", key.scope(), key.value()});
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.has_line("fingerprint  hmac-sha256:" + record->fingerprint.hex()));
+    // The plain records beside it still say sha256.
+    CHECK(f.ctl({"show", f.completed.scope(), f.completed.value(), "--json"}).doc()["fingerprint"] ==
+          "sha256:" + f.store.read(f.completed)->fingerprint.hex());
+    const Run listed = f.ctl({"list", "--scope", f.scope});
+    CHECK(listed.exit_code == 0);
+    CHECK(listed.out.find("keyed-1") != std::string::npos);
+}
+
 TEST_CASE("idemctl show: a stale in-progress key with its recovery point", "[idemctl]") {
     Fixture f;
     const Run run = f.ctl({"--json", "show", f.stale.scope(), f.stale.value()});

@@ -101,7 +101,7 @@ Json record_json(const idem::Key& key, const idem::Record& r, const Sealing& sea
     j["state"] = idem::to_string(r.state);
     j["attempt"] = r.attempt;
     j["fence"] = r.fence;
-    j["fingerprint"] = "sha256:" + r.fingerprint.hex();
+    j["fingerprint"] = std::string(idem::to_string(r.fingerprint.algorithm())) + ":" + r.fingerprint.hex();
     j["created_at"] = format_time(r.created_at);
     j["lease_until"] = format_time(r.lease_until);
     j["lease_passed"] = r.lease_until < r.read_at;
@@ -153,7 +153,7 @@ void print_record(std::ostream& out, const idem::Key& key, const idem::Record& r
     row("state", std::string(idem::to_string(r.state)));
     row("attempt", std::to_string(r.attempt));
     row("fence", std::to_string(r.fence));
-    row("fingerprint", "sha256:" + r.fingerprint.hex());
+    row("fingerprint", std::string(idem::to_string(r.fingerprint.algorithm())) + ":" + r.fingerprint.hex());
     row("created_at", fmt::format("{} ({})", format_time(r.created_at), relative(r.created_at, r.read_at)));
     if (r.state == idem::RecordState::in_progress) {
         std::string lease = lease_left(r.lease_until, r.read_at);
