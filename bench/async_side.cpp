@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
 #include "util.hpp"
 
 namespace bench {
@@ -124,8 +125,9 @@ struct AsyncSide::Impl {
     }
 };
 
-AsyncSide::AsyncSide(const std::string& conninfo, const std::string& table, int pool) {
+AsyncSide::AsyncSide(const std::string& conninfo, const std::string& table, int pool, bool fingerprint_secret) {
     idem::PostgresOptions options;
+    if (fingerprint_secret) options.fingerprint_secret = idem::FingerprintSecret(kBenchFingerprintSecret);
     options.table = table;
     options.pool_size = static_cast<std::size_t>(pool);
     options.application_name = "idem-bench-async";

@@ -25,7 +25,8 @@ namespace bench {
 class AsyncSide {
 public:
     /// A store with `pool` connections on `table` (connections open lazily: the warm-up opens them).
-    AsyncSide(const std::string& conninfo, const std::string& table, int pool);
+    /// `fingerprint_secret`: the store keys fingerprints (kBenchFingerprintSecret).
+    AsyncSide(const std::string& conninfo, const std::string& table, int pool, bool fingerprint_secret = false);
     ~AsyncSide();
     AsyncSide(const AsyncSide&) = delete;
     AsyncSide& operator=(const AsyncSide&) = delete;

@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
         }
         std::printf("%u CPUs; %.1f s per case and side in %d alternating rounds; pool size = threads\n",
                     std::thread::hardware_concurrency(), o.seconds, o.rounds);
+        if (o.fingerprint_secret) std::printf("idem and async sides: keyed fingerprints (--fingerprint-secret)\n");
         std::fflush(stdout);
 
         const idem::Fingerprint fp = idem::fingerprint("idem-bench", 1);

@@ -165,6 +165,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
             options.pool_size = o.store_per_thread ? 1 : static_cast<std::size_t>(pool);
             options.application_name = std::string("idem-bench-") + side_name(kind);
             options.group_commit = gc;
+            if (o.fingerprint_secret) options.fingerprint_secret = idem::FingerprintSecret(kBenchFingerprintSecret);
             LibrarySide side{kind, {}, {}};
             for (int i = 0; i < (o.store_per_thread ? threads : 1); ++i) {
                 side.stores.push_back(std::make_unique<idem::PostgresStore>(o.db, options));
@@ -272,7 +273,7 @@ std::vector<Run> run_matrix(const Options& o, Admin& admin, Tables& tables, cons
     }
     for (const int n : o.in_flight) {
         const int floor_threads = std::min(n, kAsyncFloorThreads);
-        AsyncSide async(o.db, async_table, o.async_pool);
+        AsyncSide async(o.db, async_table, o.async_pool, o.fingerprint_secret);
         std::vector<std::unique_ptr<FloorClient>> clients;
         for (int t = 0; t < floor_threads; ++t) clients.push_back(std::make_unique<FloorClient>(o.db, floor_table));
         const std::unique_ptr<IdealClient> ideal = o.ideal ? std::make_unique<IdealClient>(o.db, ideal_table) : nullptr;

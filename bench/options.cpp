@@ -53,6 +53,8 @@ Throughput matrix (default):
                           profile it with perf or strace; no ratio)
   --store-per-thread      diagnostic: one PostgresStore (pool of 1) per thread instead of one
                           shared store with a pool of T: isolates the cost of sharing the pool
+  --fingerprint-secret    the idem and async sides' stores key fingerprints
+                          (PostgresOptions::fingerprint_secret): compare "cpu us" with a run without
 Checks (when given, they run instead of the matrix):
   --table-size-check N    claim p50 (1 thread, new keys) on an empty table vs one with N rows
   --seal-check N          client CPU per new call and replay with sealed responses off and on
@@ -199,6 +201,8 @@ Options parse(int argc, char** argv) {
             }
         } else if (arg == "--store-per-thread") {
             o.store_per_thread = true;
+        } else if (arg == "--fingerprint-secret") {
+            o.fingerprint_secret = true;
         } else if (arg == "--store") {
             if (value() != "postgres") usage(2);  // redis / tiered: main() hands over to redis_main
         } else if (arg == "--print-pgbench-scripts") {

@@ -48,7 +48,13 @@ struct Options {
     int async_pool = 8;             ///< the AsyncPostgresStore's pool_size (PostgresOptions' default)
     std::string only;               ///< a side name: run that side only (for profiling; no ratio)
     bool store_per_thread = false;  ///< diagnostic: T stores with a pool of 1 instead of one pool of T
+    /// The idem and async sides' stores key fingerprints (PostgresOptions::fingerprint_secret with
+    /// kBenchFingerprintSecret): the client CPU per call with keying, against a run without it.
+    bool fingerprint_secret = false;
 };
+
+/// The secret --fingerprint-secret gives the stores (a fixed one: only its cost is measured).
+inline constexpr const char* kBenchFingerprintSecret = "idem-bench fingerprint secret, 32 bytes or more";
 
 /// Reads the command line; prints the usage and exits on --help (0) or a bad argument (2).
 Options parse(int argc, char** argv);
