@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install (or report) the Debian packages needed to build and test idem.
 #
-# Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--all]
+# Usage: scripts/install-deps.sh [--with-examples] [--with-asio] [--with-fault] [--with-clang] [--with-failover] [--with-docs] [--with-redis] [--with-grpc] [--all]
 #
 #   (core, always)    cmake g++ make ninja-build ccache pkg-config libpq-dev libssl-dev openssl libfmt-dev
 #                     catch2 postgresql-15 postgresql-client-15 libcli11-dev nlohmann-json3-dev
@@ -14,6 +14,8 @@
 #   --with-failover   patroni etcd-server etcd-client (the Patroni failover scenario)
 #   --with-docs       doxygen (the `docs` target and the idem_docs test: the API reference)
 #   --with-redis      libhiredis-dev redis-server (the idem::redis component and its tests)
+#   --with-grpc       libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc (the
+#                     idem::grpc component, its tests and examples/grpc-payments)
 #   --all             everything above
 #
 # As root, missing packages are installed with apt-get. Otherwise the missing packages and
@@ -31,8 +33,9 @@ fault_pkgs=(pgbouncer)
 failover_pkgs=(patroni etcd-server etcd-client)
 docs_pkgs=(doxygen)
 redis_pkgs=(libhiredis-dev redis-server)
+grpc_pkgs=(libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc)
 
-usage() { sed -n '2,22s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
 
 wanted=("${core[@]}")
 with_examples=0
@@ -42,6 +45,7 @@ with_fault=0
 with_failover=0
 with_docs=0
 with_redis=0
+with_grpc=0
 for arg in "$@"; do
     case "$arg" in
         --with-examples) with_examples=1 ;;
@@ -51,7 +55,9 @@ for arg in "$@"; do
         --with-failover) with_failover=1 ;;
         --with-docs) with_docs=1 ;;
         --with-redis) with_redis=1 ;;
-        --all) with_examples=1; with_asio=1; with_clang=1; with_fault=1; with_failover=1; with_docs=1; with_redis=1 ;;
+        --with-grpc) with_grpc=1 ;;
+        --all) with_examples=1; with_asio=1; with_clang=1; with_fault=1; with_failover=1; with_docs=1; with_redis=1
+               with_grpc=1 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "install-deps: unknown argument: $arg" >&2; usage >&2; exit 2 ;;
     esac
@@ -63,6 +69,7 @@ done
 ((with_failover)) && wanted+=("${failover_pkgs[@]}")
 ((with_docs)) && wanted+=("${docs_pkgs[@]}")
 ((with_redis)) && wanted+=("${redis_pkgs[@]}")
+((with_grpc)) && wanted+=("${grpc_pkgs[@]}")
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "install-deps: dpkg-query not found; this script supports Debian/Ubuntu only." >&2

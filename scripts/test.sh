@@ -61,6 +61,7 @@ cmake_args=(
     -DIDEM_BUILD_TOOLS=ON
     -DIDEM_ASIO=ON
     -DIDEM_REDIS=ON
+    -DIDEM_GRPC=ON
 )
 # Sanitized builds leave out what runs none of the library's code under the sanitizer (the
 # benchmarks and the API reference: the plain build has both) and carry line tables only (-g1:

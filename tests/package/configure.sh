@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A library-only user's machine: configure idem with every optional dependency hidden (the CMake
-# finders of Catch2, nlohmann_json, CLI11, Boost and Doxygen disabled with
+# finders of Catch2, nlohmann_json, CLI11, Boost, gRPC and Doxygen disabled with
 # CMAKE_DISABLE_FIND_PACKAGE_<name>; cpp-httplib and hiredis, found by pkg-config, left out of a
 # scratch PKG_CONFIG_LIBDIR), then
 #   1. the default configure succeeds and prints one "skipped (needs ...)" line per part it leaves
@@ -25,7 +25,7 @@ rm -rf "$work_dir/minimal" "$work_dir/prefix" "$work_dir/tests-on" "$work_dir/ex
 
 without=(-DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
          -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON
-         -DCMAKE_DISABLE_FIND_PACKAGE_Doxygen=ON)
+         -DCMAKE_DISABLE_FIND_PACKAGE_Doxygen=ON -DCMAKE_DISABLE_FIND_PACKAGE_gRPC=ON)
 # pkg-config sees every module of this machine but the optional ones (FindOpenSSL asks pkg-config
 # too, so pkg-config itself stays).
 pc_dir="$work_dir/pkgconfig"

@@ -114,6 +114,10 @@ if [[ -x "$consumer_bin/consumer_redis" ]]; then
     echo "package test: running consumer_redis (find_package(idem COMPONENTS redis))"
     "$consumer_bin/consumer_redis"
 fi
+if [[ -x "$consumer_bin/consumer_grpc" ]]; then
+    echo "package test: running consumer_grpc (find_package(idem COMPONENTS grpc))"
+    "$consumer_bin/consumer_grpc"
+fi
 
 # pkg-config: the installed idem.pc alone gives the flags (no CMake, no -I/-L of our own).
 pc_dir="$prefix/$libdir/pkgconfig"
