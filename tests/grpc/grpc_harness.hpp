@@ -1,7 +1,9 @@
-// tests/grpc/grpc_harness.hpp — idemtest.Payments served over real gRPC on 127.0.0.1 (an
-// ephemeral port) against real PostgreSQL, twice: on the synchronous API (idem::grpc::serve) and on
-// the callback API (idem::grpc::serve_on, a worker pool). Both serve the same methods on the same
-// table, so a call to one and then to the other is a retry of the same key.
+// tests/grpc/grpc_harness.hpp — idemtest.Payments served over real gRPC on 127.0.0.1 (ephemeral
+// ports) against real PostgreSQL, by each API: the synchronous one (idem::grpc::serve), the
+// callback one on a worker pool (idem::grpc::serve_on) and, with the idem::asio component
+// (IDEM_TEST_GRPC_ASIO), the callback one over AsyncPostgresStore (idem::grpc::async_serve). All
+// serve the same methods on the same table, so a call to one and then to another is a retry of
+// the same key.
 //
 // The handler counts its runs per key outside the library and answers with the key and its run
 // number; ChargeRequest.behaviour makes it decline, throw, say "not performed", wait on a gate, or
@@ -24,6 +26,16 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#ifdef IDEM_TEST_GRPC_ASIO
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+
+#include "idem/asio/store.hpp"
+#include "idem/grpc/asio.hpp"
+#endif
 
 #include "google/rpc/status.pb.h"
 #include "idem/grpc.hpp"
@@ -72,6 +84,16 @@ public:
         changed_.notify_all();
         changed_.wait_for(lock, std::chrono::seconds(30), [&] { return open_; });
     }
+    /// hold() for a handler that must not block (it polls is_open() on a timer).
+    void arrive() {
+        std::lock_guard lock(mutex_);
+        ++held_;
+        changed_.notify_all();
+    }
+    bool is_open() {
+        std::lock_guard lock(mutex_);
+        return open_;
+    }
 
 private:
     std::mutex mutex_;
@@ -81,13 +103,11 @@ private:
     int held_ = 0;
 };
 
-/// The test handler (see the top of this file).
-inline ::grpc::Status handle(Effects& effects, idem::grpc::Call& call, const ChargeRequest& request,
-                             ChargeReply& reply) {
+/// The test handler's answer once it has waited (see the top of this file); CallT is Call or
+/// AsyncCall.
+template <class CallT>
+::grpc::Status respond(Effects& effects, CallT& call, const ChargeRequest& request, ChargeReply& reply, int run) {
     const std::string& behaviour = request.behaviour();
-    const int run = effects.run(call.key().value());
-    if (behaviour == "hold") effects.hold();
-    if (request.sleep_ms() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(request.sleep_ms()));
     if (behaviour == "throw") throw std::runtime_error("provider timeout");
     if (behaviour == "outcome-unknown") throw idem::outcome_unknown("idem: the provider did not answer");
     if (behaviour == "not-performed") {
@@ -98,6 +118,7 @@ inline ::grpc::Status handle(Effects& effects, idem::grpc::Call& call, const Cha
         call.add_trailing_metadata("decline-code", "insufficient_funds");
         return {::grpc::StatusCode::FAILED_PRECONDITION, "card declined"};
     }
+    (void)effects;
     reply.set_charge_id("ch_" + call.key().value());
     reply.set_amount_cents(request.amount_cents());
     reply.set_run(run);
@@ -105,6 +126,37 @@ inline ::grpc::Status handle(Effects& effects, idem::grpc::Call& call, const Cha
     call.add_trailing_metadata("receipt-bin", std::string("\0\xff\x01", 3));
     return ::grpc::Status::OK;
 }
+
+/// The test handler on a thread of its own (serve, serve_on): it may block.
+inline ::grpc::Status handle(Effects& effects, idem::grpc::Call& call, const ChargeRequest& request,
+                             ChargeReply& reply) {
+    const int run = effects.run(call.key().value());
+    if (request.behaviour() == "hold") effects.hold();
+    if (request.sleep_ms() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(request.sleep_ms()));
+    return respond(effects, call, request, reply, run);
+}
+
+#ifdef IDEM_TEST_GRPC_ASIO
+/// The test handler on the store's executor (async_serve): it awaits instead of blocking.
+inline boost::asio::awaitable<::grpc::Status> handle_async(Effects& effects, idem::grpc::AsyncCall& call,
+                                                           const ChargeRequest& request, ChargeReply& reply) {
+    boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor);
+    const int run = effects.run(call.key().value());
+    if (request.behaviour() == "hold") {
+        effects.arrive();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!effects.is_open() && std::chrono::steady_clock::now() < until) {
+            timer.expires_after(std::chrono::milliseconds(5));
+            co_await timer.async_wait(boost::asio::use_awaitable);
+        }
+    }
+    if (request.sleep_ms() > 0) {
+        timer.expires_after(std::chrono::milliseconds(request.sleep_ms()));
+        co_await timer.async_wait(boost::asio::use_awaitable);
+    }
+    co_return respond(effects, call, request, reply, run);
+}
+#endif
 
 /// The methods, as each rpc configures it.
 struct Methods {
@@ -249,6 +301,35 @@ private:
     Workers& workers_;
 };
 
+#ifdef IDEM_TEST_GRPC_ASIO
+/// The callback service over AsyncPostgresStore: Charge and ChargeWait, through async_serve.
+class AsyncService final : public idemtest::Payments::CallbackService {
+public:
+    AsyncService(idem::asio::AsyncPostgresStore& store, const Methods& methods, Effects& effects)
+        : store_(store), methods_(methods), effects_(effects) {}
+
+    ::grpc::ServerUnaryReactor* Charge(::grpc::CallbackServerContext* c, const ChargeRequest* q,
+                                       ChargeReply* r) override {
+        return serve(methods_.charge, c, q, r);
+    }
+    ::grpc::ServerUnaryReactor* ChargeWait(::grpc::CallbackServerContext* c, const ChargeRequest* q,
+                                           ChargeReply* r) override {
+        return serve(methods_.wait_method, c, q, r);
+    }
+
+private:
+    ::grpc::ServerUnaryReactor* serve(const idem::grpc::Method& method, ::grpc::CallbackServerContext* c,
+                                      const ChargeRequest* q, ChargeReply* r) {
+        return idem::grpc::async_serve(store_, c, q, r, method, [this, q, r](idem::grpc::AsyncCall& call) {
+            return handle_async(effects_, call, *q, *r);
+        });
+    }
+    idem::asio::AsyncPostgresStore& store_;
+    const Methods& methods_;
+    Effects& effects_;
+};
+#endif
+
 /// What a client saw.
 struct Answer {
     ::grpc::Status status;
@@ -283,6 +364,20 @@ struct Answer {
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 
+/// The server API a call goes to.
+enum class Api { sync, callback, async };
+
+/// Every API this build serves (async: with the idem::asio component).
+inline std::vector<Api> apis() {
+#ifdef IDEM_TEST_GRPC_ASIO
+    return {Api::sync, Api::callback, Api::async};
+#else
+    return {Api::sync, Api::callback};
+#endif
+}
+
+inline std::string name(Api api) { return api == Api::sync ? "sync" : api == Api::callback ? "callback" : "async"; }
+
 class Harness {
 public:
     static constexpr const char* kNowhere = "host=127.0.0.1 port=1 dbname=none connect_timeout=1";
@@ -300,9 +395,22 @@ public:
         callback_server_ = start(callback_, callback_port_);
         sync_stub_ = idemtest::Payments::NewStub(channel(sync_port_));
         callback_stub_ = idemtest::Payments::NewStub(channel(callback_port_));
+#ifdef IDEM_TEST_GRPC_ASIO
+        io_thread_ = std::thread([this] { io_.run(); });
+        async_store_ = std::make_unique<idem::asio::AsyncPostgresStore>(io_.get_executor(), url_, options());
+        async_ = std::make_unique<AsyncService>(*async_store_, methods, effects);
+        async_server_ = start(*async_, async_port_);
+        async_stub_ = idemtest::Payments::NewStub(channel(async_port_));
+#endif
     }
     ~Harness() {
         effects.open();
+#ifdef IDEM_TEST_GRPC_ASIO
+        async_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        async_store_.reset();
+        work_.reset();
+        io_thread_.join();
+#endif
         callback_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
         sync_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     }
@@ -313,13 +421,13 @@ public:
     [[nodiscard]] static std::string tenant(const std::string& what) { return idem_test::unique_name("t_" + what); }
 
     /// One call of `rpc` ("Charge", "ChargeById", ...) with these metadata entries.
-    Answer call(const std::string& rpc, const Metadata& metadata, const ChargeRequest& request, bool callback = false,
+    Answer call(const std::string& rpc, const Metadata& metadata, const ChargeRequest& request, Api api = Api::sync,
                 std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
         ::grpc::ClientContext context;
         context.set_deadline(std::chrono::system_clock::now() + deadline);
         for (const auto& [name, value] : metadata) context.AddMetadata(name, value);
         Answer answer;
-        auto& stub = callback ? *callback_stub_ : *sync_stub_;
+        auto& stub = api == Api::sync ? *sync_stub_ : api == Api::callback ? *callback_stub_ : async_stub();
         if (rpc == "Charge") answer.status = stub.Charge(&context, request, &answer.reply);
         else if (rpc == "ChargeById") answer.status = stub.ChargeById(&context, request, &answer.reply);
         else if (rpc == "ChargeStrict") answer.status = stub.ChargeStrict(&context, request, &answer.reply);
@@ -383,6 +491,14 @@ private:
                                            args);
     }
 
+    idemtest::Payments::Stub& async_stub() {
+#ifdef IDEM_TEST_GRPC_ASIO
+        return *async_stub_;
+#else
+        throw std::logic_error("no async_serve in this build (the idem::asio component)");
+#endif
+    }
+
     std::string url_;
 
 public:
@@ -400,6 +516,16 @@ private:
     std::unique_ptr<::grpc::Server> callback_server_;
     std::unique_ptr<idemtest::Payments::Stub> sync_stub_;
     std::unique_ptr<idemtest::Payments::Stub> callback_stub_;
+#ifdef IDEM_TEST_GRPC_ASIO
+    boost::asio::io_context io_;
+    std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_{io_.get_executor()};
+    std::thread io_thread_;
+    std::unique_ptr<idem::asio::AsyncPostgresStore> async_store_;
+    std::unique_ptr<AsyncService> async_;
+    int async_port_ = 0;
+    std::unique_ptr<::grpc::Server> async_server_;
+    std::unique_ptr<idemtest::Payments::Stub> async_stub_;
+#endif
 };
 
 /// A request for `amount` cents.

@@ -31,10 +31,10 @@ TEST_CASE("grpc: malformed idempotency-key metadata is INVALID_ARGUMENT and stor
     // clang-format on
     for (const Case& c : cases) {
         INFO(c.what);
-        for (const bool callback : {false, true}) {
+        for (const grpc_test::Api api : grpc_test::apis()) {
             grpc_test::Metadata metadata = c.metadata;
             metadata.emplace_back("x-tenant", tenant);
-            const Answer a = h.call("Charge", metadata, charge(100), callback);
+            const Answer a = h.call("Charge", metadata, charge(100), api);
             CHECK(a.status.error_code() == Code::INVALID_ARGUMENT);
             CHECK_THAT(a.status.error_message(), Catch::Contains(c.message));
         }

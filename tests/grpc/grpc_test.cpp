@@ -1,5 +1,6 @@
 // idem::grpc over real gRPC and real PostgreSQL: every outcome of docs/grpc.md's "Outcome →
-// status" table, on the synchronous API and (where noted) the callback API. Each case counts the
+// status" table, on the synchronous API and, where a case loops over apis(), on the callback API
+// (serve_on) and async_serve too. Each case counts the
 // handler's runs outside the library and reads the table behind idem's back.
 #include <catch2/catch.hpp>
 
@@ -12,6 +13,7 @@
 #include "threads.hpp"
 
 using grpc_test::Answer;
+using grpc_test::Api;
 using grpc_test::charge;
 using grpc_test::Harness;
 using Code = ::grpc::StatusCode;
@@ -26,10 +28,11 @@ grpc_test::Metadata with_key(const std::string& tenant, const std::string& key) 
 
 TEST_CASE("grpc: the first call runs the handler; a repeat replays status, reply and trailers", "[grpc]") {
     Harness h;
-    for (const bool callback : {false, true}) {
-        const std::string tenant = Harness::tenant(callback ? "replay_cb" : "replay");
-        const std::string key = callback ? "order-cb" : "order-1";
-        const Answer first = h.call("Charge", with_key(tenant, key), charge(1250), callback);
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("replay");
+        const std::string key = "order-" + grpc_test::name(api);
+        const Answer first = h.call("Charge", with_key(tenant, key), charge(1250), api);
         REQUIRE(first.status.ok());
         CHECK(first.reply.charge_id() == "ch_" + key);
         CHECK(first.reply.run() == 1);
@@ -38,7 +41,7 @@ TEST_CASE("grpc: the first call runs the handler; a repeat replays status, reply
         CHECK_FALSE(first.replayed());
         CHECK(h.state(tenant, "Charge", key) == "completed");
 
-        for (const bool other_api : {false, true}) {
+        for (const Api other_api : grpc_test::apis()) {
             const Answer again = h.call("Charge", with_key(tenant, key), charge(1250), other_api);
             REQUIRE(again.status.ok());
             CHECK(again.reply.SerializeAsString() == first.reply.SerializeAsString());
@@ -53,8 +56,8 @@ TEST_CASE("grpc: the first call runs the handler; a repeat replays status, reply
 TEST_CASE("grpc: no key is INVALID_ARGUMENT; nothing stored, handler not called", "[grpc]") {
     Harness h;
     const std::string tenant = Harness::tenant("nokey");
-    for (const bool callback : {false, true}) {
-        const Answer a = h.call("Charge", {{"x-tenant", tenant}}, charge(100), callback);
+    for (const Api api : grpc_test::apis()) {
+        const Answer a = h.call("Charge", {{"x-tenant", tenant}}, charge(100), api);
         CHECK(a.status.error_code() == Code::INVALID_ARGUMENT);
         CHECK_THAT(a.status.error_message(), Catch::Contains("idempotency-key"));
     }
@@ -98,13 +101,14 @@ TEST_CASE("grpc: the fingerprint ignores field and map order on the wire", "[grp
 
 TEST_CASE("grpc: a repeat while the first call runs is ABORTED with RetryInfo", "[grpc]") {
     Harness h;
-    for (const bool callback : {false, true}) {
-        const std::string tenant = Harness::tenant(callback ? "busy_cb" : "busy");
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("busy");
         h.effects.close();
         std::optional<Answer> first;
-        std::thread runner([&] { first = h.call("Charge", with_key(tenant, "k"), charge(100, "hold"), callback); });
+        std::thread runner([&] { first = h.call("Charge", with_key(tenant, "k"), charge(100, "hold"), api); });
         REQUIRE(h.effects.wait_held());
-        const Answer busy = h.call("Charge", with_key(tenant, "k"), charge(100, "hold"), callback);
+        const Answer busy = h.call("Charge", with_key(tenant, "k"), charge(100, "hold"), api);
         h.effects.open();
         runner.join();
         CHECK(busy.status.error_code() == Code::ABORTED);
@@ -113,11 +117,11 @@ TEST_CASE("grpc: a repeat while the first call runs is ABORTED with RetryInfo", 
         CHECK(delay->count() > 0);
         REQUIRE(first.has_value());
         CHECK(first->status.ok());
-        const Answer after = h.call("Charge", with_key(tenant, "k"), charge(100, "hold"), callback);
+        const Answer after = h.call("Charge", with_key(tenant, "k"), charge(100, "hold"), api);
         CHECK(after.status.ok());
         CHECK(after.replayed());
     }
-    CHECK(h.effects.runs("k") == 2);  // once per tenant
+    CHECK(h.effects.runs("k") == static_cast<int>(grpc_test::apis().size()));  // once per tenant
 }
 
 TEST_CASE("grpc: an unreachable store is UNAVAILABLE with RetryInfo; handler not called", "[grpc]") {
@@ -131,18 +135,21 @@ TEST_CASE("grpc: an unreachable store is UNAVAILABLE with RetryInfo; handler not
 
 TEST_CASE("grpc: a handler that throws leaves the key in progress (outcome unknown)", "[grpc]") {
     Harness h;
-    for (const std::string behaviour : {"throw", "outcome-unknown", "bad-trailer"}) {
-        const std::string tenant = Harness::tenant("unknown");
-        const std::string key = "k-" + behaviour;
-        const Answer a = h.call("Charge", with_key(tenant, key), charge(100, behaviour));
-        CHECK(a.status.error_code() == Code::UNAVAILABLE);
-        CHECK_THAT(a.status.error_message(), Catch::Contains("not known"));
-        CHECK(a.retry_delay() == std::chrono::milliseconds(2500));
-        CHECK(h.state(tenant, "Charge", key) == "in_progress");
-        // A retry is told to wait: the handler never runs a second time for the key.
-        const Answer retry = h.call("Charge", with_key(tenant, key), charge(100, behaviour));
-        CHECK(retry.status.error_code() == Code::ABORTED);
-        CHECK(h.effects.runs(key) == 1);
+    for (const Api api : grpc_test::apis()) {
+        for (const std::string behaviour : {"throw", "outcome-unknown", "bad-trailer"}) {
+            INFO("API " << grpc_test::name(api) << ", " << behaviour);
+            const std::string tenant = Harness::tenant("unknown");
+            const std::string key = "k-" + grpc_test::name(api) + "-" + behaviour;
+            const Answer a = h.call("Charge", with_key(tenant, key), charge(100, behaviour), api);
+            CHECK(a.status.error_code() == Code::UNAVAILABLE);
+            CHECK_THAT(a.status.error_message(), Catch::Contains("not known"));
+            CHECK(a.retry_delay() == std::chrono::milliseconds(2500));
+            CHECK(h.state(tenant, "Charge", key) == "in_progress");
+            // A retry is told to wait: the handler never runs a second time for the key.
+            const Answer retry = h.call("Charge", with_key(tenant, key), charge(100, behaviour), api);
+            CHECK(retry.status.error_code() == Code::ABORTED);
+            CHECK(h.effects.runs(key) == 1);
+        }
     }
 }
 
@@ -227,7 +234,9 @@ TEST_CASE("grpc: 32 concurrent calls with one key run the effect once, with byte
     idem_test::run_threads(kCalls, [&](int t) {
         auto request = charge(700);
         request.set_sleep_ms(300);  // the others arrive while it runs and wait (ClaimOptions::wait)
-        answers[static_cast<std::size_t>(t)] = h.call("ChargeWait", with_key(tenant, "k"), request, t % 2 == 1);
+        const auto apis = grpc_test::apis();
+        const Api api = apis[static_cast<std::size_t>(t) % apis.size()];
+        answers[static_cast<std::size_t>(t)] = h.call("ChargeWait", with_key(tenant, "k"), request, api);
     });
     std::set<std::string> bodies;
     int replayed = 0;
@@ -243,22 +252,25 @@ TEST_CASE("grpc: 32 concurrent calls with one key run the effect once, with byte
 
 TEST_CASE("grpc: a client whose deadline passes retries with the same key and gets the replay", "[grpc]") {
     Harness h;
-    const std::string tenant = Harness::tenant("deadline");
-    auto request = charge(100);
-    request.set_sleep_ms(1500);
-    const Answer late = h.call("Charge", with_key(tenant, "k"), request, false, std::chrono::milliseconds(300));
-    CHECK(late.status.error_code() == Code::DEADLINE_EXCEEDED);
-    // The server completes anyway; the record becomes completed (generous bound: a busy machine).
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (h.state(tenant, "Charge", "k") != "completed" && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("deadline");
+        auto request = charge(100);
+        request.set_sleep_ms(1500);
+        const Answer late = h.call("Charge", with_key(tenant, "k"), request, api, std::chrono::milliseconds(300));
+        CHECK(late.status.error_code() == Code::DEADLINE_EXCEEDED);
+        // The server completes anyway; the record becomes completed (generous bound: a busy machine).
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (h.state(tenant, "Charge", "k") != "completed" && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        REQUIRE(h.state(tenant, "Charge", "k") == "completed");
+        const Answer retry = h.call("Charge", with_key(tenant, "k"), request, api);
+        REQUIRE(retry.status.ok());
+        CHECK(retry.replayed());
+        CHECK(retry.reply.run() == h.effects.runs("k"));  // this tenant's run: the handler ran once
     }
-    REQUIRE(h.state(tenant, "Charge", "k") == "completed");
-    const Answer retry = h.call("Charge", with_key(tenant, "k"), request);
-    REQUIRE(retry.status.ok());
-    CHECK(retry.replayed());
-    CHECK(retry.reply.run() == 1);
-    CHECK(h.effects.runs("k") == 1);
+    CHECK(h.effects.runs("k") == static_cast<int>(grpc_test::apis().size()));
 }
 
 TEST_CASE("grpc: streaming methods and bad options are refused when the Method is made", "[grpc]") {

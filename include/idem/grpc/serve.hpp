@@ -46,16 +46,10 @@
 
 namespace idem::grpc {
 
-/// What a handler may know about, and do with, the call it runs for.
-class Call {
+/// The trailing metadata a handler adds, and gRPC's context of its call: what Call (serve) and
+/// AsyncCall (async_serve, idem/grpc/asio.hpp) share.
+class CallBase {
 public:
-    /// Made by serve() for the handler.
-    Call(::grpc::ServerContextBase& server, idem::Context& context) noexcept : server_(server), context_(context) {}
-
-    /// The key this call claimed.
-    [[nodiscard]] const Key& key() const noexcept { return context_.key(); }
-    /// The claim: fence, recovery points, lease extension (idem::Context).
-    [[nodiscard]] idem::Context& context() noexcept { return context_; }
     /// gRPC's context of the call (deadline, auth context, client metadata).
     [[nodiscard]] ::grpc::ServerContextBase& server_context() noexcept { return server_; }
 
@@ -72,10 +66,28 @@ public:
     /// Moves the entries out (serve() does, once the handler returned).
     [[nodiscard]] Metadata take_trailing_metadata() noexcept { return std::move(trailers_); }
 
+protected:
+    /// Made by Call and AsyncCall for the call whose context is `server`.
+    explicit CallBase(::grpc::ServerContextBase& server) noexcept : server_(server) {}
+
 private:
     ::grpc::ServerContextBase& server_;
-    idem::Context& context_;
     Metadata trailers_{};
+};
+
+/// What a handler of serve() may know about, and do with, the call it runs for.
+class Call : public CallBase {
+public:
+    /// Made by serve() for the handler.
+    Call(::grpc::ServerContextBase& server, idem::Context& context) noexcept : CallBase(server), context_(context) {}
+
+    /// The key this call claimed.
+    [[nodiscard]] const Key& key() const noexcept { return context_.key(); }
+    /// The claim: fence, recovery points, lease extension (idem::Context).
+    [[nodiscard]] idem::Context& context() noexcept { return context_; }
+
+private:
+    idem::Context& context_;
 };
 
 namespace detail {
