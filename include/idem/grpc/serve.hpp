@@ -126,8 +126,9 @@ template <class Handler>
 ///       return idem::grpc::serve_on(pool_post, store, ctx, req, reply, charge_method, handler);
 ///   }
 ///
-/// The handler is moved into the task; `store` and `method` must outlive it. If `post` throws, the
-/// call is finished UNAVAILABLE (nothing claimed).
+/// The handler is moved into the task, a std::function (so it must be copyable); `store` and
+/// `method` must outlive it, gRPC keeps `context`, `request` and `reply` until the reactor is
+/// finished. If `post` throws, the call is finished UNAVAILABLE (nothing claimed).
 template <class Post, class Request, class Reply, class Handler>
 ::grpc::ServerUnaryReactor* serve_on(Post&& post, IdempotencyStore& store, ::grpc::CallbackServerContext* context,
                                      const Request* request, Reply* reply, const Method& method, Handler handler) {
