@@ -15,6 +15,9 @@
 #include <idem/redis/replay_cache.hpp>
 #include <idem/redis/store.hpp>
 #endif
+#if defined(IDEM_CHECK_GRPC)
+#include <idem/grpc.hpp>
+#endif
 
 #include <chrono>
 #include <string_view>
@@ -67,6 +70,10 @@ using namespace std::chrono_literals;
 #if defined(IDEM_CHECK_ASIO)
     [[maybe_unused]] const idem::asio::AsyncOptions async{.deadline = 2s};
     [[maybe_unused]] const idem::asio::AsyncOptions async_claim{.claim = {.wait = 1s}};
+#endif
+#if defined(IDEM_CHECK_GRPC)
+    [[maybe_unused]] const idem::grpc::MethodOptions grpc_field{.key_field = "request_id"};
+    [[maybe_unused]] const idem::grpc::MethodOptions grpc_claim{.claim = {.wait = 1s}};
 #endif
 }
 
