@@ -1,7 +1,8 @@
 # idem_grpc_proto_library(<name> <proto_dir> <proto>...): a static library of the C++ code protoc and
 # grpc_cpp_plugin generate for <proto>... (paths relative to <proto_dir>), for idem's own tests and
-# examples (not installed). Generated code is compiled without idem's warning flags, and its headers
-# are system headers to the targets that link the library.
+# examples (not installed). Generated code is compiled with idem's build flags (a sanitized build
+# instruments it too) but no warning (-w: it is protoc's code), and its headers are system headers
+# to the targets that link the library.
 function(idem_grpc_proto_library name proto_dir)
   set(out ${CMAKE_CURRENT_BINARY_DIR}/${name}-generated)
   file(MAKE_DIRECTORY ${out})
@@ -19,5 +20,6 @@ function(idem_grpc_proto_library name proto_dir)
   endforeach()
   add_library(${name} STATIC ${sources})
   target_include_directories(${name} SYSTEM PUBLIC ${out})
-  target_link_libraries(${name} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
+  target_link_libraries(${name} PUBLIC gRPC::grpc++ protobuf::libprotobuf PRIVATE idem_build_flags)
+  target_compile_options(${name} PRIVATE -w)
 endfunction()
