@@ -70,12 +70,16 @@ TEST_CASE("grpc: no key is INVALID_ARGUMENT; nothing stored, handler not called"
 
 TEST_CASE("grpc: the same key with another request is FAILED_PRECONDITION", "[grpc]") {
     Harness h;
-    const std::string tenant = Harness::tenant("mismatch");
-    REQUIRE(h.call("Charge", with_key(tenant, "k"), charge(100)).status.ok());
-    const Answer other = h.call("Charge", with_key(tenant, "k"), charge(101));
-    CHECK(other.status.error_code() == Code::FAILED_PRECONDITION);
-    CHECK_FALSE(other.replayed());
-    CHECK(h.effects.runs("k") == 1);
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("mismatch");
+        const std::string key = "k-" + grpc_test::name(api);
+        REQUIRE(h.call("Charge", with_key(tenant, key), charge(100), api).status.ok());
+        const Answer other = h.call("Charge", with_key(tenant, key), charge(101), api);
+        CHECK(other.status.error_code() == Code::FAILED_PRECONDITION);
+        CHECK_FALSE(other.replayed());
+        CHECK(h.effects.runs(key) == 1);
+    }
 }
 
 TEST_CASE("grpc: the fingerprint ignores field and map order on the wire", "[grpc]") {
@@ -157,17 +161,21 @@ TEST_CASE("grpc: storage policy: a declined card is stored; success_only release
     Harness h;
     const std::string tenant = Harness::tenant("policy");
     // Default (store_all): FAILED_PRECONDITION from the handler is stored and replayed, trailers too.
-    const Answer declined = h.call("Charge", with_key(tenant, "d"), charge(100, "decline"));
-    CHECK(declined.status.error_code() == Code::FAILED_PRECONDITION);
-    CHECK(declined.status.error_message() == "card declined");
-    CHECK(declined.trailer("decline-code") == "insufficient_funds");
-    const Answer again = h.call("Charge", with_key(tenant, "d"), charge(100, "decline"));
-    CHECK(again.status.error_code() == Code::FAILED_PRECONDITION);
-    CHECK(again.status.error_message() == "card declined");
-    CHECK(again.trailer("decline-code") == "insufficient_funds");
-    CHECK(again.replayed());
-    CHECK(h.effects.runs("d") == 1);
-    CHECK(h.state(tenant, "Charge", "d") == "completed");
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string key = "d-" + grpc_test::name(api);
+        const Answer declined = h.call("Charge", with_key(tenant, key), charge(100, "decline"), api);
+        CHECK(declined.status.error_code() == Code::FAILED_PRECONDITION);
+        CHECK(declined.status.error_message() == "card declined");
+        CHECK(declined.trailer("decline-code") == "insufficient_funds");
+        const Answer again = h.call("Charge", with_key(tenant, key), charge(100, "decline"), api);
+        CHECK(again.status.error_code() == Code::FAILED_PRECONDITION);
+        CHECK(again.status.error_message() == "card declined");
+        CHECK(again.trailer("decline-code") == "insufficient_funds");
+        CHECK(again.replayed());
+        CHECK(h.effects.runs(key) == 1);
+        CHECK(h.state(tenant, "Charge", key) == "completed");
+    }
 
     // success_only: the same status releases the key; the next call runs the handler again.
     const Answer strict = h.call("ChargeStrict", with_key(tenant, "s"), charge(100, "decline"));
@@ -183,15 +191,19 @@ TEST_CASE("grpc: storage policy: a declined card is stored; success_only release
 
 TEST_CASE("grpc: not_performed sends its status and releases the key", "[grpc]") {
     Harness h;
-    const std::string tenant = Harness::tenant("np");
-    const Answer a = h.call("Charge", with_key(tenant, "k"), charge(100, "not-performed"));
-    CHECK(a.status.error_code() == Code::RESOURCE_EXHAUSTED);
-    CHECK(a.status.error_message() == "rate limited");
-    CHECK(h.state(tenant, "Charge", "k").empty());
-    const Answer retry = h.call("Charge", with_key(tenant, "k"), charge(100));
-    CHECK(retry.status.ok());
-    CHECK_FALSE(retry.replayed());
-    CHECK(h.effects.runs("k") == 2);
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("np");
+        const std::string key = "k-" + grpc_test::name(api);
+        const Answer a = h.call("Charge", with_key(tenant, key), charge(100, "not-performed"), api);
+        CHECK(a.status.error_code() == Code::RESOURCE_EXHAUSTED);
+        CHECK(a.status.error_message() == "rate limited");
+        CHECK(h.state(tenant, "Charge", key).empty());
+        const Answer retry = h.call("Charge", with_key(tenant, key), charge(100), api);
+        CHECK(retry.status.ok());
+        CHECK_FALSE(retry.replayed());
+        CHECK(h.effects.runs(key) == 2);
+    }
 }
 
 TEST_CASE("grpc: the key from the request_id field; the metadata entry wins when sent", "[grpc]") {
