@@ -1,9 +1,10 @@
 // Sealed records (include/idem/sealing.hpp): the keyring, seal() and open_sealed().
 #include "idem/sealing.hpp"
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -32,6 +33,12 @@ using KeyBytes = std::array<unsigned char, Keyring::key_size>;
 struct CipherCtxDeleter {
     void operator()(EVP_CIPHER_CTX* ctx) const noexcept { EVP_CIPHER_CTX_free(ctx); }
 };
+struct MacDeleter {
+    void operator()(EVP_MAC* mac) const noexcept { EVP_MAC_free(mac); }
+};
+struct MacCtxDeleter {
+    void operator()(EVP_MAC_CTX* ctx) const noexcept { EVP_MAC_CTX_free(ctx); }
+};
 struct CipherDeleter {
     void operator()(EVP_CIPHER* cipher) const noexcept { EVP_CIPHER_free(cipher); }
 };
@@ -43,19 +50,40 @@ const EVP_CIPHER* aes_256_gcm() {
     return cipher.get();
 }
 
-// One context per thread, re-initialised for every record.
-EVP_CIPHER_CTX* thread_context() {
-    thread_local const std::unique_ptr<EVP_CIPHER_CTX, CipherCtxDeleter> ctx(EVP_CIPHER_CTX_new());
-    if (!ctx) throw error("idem: EVP_CIPHER_CTX_new failed");
-    return ctx.get();
+// Contexts per thread, set up once with their algorithm and re-keyed for every record: an
+// implicit fetch or a fresh context on every call costs more than the cryptography.
+struct ThreadContexts {
+    std::unique_ptr<EVP_CIPHER_CTX, CipherCtxDeleter> encrypt{EVP_CIPHER_CTX_new()};
+    std::unique_ptr<EVP_CIPHER_CTX, CipherCtxDeleter> decrypt{EVP_CIPHER_CTX_new()};
+    std::unique_ptr<EVP_MAC_CTX, MacCtxDeleter> mac;
+
+    ThreadContexts() {
+        static const std::unique_ptr<EVP_MAC, MacDeleter> hmac_alg(EVP_MAC_fetch(nullptr, "HMAC", nullptr));
+        if (!hmac_alg) throw error("idem: OpenSSL has no HMAC");
+        mac.reset(EVP_MAC_CTX_new(hmac_alg.get()));
+        char digest[] = "SHA256";
+        const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                                     OSSL_PARAM_construct_end()};
+        if (!encrypt || !decrypt || !mac || EVP_MAC_CTX_set_params(mac.get(), params) != 1 ||
+            EVP_EncryptInit_ex(encrypt.get(), aes_256_gcm(), nullptr, nullptr, nullptr) != 1 ||
+            EVP_DecryptInit_ex(decrypt.get(), aes_256_gcm(), nullptr, nullptr, nullptr) != 1) {
+            throw error("idem: cannot set up AES-256-GCM and HMAC-SHA256 (OpenSSL)");
+        }
+    }
+};
+
+ThreadContexts& contexts() {
+    thread_local ThreadContexts c;
+    return c;
 }
 
 KeyBytes hmac(const KeyBytes& master, std::string_view message) {
+    EVP_MAC_CTX* ctx = contexts().mac.get();
     KeyBytes out{};
-    unsigned int len = 0;
-    if (HMAC(EVP_sha256(), master.data(), static_cast<int>(master.size()),
-             reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len) == nullptr ||
-        len != out.size()) {
+    std::size_t len = 0;
+    if (EVP_MAC_init(ctx, master.data(), master.size(), nullptr) != 1 ||
+        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
+        EVP_MAC_final(ctx, out.data(), &len, out.size()) != 1 || len != out.size()) {
         throw error("idem: HMAC-SHA256 failed (OpenSSL)");
     }
     return out;
@@ -249,12 +277,12 @@ std::string seal(const Keyring& keyring, const Key& key, std::string_view plaint
     KeyBytes rkey = record_key(master, siv.data());
     const std::string aad = out + bound;
 
-    EVP_CIPHER_CTX* ctx = thread_context();
+    EVP_CIPHER_CTX* ctx = contexts().encrypt.get();
     out.resize(kHeader + plaintext.size() + kTag);
     auto* body = reinterpret_cast<unsigned char*>(out.data()) + kHeader;
     int len = 0, final_len = 0;
     const bool ok =
-        EVP_EncryptInit_ex(ctx, aes_256_gcm(), nullptr, rkey.data(), siv.data() + kSalt) == 1 &&
+        EVP_EncryptInit_ex(ctx, nullptr, nullptr, rkey.data(), siv.data() + kSalt) == 1 &&
         EVP_EncryptUpdate(ctx, nullptr, &len, bytes(aad), static_cast<int>(aad.size())) == 1 &&
         (plaintext.empty() ||
          EVP_EncryptUpdate(ctx, body, &len, bytes(plaintext), static_cast<int>(plaintext.size())) == 1) &&
@@ -284,9 +312,9 @@ std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view
     unsigned char tag[kTag];
     std::copy(bytes(sealed) + kHeader + n, bytes(sealed) + kHeader + n + kTag, tag);
 
-    EVP_CIPHER_CTX* ctx = thread_context();
+    EVP_CIPHER_CTX* ctx = contexts().decrypt.get();
     int len = 0, final_len = 0;
-    const bool setup = EVP_DecryptInit_ex(ctx, aes_256_gcm(), nullptr, rkey.data(), salt + kSalt) == 1 &&
+    const bool setup = EVP_DecryptInit_ex(ctx, nullptr, nullptr, rkey.data(), salt + kSalt) == 1 &&
                        EVP_DecryptUpdate(ctx, nullptr, &len, bytes(aad), static_cast<int>(aad.size())) == 1 &&
                        (n == 0 || EVP_DecryptUpdate(ctx, reinterpret_cast<unsigned char*>(out.data()), &len,
                                                     bytes(sealed) + kHeader, static_cast<int>(n)) == 1) &&
