@@ -112,6 +112,10 @@ Admission admit(const ::grpc::ServerContextBase& context, const google::protobuf
         return {internal(method,
                          std::string("idem::grpc: the tenant function of ") + method.path() + " threw: " + e.what()),
                 std::nullopt, std::nullopt};
+    } catch (...) {
+        return {internal(method, std::string("idem::grpc: the tenant function of ") + method.path() +
+                                     " threw something not derived from std::exception"),
+                std::nullopt, std::nullopt};
     }
     std::optional<Key> made;
     try {

@@ -4,8 +4,10 @@
 // Layout, big-endian lengths (the ByteWriter of the other codecs):
 //   "IDG" | version u8 (1) | code u32 (0..16) | message str32 | details str32 | reply str32 |
 //   trailer count u32 | (name str32, value str32)*
-// A record of another version, a code outside gRPC's, a truncated record or trailing bytes are
+// A record of another version, a code outside gRPC's, a trailer gRPC would refuse to send, a
+// truncated record or trailing bytes are
 // corrupt_record: the call is answered INTERNAL and the handler never runs again for the key.
+#include <stdexcept>
 #include <string>
 
 #include "bytes.hpp"
@@ -15,7 +17,6 @@ namespace idem {
 namespace {
 constexpr std::string_view kMagic = "IDG";
 constexpr char kVersion = 1;
-constexpr std::uint32_t kLastCode = 16;  // UNAUTHENTICATED
 }  // namespace
 
 std::string codec<grpc::detail::StoredCall>::encode(const grpc::detail::StoredCall& call) {
@@ -43,7 +44,7 @@ grpc::detail::StoredCall codec<grpc::detail::StoredCall>::decode(std::string_vie
     if (r.raw(1)[0] != kVersion) r.fail("unknown record version");
     grpc::detail::StoredCall call;
     const std::uint32_t code = r.u32();
-    if (code > kLastCode) r.fail("status code out of range");
+    if (code > static_cast<std::uint32_t>(grpc::detail::kLastStatusCode)) r.fail("status code out of range");
     call.code = static_cast<int>(code);
     call.message = std::string(r.str32());
     call.details = std::string(r.str32());
@@ -55,6 +56,12 @@ grpc::detail::StoredCall codec<grpc::detail::StoredCall>::decode(std::string_vie
     for (std::uint32_t i = 0; i < trailers; ++i) {
         std::string name(r.str32());
         std::string value(r.str32());
+        // Sent as stored on a replay: one gRPC refuses would abort the process there.
+        try {
+            grpc::detail::check_trailer(name, value);
+        } catch (const std::invalid_argument&) {
+            r.fail("a trailer gRPC refuses");
+        }
         call.trailers.emplace_back(std::move(name), std::move(value));
     }
     r.expect_end();

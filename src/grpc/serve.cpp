@@ -10,8 +10,12 @@ namespace idem::grpc {
 namespace detail {
 namespace {
 
-void log(const Method& method, const std::string& line) {
-    if (method.options().log) method.options().log(line);
+// The application's log function never changes an answer: whatever it throws is dropped.
+void log(const Method& method, const std::string& line) noexcept {
+    try {
+        if (method.options().log) method.options().log(line);
+    } catch (...) {
+    }
 }
 
 std::string with_key(const std::string& what, const Key& key) {
@@ -39,13 +43,24 @@ std::string with_key(const std::string& what, const Key& key) {
 
 StoredCall settle(const Method& method, const ::grpc::Status& status, const google::protobuf::Message& reply,
                   Metadata trailers) {
-    StoredCall call{static_cast<int>(status.error_code()), status.error_message(), status.error_details(),
+    int code = static_cast<int>(status.error_code());
+    if (code < 0 || code > kLastStatusCode) {
+        // gRPC defines 0..16 (a client maps anything else to UNKNOWN): answered, and replayed, as
+        // UNKNOWN with the handler's message, rather than stored as a record no replay can send.
+        log(method, "idem::grpc: " + method.path() + " returned status code " + std::to_string(code) +
+                        ", outside gRPC's 0..16: answered and stored as UNKNOWN");
+        code = static_cast<int>(::grpc::StatusCode::UNKNOWN);
+    }
+    StoredCall call{code, status.error_message(), status.error_details(),
                     status.ok() ? reply.SerializeAsString() : std::string(), std::move(trailers)};
     Disposition disposition = Disposition::store;
     try {
-        disposition = method.options().storage(status);
+        disposition = method.options().storage(
+            ::grpc::Status(static_cast<::grpc::StatusCode>(code), status.error_message(), status.error_details()));
     } catch (const std::exception& e) {
         throw handler_failed(std::string("the storage policy threw: ") + e.what());
+    } catch (...) {
+        throw handler_failed("the storage policy threw something not derived from std::exception");
     }
     switch (disposition) {
         case Disposition::release: throw released_call(std::move(call));

@@ -114,6 +114,7 @@ template <class CallT>
         throw idem::grpc::not_performed(::grpc::Status(::grpc::StatusCode::RESOURCE_EXHAUSTED, "rate limited"));
     }
     if (behaviour == "bad-trailer") call.add_trailing_metadata("Bad Name", "x");
+    if (behaviour == "code-20") return {static_cast<::grpc::StatusCode>(20), "a code outside gRPC's"};
     if (behaviour == "decline") {
         call.add_trailing_metadata("decline-code", "insufficient_funds");
         return {::grpc::StatusCode::FAILED_PRECONDITION, "card declined"};

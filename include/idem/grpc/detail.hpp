@@ -66,6 +66,9 @@ struct Admission {
 /// Checks a trailing metadata entry the handler adds; throws std::invalid_argument.
 void check_trailer(std::string_view name, std::string_view value);
 
+/// gRPC's status codes are 0 (OK) to 16 (UNAUTHENTICATED).
+inline constexpr int kLastStatusCode = 16;
+
 /// Carries the handler's status out of execute_once when the storage policy says release (the
 /// key is released: it derives from idem::not_performed).
 class released_call : public idem::not_performed {

@@ -1,0 +1,96 @@
+// idem::grpc, adversarial cases: what a replay sends must be what the first call sent, and a stored
+// record gRPC cannot send must be INTERNAL (docs/grpc.md, "Record format"), never a crash.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "grpc_harness.hpp"
+
+using grpc_test::Answer;
+using grpc_test::charge;
+using grpc_test::Harness;
+using Code = ::grpc::StatusCode;
+
+namespace {
+
+grpc_test::Metadata with_key(const std::string& tenant, const std::string& key) {
+    return {{"x-tenant", tenant}, {"idempotency-key", key}};
+}
+
+std::string bytea_hex(const std::string& bytes) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string out = "\\x";
+    for (const char c : bytes) {
+        const auto b = static_cast<unsigned char>(c);
+        out += kDigits[b >> 4];
+        out += kDigits[b & 15];
+    }
+    return out;
+}
+
+// Replaces the record of `key` with a well-formed version-1 record of `call`.
+void store_record(Harness& h, const std::string& tenant, const std::string& key,
+                  const idem::grpc::detail::StoredCall& call) {
+    h.db.exec("UPDATE idem_keys SET result = $1::bytea WHERE scope = $2 AND key = $3",
+              {bytea_hex(idem::codec<idem::grpc::detail::StoredCall>::encode(call)),
+               tenant + ":/idemtest.Payments/Charge", key});
+}
+
+}  // namespace
+
+TEST_CASE("grpc: a handler's status code outside gRPC's is replayed as first sent", "[grpc]") {
+    Harness h;
+    for (const grpc_test::Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("code20");
+        const std::string key = "k-" + grpc_test::name(api);
+        const Answer first = h.call("Charge", with_key(tenant, key), charge(100, "code-20"), api);
+        const Answer again = h.call("Charge", with_key(tenant, key), charge(100, "code-20"), api);
+        INFO("first: " << first.status.error_code() << " " << first.status.error_message());
+        INFO("again: " << again.status.error_code() << " " << again.status.error_message());
+        CHECK(again.status.error_code() == first.status.error_code());
+        CHECK(again.status.error_message() == first.status.error_message());
+        CHECK(h.effects.runs(key) == 1);
+    }
+}
+
+// A record written by another build, or altered in the table, whose trailer name gRPC refuses:
+// AddTrailingMetadata accepts it and gRPC asserts when the status is sent ("API misuse").
+TEST_CASE("grpc: a stored trailer with a name gRPC refuses is INTERNAL, not a crash", "[grpc]") {
+    Harness h;
+    const std::string tenant = Harness::tenant("badtrailer");
+    REQUIRE(h.call("Charge", with_key(tenant, "k"), charge(100)).status.ok());
+    store_record(h, tenant, "k", {0, "", "", "", {{"Bad Name", "x"}}});
+    const Answer a = h.call("Charge", with_key(tenant, "k"), charge(100));
+    CHECK(a.status.error_code() == Code::INTERNAL);
+    CHECK(h.effects.runs("k") == 1);
+}
+
+TEST_CASE("grpc: a stored ASCII trailer with a control byte is INTERNAL, not a crash", "[grpc]") {
+    Harness h;
+    const std::string tenant = Harness::tenant("badvalue");
+    REQUIRE(h.call("Charge", with_key(tenant, "k"), charge(100)).status.ok());
+    store_record(h, tenant, "k", {0, "", "", "", {{"charge-run", std::string("1\n2")}}});
+    const Answer a = h.call("Charge", with_key(tenant, "k"), charge(100));
+    CHECK(a.status.error_code() == Code::INTERNAL);
+    CHECK(h.effects.runs("k") == 1);
+}
+
+// MethodOptions::log is the application's callback: a logger that throws (a closed stream, a
+// formatting error) must not take the server down nor leave the call unanswered.
+TEST_CASE("grpc: a log callback that throws still answers UNAVAILABLE", "[grpc]") {
+    Harness h;
+    auto options = grpc_test::Methods::base();
+    options.log = [](std::string_view) { throw std::runtime_error("the log sink is closed"); };
+    h.methods.charge = idem::grpc::Method("idemtest.Payments.Charge", options);
+    for (const grpc_test::Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("badlog");
+        const std::string key = "k-" + grpc_test::name(api);
+        const Answer a =
+            h.call("Charge", with_key(tenant, key), charge(100, "throw"), api, std::chrono::milliseconds(10000));
+        INFO(a.status.error_code() << " " << a.status.error_message());
+        CHECK(a.status.error_code() == Code::UNAVAILABLE);
+        CHECK(h.effects.runs(key) == 1);
+    }
+}
