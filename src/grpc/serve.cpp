@@ -62,6 +62,11 @@ StoredCall settle(const Method& method, const ::grpc::Status& status, const goog
     } catch (...) {
         throw handler_failed("the storage policy threw something not derived from std::exception");
     }
+    if (disposition == Disposition::release && code == 0) {
+        // OK says the call was done: releasing it would let the retry run the handler again.
+        log(method, "idem::grpc: the storage policy of " + method.path() + " said release for OK; stored instead");
+        disposition = Disposition::store;
+    }
     switch (disposition) {
         case Disposition::release: throw released_call(std::move(call));
         case Disposition::unknown: throw unknown_call{std::move(call)};
@@ -110,7 +115,16 @@ StoredCall settle(const Method& method, const ::grpc::Status& status, const goog
     } catch (const released_call& e) {
         return send(context, reply, e.call, false, false);  // the policy released the key
     } catch (const grpc::not_performed& e) {
-        return e.status();  // the handler released the key with its own status
+        // The handler released the key with its own status. OK would tell the client the call was
+        // done while a retry runs it: answered as idem::not_performed is instead.
+        if (e.status().ok()) {
+            log(method,
+                with_key("idem::grpc: " + method.path() + " threw not_performed with OK; answered UNAVAILABLE", key));
+            return retry_status(::grpc::StatusCode::UNAVAILABLE,
+                                std::string("idem: the call was not performed: ") + e.what(),
+                                options.unavailable_retry_after);
+        }
+        return e.status();
     } catch (const idem::not_performed& e) {
         return retry_status(::grpc::StatusCode::UNAVAILABLE,
                             std::string("idem: the call was not performed: ") + e.what(),

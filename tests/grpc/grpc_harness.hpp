@@ -113,6 +113,7 @@ template <class CallT>
     if (behaviour == "not-performed") {
         throw idem::grpc::not_performed(::grpc::Status(::grpc::StatusCode::RESOURCE_EXHAUSTED, "rate limited"));
     }
+    if (behaviour == "not-performed-ok") throw idem::grpc::not_performed(::grpc::Status::OK);
     if (behaviour == "bad-trailer") call.add_trailing_metadata("Bad Name", "x");
     if (behaviour == "code-20") return {static_cast<::grpc::StatusCode>(20), "a code outside gRPC's"};
     if (behaviour == "decline") {

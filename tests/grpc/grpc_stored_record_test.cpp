@@ -94,3 +94,17 @@ TEST_CASE("grpc: a log callback that throws still answers UNAVAILABLE", "[grpc]"
         CHECK(h.effects.runs(key) == 1);
     }
 }
+
+// not_performed says the call was not done; OK would tell the client it was, while the released
+// key lets a retry run the handler again.
+TEST_CASE("grpc: not_performed with an OK status is answered UNAVAILABLE, never OK", "[grpc]") {
+    Harness h;
+    for (const grpc_test::Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("npok");
+        const std::string key = "k-" + grpc_test::name(api);
+        const Answer a = h.call("Charge", with_key(tenant, key), charge(100, "not-performed-ok"), api);
+        CHECK(a.status.error_code() == Code::UNAVAILABLE);
+        CHECK(h.effects.runs(key) == 1);
+    }
+}
