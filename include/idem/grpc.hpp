@@ -9,6 +9,7 @@
 #pragma once
 
 #include "idem/grpc/method.hpp"
+#include "idem/grpc/record.hpp"
 #include "idem/grpc/serve.hpp"
 
 /// \namespace idem::grpc

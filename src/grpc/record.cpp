@@ -12,6 +12,9 @@
 
 #include "bytes.hpp"
 #include "idem/grpc/detail.hpp"
+#include "idem/grpc/record.hpp"
+
+#include <google/protobuf/message.h>
 
 namespace idem {
 namespace {
@@ -67,5 +70,20 @@ grpc::detail::StoredCall codec<grpc::detail::StoredCall>::decode(std::string_vie
     r.expect_end();
     return call;
 }
+
+namespace grpc {
+
+StoredCall stored_call(const ::grpc::Status& status, const google::protobuf::Message& reply, Metadata trailers) {
+    const int code = static_cast<int>(status.error_code());
+    if (code < 0 || code > detail::kLastStatusCode) {
+        throw std::invalid_argument("idem::grpc::stored_call: status code " + std::to_string(code) +
+                                    " is outside gRPC's 0..16");
+    }
+    for (const auto& [name, value] : trailers) detail::check_trailer(name, value);
+    return StoredCall{code, status.error_message(), status.error_details(),
+                      status.ok() ? reply.SerializeAsString() : std::string(), std::move(trailers)};
+}
+
+}  // namespace grpc
 
 }  // namespace idem

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "grpc_harness.hpp"
+#include "idem/grpc/record.hpp"
+#include "idem/reconciler.hpp"
 
 using grpc_test::Answer;
 using grpc_test::charge;
@@ -107,4 +109,38 @@ TEST_CASE("grpc: not_performed with an OK status is answered UNAVAILABLE, never 
         CHECK(a.status.error_code() == Code::UNAVAILABLE);
         CHECK(h.effects.runs(key) == 1);
     }
+}
+
+// An unknown outcome waits for a Reconciler; what it saves with stored_call() is what the retry
+// gets: the reply and trailers, marked as a replay, and the handler never runs again.
+TEST_CASE("grpc: a Reconciler settles a gRPC key with stored_call(), and the retry replays it", "[grpc]") {
+    Harness h;
+    const std::string tenant = Harness::tenant("reconcile");
+    const Answer unknown = h.call("Charge", with_key(tenant, "k"), charge(100, "outcome-unknown"));
+    REQUIRE(unknown.status.error_code() == Code::UNAVAILABLE);
+    h.db.exec("UPDATE idem_keys SET lease_until = now() - interval '1 minute' WHERE scope = $1 AND key = 'k'",
+              {tenant + ":/idemtest.Payments/Charge"});
+    idemtest::ChargeReply settled;
+    settled.set_charge_id("ch_found_by_reconciler");
+    settled.set_amount_cents(100);
+    idem::ReconcilerOptions options;
+    options.scopes = idem::ScopeFilter::exact(tenant + ":/idemtest.Payments/Charge");
+    idem::Reconciler reconciler(
+        h.store,
+        [&](idem::Reconciliation& r) {
+            r.save(idem::grpc::stored_call(::grpc::Status::OK, settled, {{"settled-by", "reconciler"}}));
+        },
+        options);
+    const auto sweep = reconciler.run_once();
+    CHECK(sweep.saved == 1);
+    const Answer retry = h.call("Charge", with_key(tenant, "k"), charge(100, "outcome-unknown"));  // the same request
+    CHECK(retry.status.ok());
+    CHECK(retry.reply.charge_id() == "ch_found_by_reconciler");
+    CHECK(retry.trailer("settled-by") == "reconciler");
+    CHECK(retry.replayed());
+    CHECK(h.effects.runs("k") == 1);
+
+    CHECK_THROWS_AS(idem::grpc::stored_call(::grpc::Status(static_cast<::grpc::StatusCode>(17), "x"), settled),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(idem::grpc::stored_call(::grpc::Status::OK, settled, {{"Bad Name", "x"}}), std::invalid_argument);
 }
