@@ -3,22 +3,12 @@
 #include <utility>
 
 #include "idem/errors.hpp"
+#include "replay_rules.hpp"
 
 namespace idem {
-namespace {
 
-// What claim() answers from a cached completed record: the same as the primary would, with no
-// round trip (a completed record answers completed or mismatch, whatever the claim's options).
-// `fp` is keyed as the primary keys it (key_fingerprint()), so classify() compares the cached
-// record by its own algorithm, as the primary compares its row.
-Claim from_cache(const Record& record, const Fingerprint& fp) { return Claim{classify(record, fp), 0, record, {}}; }
-
-bool cacheable(const Claim& c) {
-    return (c.status == ClaimStatus::completed || c.status == ClaimStatus::mismatch) && c.existing &&
-           c.existing->state == RecordState::completed;
-}
-
-}  // namespace
+using detail::cacheable;
+using detail::from_cache;
 
 CachedStore::CachedStore(IdempotencyStore& primary, ReplayCacheOptions options)
     : primary_(primary), tiers_{std::make_shared<ReplayCache>(std::move(options))} {}

@@ -42,13 +42,18 @@ inline void open_record(const SealingOptions& sealing, const Key& key, std::opti
     if (record) open_result(sealing, key, record->result);
 }
 
-/// Opens the record a claim found. A mismatch never replays: its record's result is dropped
-/// unopened, so a reused key answers mismatch whether or not that result opens.
+/// With sealing on, a mismatch never replays: its record's result is dropped (unopened, when it
+/// comes from the database), so a reused key answers mismatch whether or not that result opens.
+/// Returns whether it dropped it.
+inline bool drop_mismatch_result(const SealingOptions& sealing, Claim& claim) {
+    if (!sealing.keyring || claim.status != ClaimStatus::mismatch || !claim.existing) return false;
+    claim.existing->result.reset();
+    return true;
+}
+
+/// Opens the record a claim found (a mismatch's result is dropped: drop_mismatch_result).
 inline void open_claim(const SealingOptions& sealing, const Key& key, Claim& claim) {
-    if (sealing.keyring && claim.status == ClaimStatus::mismatch && claim.existing) {
-        claim.existing->result.reset();
-        return;
-    }
+    if (drop_mismatch_result(sealing, claim)) return;
     open_record(sealing, key, claim.existing);
 }
 

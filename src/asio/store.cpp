@@ -177,12 +177,31 @@ Fingerprint AsyncPostgresStore::key_fingerprint(const Fingerprint& fp) const {
     return impl_->blocking.key_fingerprint(fp);
 }
 
+void AsyncPostgresStore::set_replay_cache(std::shared_ptr<ReplayCache> cache) noexcept {
+    impl_->replay_cache.store(std::move(cache));
+}
+
+std::shared_ptr<ReplayCache> AsyncPostgresStore::replay_cache() const noexcept { return impl_->replay_cache.load(); }
+
 // Each coroutine keeps the Impl alive while it runs (a copy of impl_ in its frame).
 net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, ClaimOptions options) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
+    // The replay cache (src/replay_rules.hpp, as CachedStore): it holds opened records, so a hit
+    // answers as the database's opened answer below would.
+    const std::shared_ptr<ReplayCache> cache = impl->replay_cache.load();
+    ReplayTier::time_point asked_at{};
+    if (cache) {
+        if (const auto hit = cache->find(key)) {
+            Claim claim = idem::detail::from_cache(*hit, key_fingerprint(fp));
+            idem::detail::drop_mismatch_result(impl->options.sealing, claim);
+            co_return claim;
+        }
+        asked_at = cache->now();  // before the database is asked (replay_rules.hpp)
+    }
     Claim claim = co_await impl->claim(key, fp, options);
     idem::detail::open_claim(impl->options.sealing, key, claim);
+    if (cache && idem::detail::cacheable(claim)) cache->insert(key, *claim.existing, asked_at);
     co_return claim;
 }
 

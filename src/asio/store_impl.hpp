@@ -31,6 +31,7 @@
 #include "../postgres/record.hpp"
 #include "../postgres/rows.hpp"
 #include "../postgres/sql.hpp"
+#include "../replay_rules.hpp"
 #include "../sealed_results.hpp"
 #include "connection.hpp"
 
@@ -101,6 +102,9 @@ struct AsyncPostgresStore::Impl {
     std::shared_ptr<detail::PoolGauges> gauges = std::make_shared<detail::PoolGauges>();
     // The requests group commit queues, for the waiters gauge: after each change to the queues.
     void publish_queued() noexcept;
+
+    // set_replay_cache(): set from any thread, read once by each claim (atomic).
+    std::atomic<std::shared_ptr<ReplayCache>> replay_cache;
 
     pg::Counters counters;  // (counters.hpp)
     pg::LargestGroups largest;

@@ -36,6 +36,27 @@
 // void(std::exception_ptr, T) — the exception is one of idem's (errors.hpp) exactly as the
 // blocking store would throw it. They may be started from any thread.
 //
+// Replay cache (opt-in: set_replay_cache): a ReplayCache (idem/replay_cache.hpp) in front of the
+// database, with CachedStore's rules (idem/cached_store.hpp): a claim whose key has a cached
+// completed record answers completed, or mismatch for another fingerprint (compared as the
+// database compares its row: key_fingerprint(), classify()), with no round trip; a completed
+// answer of the database (or a mismatch on a completed record) is kept for the retention the
+// database stated, from the cache's clock read before the database was asked; in-progress records
+// never are, so in_progress, waiting and resume mode always ask the database. The cache holds the
+// records as this store hands them out — opened when PostgresOptions::sealing is on — so a hit
+// replays the bytes the database's answer would (and, sealed, a mismatch carries no result, as
+// from the database). Every claim goes through it: async_claim, co_claim, claim() (so the default
+// claim_batch), async_execute_once and the HTTP and gRPC adapters over this store; read() and the
+// other members never use it. Only the in-process ReplayCache, never a ReplayTier with network
+// I/O such as RedisReplayCache: a tier is called synchronously, so on this store it would block the
+// event loop for up to its timeout on every miss; ReplayCache waits for nothing but a shard's lock.
+// A hit is reported as the database's answer would be: async_execute_once reports replayed or
+// mismatch to this store's observer, as through a CachedStore. stats() counts what reaches the
+// database only — a hit adds nothing to claims or round_trips, as CachedStore::stats() — and the
+// cache's own stats() count the hits. Share a cache only between stores of the same table (its
+// entries are keyed by scope and key alone). Staleness as CachedStore's: a completed row deleted or
+// edited by hand is replayed until its entry expires; erase() the key or clear() the cache.
+//
 // The IdempotencyStore interface is implemented too, so the same object serves the Reconciler,
 // idem::http::respond or tests: claim/save/release/extend_lease/record_phase/take_over/read run
 // through the asynchronous connections and wait for the answer (never call them on the store's
@@ -64,6 +85,7 @@
 #include <utility>
 
 #include "idem/postgres_store.hpp"
+#include "idem/replay_cache.hpp"
 #include "idem/store.hpp"
 
 namespace idem::asio {
@@ -90,6 +112,15 @@ public:
     /// A blocking PostgresStore on the same database and table (2 connections, made on first use):
     /// ensure_schema, inspect, distribute, list_stale, purge_expired, batches. Thread-safe.
     [[nodiscard]] PostgresStore& blocking();
+
+    /// Puts `cache` in front of the database for every claim (see "Replay cache" at the top of
+    /// this header); null turns it off (the default). A cache may serve several stores of the same
+    /// table. Thread-safety: may be called from any thread at any time — the pointer is atomic; a
+    /// claim uses the cache it read when it started (a claim in flight may still insert into the
+    /// cache it read). Call it before operations start for every claim to use it. Does not throw.
+    void set_replay_cache(std::shared_ptr<ReplayCache> cache) noexcept;
+    /// The cache set_replay_cache() put in front of the database, or null. Thread-safe.
+    [[nodiscard]] std::shared_ptr<ReplayCache> replay_cache() const noexcept;
 
     // ---- Asynchronous operations: the contract of IdempotencyStore's members of the same name.
 
