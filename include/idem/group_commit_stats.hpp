@@ -4,8 +4,9 @@
 //   const idem::GroupCommitStats g = store.group_commit_stats();   // PostgresStore, AsyncPostgresStore
 //   double(g.grouped_claims) / double(g.claim_groups)              // claims per shared transaction
 //
-// Group commit is PostgreSQL's (PostgresOptions::group_commit; idem::asio groups requests in flight
-// by itself): docs/design.md, "Group commit". A caller that went alone counts as a group of 1.
+// Group commit is PostgreSQL's (PostgresOptions::group_commit, for PostgresStore and
+// AsyncPostgresStore; all 0 with it off): docs/design.md, "Group commit". A caller that went alone
+// counts as a group of 1.
 // Thread-safety: a plain value; group_commit_stats() may be called from any thread.
 #pragma once
 

@@ -125,6 +125,8 @@ struct PostgresOptions {
     /// concurrent callers than connections (a thread per request on a pool of 8–16) and changes
     /// nothing otherwise (docs/benchmarks.md has the figures, docs/design.md "Group commit" the
     /// design). false: every call is its own transaction, and a caller waits for a connection.
+    /// AsyncPostgresStore follows it too, for the first attempts that find every connection with
+    /// a transaction in flight (idem/asio/store.hpp).
     bool group_commit = true;
     /// How claim_batch / save_batch and group commit shape their statements (docs/scale-out.md).
     /// automatic: the database is asked once — one array statement for all rows on one node, and

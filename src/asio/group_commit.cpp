@@ -5,7 +5,7 @@
 namespace idem::asio {
 
 template <class Member>
-net::awaitable<void> AsyncPostgresStore::Impl::wait_in(std::vector<Member*>& queue, Member& me) {
+net::awaitable<void> AsyncPostgresStore::Impl::wait_in(std::deque<Member*>& queue, Member& me) {
     co_await net::async_initiate<decltype(net::use_awaitable), void()>(
         [this, &queue, &me](auto handler) {
             me.wake.emplace(std::move(handler));
@@ -25,7 +25,7 @@ void AsyncPostgresStore::Impl::wake_all(std::vector<Member*>& group) {
 // The next group: up to kLargestGroup members, and for saves up to kLargestSaveGroupBytes of
 // results (one statement of tens of megabytes would run into its own deadline); at least one.
 template <class Member>
-std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::vector<Member*>& queue) {
+std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::deque<Member*>& queue) {
     std::size_t n = std::min(queue.size(), kLargestGroup);
     if constexpr (std::is_same_v<Member, SaveMember>) {
         std::size_t bytes = 0;
@@ -42,41 +42,60 @@ std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::vector<Member*>& 
     return group;
 }
 
+// Group commit off: the queue's first member goes now, alone, in the transaction slot the caller
+// counted for it.
+template <class Member>
+void AsyncPostgresStore::Impl::give_turn(std::deque<Member*>& queue) {
+    Member* m = queue.front();
+    queue.pop_front();
+    m->turn = true;
+    net::post(strand, [h = std::move(*m->wake)]() mutable { std::move(h)(); });
+}
+
 // Saves first: a save ends its call (and frees its slot in the caller's own flight), a claim
-// starts one more.
+// starts one more. Group commit off: one member at a time, each alone.
 void AsyncPostgresStore::Impl::launch_groups() {
     while (transaction_slot_free()) {
         if (!save_queue.empty()) {
             ++saves_in_flight;
-            net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
+            if (options.group_commit) {
+                net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
+            } else {
+                give_turn(save_queue);
+            }
         } else if (!claim_queue.empty()) {
             ++claims_in_flight;
-            net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
+            if (options.group_commit) {
+                net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
+            } else {
+                give_turn(claim_queue);
+            }
         } else {
-            return;
+            break;
         }
     }
     publish_queued();
 }
 
 // A claim's first round trip: alone at once while a connection has no transaction and nobody
-// queues, else in the next group.
+// queues, else in the next group (group commit off: alone, when its turn comes).
 net::awaitable<void> AsyncPostgresStore::Impl::claim_first(ClaimMember& me) {
     if (citus_seen || (transaction_slot_free() && claim_queue.empty() && save_queue.empty())) {
         ++claims_in_flight;
-        try {
-            me.plain = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
-                return claim_round_trip(conn, *me.key, *me.fp, me.fence, me.lease, me.retention);
-            });
-            me.got = ClaimMember::Got::plain;
-        } catch (...) {
-            me.got = ClaimMember::Got::error, me.error = std::current_exception();
-        }
-        --claims_in_flight;
-        launch_groups();
-        co_return;
+    } else {
+        co_await wait_in(claim_queue, me);
+        if (!me.turn) co_return;  // its group answered (or sent it alone)
     }
-    co_await wait_in(claim_queue, me);
+    try {
+        me.plain = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
+            return claim_round_trip(conn, *me.key, *me.fp, me.fence, me.lease, me.retention);
+        });
+        me.got = ClaimMember::Got::plain;
+    } catch (...) {
+        me.got = ClaimMember::Got::error, me.error = std::current_exception();
+    }
+    --claims_in_flight;
+    launch_groups();
 }
 
 static void all_alone(const std::optional<pg::ClaimGroupPlan>& plan, std::span<pg::ClaimSlot* const> slots) {
@@ -134,7 +153,8 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_claim_group(std::vector<Claim
 }
 
 // A save's first attempt: alone at once while a connection has no transaction and no save queues
-// (the caller saves by itself), else in the next group. Returns false for "alone".
+// (the caller saves by itself), else in the next group (group commit off: alone, when its turn
+// comes, in the slot counted for it: `turn`). Returns false for "alone".
 net::awaitable<bool> AsyncPostgresStore::Impl::save_first(SaveMember& me) {
     if (citus_seen || (transaction_slot_free() && save_queue.empty())) co_return false;
     co_await wait_in(save_queue, me);

@@ -24,7 +24,8 @@ net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fing
         switch (next) {
             case Next::round_trip: {
                 if (first) {
-                    // The first attempt may share a transaction with concurrent claims.
+                    // The first attempt may share a transaction with concurrent claims (group
+                    // commit), or wait for its turn to go alone.
                     first = false;
                     ClaimMember me;
                     me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention;
@@ -104,17 +105,18 @@ net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence,
     if (co_await save_first(me) && pg::saved_by_group(me)) {
         waiters = me.waiters;
     } else {
-        waiters = co_await save_alone(key, fence, result, me.sent);
+        waiters = co_await save_alone(key, fence, result, me.sent, me.turn);
     }
     if (waiters) co_await notify_waiters(key);
 }
 
 // A save by itself: [UPDATE | Sync], retried for save_retry_window. `resent`: a group's
-// statement may already have committed it. Its first attempt holds a transaction slot; a save
-// that cannot reach the server gives the slot back and keeps trying outside the bound, so the
-// claims behind it hear at once that the server is away instead of waiting out the window.
+// statement may already have committed it. Its first attempt holds a transaction slot (`counted`:
+// launch_groups counted it when its turn came); a save that cannot reach the server gives the slot
+// back and keeps trying outside the bound, so the claims behind it hear at once that the server is
+// away instead of waiting out the window.
 net::awaitable<bool> AsyncPostgresStore::Impl::save_alone(const Key& key, Fence fence, std::string_view result,
-                                                          bool resent) {
+                                                          bool resent, bool counted) {
     struct Slot {
         Impl& m;
         bool held = true;
@@ -126,7 +128,7 @@ net::awaitable<bool> AsyncPostgresStore::Impl::save_alone(const Key& key, Fence 
         }
         ~Slot() { give_back(); }
     } slot{*this};
-    ++saves_in_flight;
+    if (!counted) ++saves_in_flight;
     try {
         pg::SaveOp op(key, fence, result, resent);
         co_await drive("save", op);

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <future>
 #include <limits>
 #include <type_traits>
@@ -261,8 +262,9 @@ struct AsyncPostgresStore::Impl {
     // So at most pool_size transactions (claims and saves, alone or grouped) are in flight, one per
     // connection; first attempts that arrive meanwhile queue, and each time one ends the queue goes
     // out as one transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of
-    // PostgresStore's batches and group commit), up to kLargestGroup rows. A lone request never
-    // waits: while a connection has no transaction it goes at once, alone, with exactly the
+    // PostgresStore's batches and group commit), up to kLargestGroup rows — or, with
+    // PostgresOptions::group_commit off, its first member goes alone (give_turn). A lone request
+    // never waits: while a connection has no transaction it goes at once, alone, with exactly the
     // single-key statements. Not on a Citus coordinator (the table's layout is not asked here):
     // there every request goes alone.
     static constexpr std::size_t kLargestGroup = 256;
@@ -271,38 +273,45 @@ struct AsyncPostgresStore::Impl {
     // copies from an lvalue and recurses without end)
     using Wake = std::optional<net::any_completion_handler<void()>>;
 
-    // A member: the plan's slot, and how to wake its call's coroutine.
+    // A member: the plan's slot, how to wake its call's coroutine, and whether it was woken to go
+    // alone in a transaction slot counted for it (group commit off: give_turn).
     struct ClaimMember : pg::ClaimSlot {
         Wake wake;
+        bool turn = false;
     };
     struct SaveMember : pg::SaveSlot {
         Wake wake;
+        bool turn = false;
     };
-    std::vector<ClaimMember*> claim_queue;
-    std::vector<SaveMember*> save_queue;
+    std::deque<ClaimMember*> claim_queue;
+    std::deque<SaveMember*> save_queue;
     std::size_t claims_in_flight = 0, saves_in_flight = 0;
     bool citus_seen = false;  // a connection found Citus installed: no groups
 
     bool transaction_slot_free() const noexcept { return claims_in_flight + saves_in_flight < options.pool_size; }
 
     /// A claim's first round trip: alone at once while a connection has no transaction and
-    /// nobody queues, else in the next group.
+    /// nobody queues, else in the next group (group commit off: alone, when its turn comes).
     net::awaitable<void> claim_first(ClaimMember& me);
     /// A save's first attempt: alone at once while a connection has no transaction and no save
-    /// queues (the caller saves by itself), else in the next group. Returns false for "alone".
+    /// queues (the caller saves by itself), else in the next group (group commit off: alone, when
+    /// its turn comes, `turn`). Returns false for "alone".
     net::awaitable<bool> save_first(SaveMember& me);
-    /// Sends the queued members as groups (saves first) while a connection has no transaction.
+    /// Sends the queued members as groups (saves first) while a connection has no transaction;
+    /// group commit off: wakes them one at a time to go alone (give_turn).
     void launch_groups();
+    template <class Member>
+    void give_turn(std::deque<Member*>& queue);
     // Never throw: every member leaves with an answer, an error, or "alone" (its own call then
     // sends its own statements, with its fence, and recognises whatever the group committed).
     net::awaitable<void> run_claim_group(std::vector<ClaimMember*> group);
     net::awaitable<void> run_save_group(std::vector<SaveMember*> group);
     template <class Member>
-    net::awaitable<void> wait_in(std::vector<Member*>& queue, Member& me);
+    net::awaitable<void> wait_in(std::deque<Member*>& queue, Member& me);
     template <class Member>
     void wake_all(std::vector<Member*>& group);
     template <class Member>
-    static std::vector<Member*> next_group(std::vector<Member*>& queue);
+    static std::vector<Member*> next_group(std::deque<Member*>& queue);
 
     // ---- The operations (store.cpp) ----
     net::awaitable<Claim> claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options_);
@@ -311,8 +320,10 @@ struct AsyncPostgresStore::Impl {
     net::awaitable<void> save(const Key& key, Fence fence, std::string_view result);
     /// A save by itself: [UPDATE | Sync], retried for save_retry_window (outside the transaction
     /// bound after its first attempt failed to reach the server). `resent`: a group's statement
-    /// may already have committed it. Returns whether someone waits for the key.
-    net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent);
+    /// may already have committed it. `counted`: its transaction slot is counted already (its
+    /// turn came: give_turn). Returns whether someone waits for the key.
+    net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent,
+                                    bool counted = false);
     /// A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort —
     /// a waiter also wakes at its deadline and re-reads.
     net::awaitable<void> notify_waiters(const Key& key);

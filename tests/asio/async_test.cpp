@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace net = boost::asio;
 using namespace std::chrono_literals;
@@ -388,6 +389,69 @@ TEST_CASE(
         }
     }
     PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+}
+
+TEST_CASE("async: group_commit off: 64 new keys on 2 connections each go alone, one transaction per connection",
+          "[asio][group_commit]") {
+    const bool group_commit = GENERATE(false, true);
+    CAPTURE(group_commit);
+    const std::string table = idem_test::unique_name("idem_async_gc");
+    idem_test::DropTable drop(idem_test::database_url(), table);
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 2;
+    o.group_commit = group_commit;
+    idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+    store.blocking().ensure_schema();
+    const auto before = store.stats();
+    constexpr int kCalls = 64;
+    std::vector<std::atomic<int>> runs(kCalls);  // the effects, counted outside the library
+    std::atomic<int> executed{0};
+    for (int i = 0; i < kCalls; ++i) {
+        idem::asio::async_execute_once(
+            store, key(table + "-" + std::to_string(i)), fp("x"),
+            [&runs, i] {
+                ++runs[static_cast<std::size_t>(i)];
+                return idem::Response{201, "charge " + std::to_string(i)};
+            },
+            [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+            });
+    }
+    io.run();                          // no work guard: returns when every call has completed
+    const auto after = store.stats();  // (before blocking() reads below)
+    const idem::GroupCommitStats groups = store.group_commit_stats();
+    REQUIRE(executed == kCalls);
+    for (int i = 0; i < kCalls; ++i) {
+        CAPTURE(i);
+        CHECK(runs[static_cast<std::size_t>(i)] == 1);
+        const auto record = store.blocking().read(key(table + "-" + std::to_string(i)));
+        REQUIRE(record);
+        CHECK(record->state == idem::RecordState::completed);
+        REQUIRE(record->result);
+        const auto stored = idem::codec<idem::Response>::decode(*record->result);
+        CHECK(stored.status == 201);
+        CHECK(stored.body == "charge " + std::to_string(i));
+    }
+    CHECK(after.connections_opened - before.connections_opened == 2);
+    CHECK(after.claims_won - before.claims_won == kCalls);
+    CHECK(after.retries - before.retries == 0);
+    if (!group_commit || idem_test::citus_run()) {
+        // Each call alone: its claim's round trip and its save's, the single-key statements.
+        CHECK(groups.claim_groups == 0);
+        CHECK(groups.grouped_claims == 0);
+        CHECK(groups.largest_claim_group == 0);
+        CHECK(groups.save_groups == 0);
+        CHECK(groups.grouped_saves == 0);
+        CHECK(groups.largest_save_group == 0);
+        CHECK(after.round_trips - before.round_trips == 2 * kCalls);
+    } else {
+        // The 62 claims that found both connections busy went out in shared transactions.
+        CHECK(groups.claim_groups > 0);
+        CHECK(groups.largest_claim_group > 1);
+        CHECK(after.round_trips - before.round_trips < 2 * kCalls);
+    }
 }
 
 TEST_CASE("async: ClaimOptions::wait polls, and the waiter replays the owner's result", "[asio]") {

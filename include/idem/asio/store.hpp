@@ -19,13 +19,16 @@
 // Differences from PostgresStore, all on purpose:
 //   * ClaimOptions::wait polls the key (every 20 ms, then up to 200 ms apart) instead of LISTENing:
 //     no connection is held by a waiter. A save still NOTIFYs blocking waiters of other stores.
-//   * Group commit is always on (PostgresOptions::group_commit and pool_wait are ignored): at most
-//     pool_size claim and save transactions together are in flight, one per connection; the first
-//     attempts that arrive meanwhile go out together as one transaction (up to 256 rows and, for
-//     saves, 4 MiB of results; the batch statements) when one of them ends, saves first. A lone
-//     request never waits: while a connection has no transaction it goes at once with the
-//     single-key statements. A group's failure reaches each member as
-//     its own call's would (a member whose row failed goes alone with its fence). Not on a Citus coordinator: there
+//   * Group commit follows PostgresOptions::group_commit (pool_wait is ignored): at most pool_size
+//     claim and save transactions together are in flight, one per connection, and a lone request
+//     never waits — while a connection has no transaction it goes at once with the single-key
+//     statements. A first attempt that finds every connection with a transaction in flight waits
+//     for one to end. With group_commit on (the default), the first attempts that arrived
+//     meanwhile then go out together as one transaction (up to 256 rows and, for saves, 4 MiB of
+//     results; the batch statements), saves first; a group's failure reaches each member as its
+//     own call's would (a member whose row failed goes alone with its fence). With group_commit
+//     off they go one at a time, each alone with the single-key statements as a lone request
+//     does (saves first), and group_commit_stats() stays 0. Not on a Citus coordinator: there
 //     every request goes alone. stats() counts the groups.
 //   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
 //     timer per connection: a connection that does not answer in time fails every request on it
@@ -205,10 +208,11 @@ public:
     /// PrometheusObserver::set_pool_source([&store] { return store.pool_stats(); }) as with
     /// PostgresStore. Here a connection is shared by many requests: open counts the connections
     /// being opened or open, idle those with no request in flight (open - idle are in use); waiters
-    /// the requests waiting for a connection being opened plus the first attempts group commit
-    /// queues; waited and the wait histogram the acquires that found every connection still being
-    /// opened. timeouts stays 0: a request never waits for a connection to come back (pool_wait is
-    /// ignored). blocking()'s connections are not included (blocking().pool_stats()).
+    /// the requests waiting for a connection being opened plus the first attempts queued for a
+    /// transaction (see "Group commit" at the top); waited and the wait histogram the acquires
+    /// that found every connection still being opened. timeouts stays 0: a request never waits
+    /// for a connection to come back (pool_wait is ignored). blocking()'s connections are not
+    /// included (blocking().pool_stats()).
     /// Thread-safety: reads atomics the strand keeps up to date — never posts to the strand or waits
     /// for it — so it may be called from any thread: the store's strand, or a /metrics handler on
     /// the same io_context, included. open and idle are read in one load (idle <= open); waiters and
