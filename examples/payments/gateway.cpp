@@ -80,28 +80,15 @@ std::int64_t to_int64(const char* text) {
     return value;
 }
 
-PgResult exec_prepared(PGconn* conn, const char* name, std::initializer_list<const char*> params,
+PgResult exec_prepared(PGconn* conn, const char* name, const std::vector<std::string>& params,
                        ExecStatusType expect = PGRES_TUPLES_OK) {
-    std::vector<const char*> values(params);
+    std::vector<const char*> values;
+    values.reserve(params.size());
+    for (const auto& p : params) values.push_back(p.c_str());
     PgResult result(PQexecPrepared(conn, name, static_cast<int>(values.size()), values.data(), nullptr, nullptr, 0),
                     &PQclear);
-    if (!result || PQresultStatus(result.get()) != expect) {
-        const char* state = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
-        std::string message = result ? PQresultErrorMessage(result.get()) : pg_message(conn);
-        while (!message.empty() && message.back() == '\n') message.pop_back();
-        throw DbError(std::string("payments: ") + name + ": " + message +
-                      (state != nullptr ? std::string(" [") + state + "]" : std::string()));
-    }
+    if (!result || PQresultStatus(result.get()) != expect) throw DbError(ledger::failure(conn, name, result.get()));
     return result;
-}
-
-// The server speaks on an idle connection only to say goodbye: a backend that was terminated, or
-// a server shutting down, sends its FATAL error and closes the socket. So anything to read on an
-// idle pooled connection (or an error polling it) means it must not be used.
-bool idle_connection_alive(PGconn* conn) {
-    if (PQstatus(conn) != CONNECTION_OK) return false;
-    pollfd p{PQsocket(conn), POLLIN, 0};
-    return p.fd >= 0 && ::poll(&p, 1, 0) == 0;
 }
 
 Charge charge_from_row(const PGresult* result, int row) {
@@ -120,15 +107,79 @@ Charge charge_from_row(const PGresult* result, int row) {
 
 }  // namespace
 
+// The server speaks on an idle connection only to say goodbye: a backend that was terminated, or
+// a server shutting down, sends its FATAL error and closes the socket. So anything to read on an
+// idle pooled connection (or an error polling it) means it must not be used.
+bool idle_connection_alive(PGconn* conn) {
+    if (PQstatus(conn) != CONNECTION_OK) return false;
+    pollfd p{PQsocket(conn), POLLIN, 0};
+    return p.fd >= 0 && ::poll(&p, 1, 0) == 0;
+}
+
+// ----------------------------------------------------------------------------------------------
+// ledger: the statements' parameters and results
+
+namespace ledger {
+
+ChargeStatement charge_statement(const ChargeRequest& request) {
+    const PaymentRequest& payment = *request.payment;
+    const bool captured = payment.card == "tok_ok" || payment.card == "tok_timeout";
+    return ChargeStatement{
+        {std::string(request.account), std::string(request.idempotency_key), std::to_string(payment.order_id),
+         std::to_string(payment.amount_cents), payment.currency, payment.card, captured ? "captured" : "declined"},
+        captured};
+}
+
+Charge charge_made(const ChargeRequest& request, bool captured, const PGresult* result) {
+    const PaymentRequest& payment = *request.payment;
+    Charge charge;
+    charge.id = to_int64(PQgetvalue(result, 0, 0));
+    charge.created_at = PQgetvalue(result, 0, 1);
+    charge.account = std::string(request.account);
+    charge.idempotency_key = std::string(request.idempotency_key);
+    charge.order_id = payment.order_id;
+    charge.amount_cents = payment.amount_cents;
+    charge.currency = payment.currency;
+    charge.card = payment.card;
+    charge.status = captured ? "captured" : "declined";
+    return charge;
+}
+
+std::vector<Charge> charges_of(const PGresult* result) {
+    std::vector<Charge> charges;
+    const int rows = PQntuples(result);
+    charges.reserve(static_cast<std::size_t>(rows));
+    for (int row = 0; row < rows; ++row) charges.push_back(charge_from_row(result, row));
+    return charges;
+}
+
+std::string age_param(std::chrono::system_clock::time_point instant) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(instant.time_since_epoch()).count());
+}
+
+std::chrono::milliseconds age_of(const PGresult* result) {
+    return std::chrono::milliseconds(to_int64(PQgetvalue(result, 0, 0)));
+}
+
+std::int64_t hits_of(const PGresult* result) { return to_int64(PQgetvalue(result, 0, 0)); }
+
+std::string failure(PGconn* conn, const char* name, const PGresult* result) {
+    const char* state = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
+    std::string message = result != nullptr ? PQresultErrorMessage(result) : pg_message(conn);
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    if (message.empty()) message = pg_message(conn);
+    return std::string("payments: ") + name + ": " + message +
+           (state != nullptr ? std::string(" [") + state + "]" : std::string());
+}
+
+}  // namespace ledger
+
 // ----------------------------------------------------------------------------------------------
 // PgPool
 
 PgPool::PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds statement_timeout,
                std::chrono::milliseconds wait)
-    : conninfo_(std::move(conninfo)),
-      options_("-c statement_timeout=" + std::to_string(statement_timeout.count())),
-      size_(size == 0 ? 1 : size),
-      wait_(wait) {}
+    : conninfo_(std::move(conninfo)), statement_timeout_(statement_timeout), size_(size == 0 ? 1 : size), wait_(wait) {}
 
 PgPool::~PgPool() {
     std::lock_guard lock(mutex_);
@@ -142,9 +193,10 @@ PgPool::Lease::~Lease() {
     if (conn_ != nullptr) pool_->give_back(conn_);
 }
 
-PGconn* PgPool::open() {
+PGconn* open_gateway_connection(const std::string& conninfo, std::chrono::milliseconds statement_timeout) {
+    const std::string options = "-c statement_timeout=" + std::to_string(statement_timeout.count());
     const char* keys[] = {"dbname", "options", "application_name", "connect_timeout", nullptr};
-    const char* values[] = {conninfo_.c_str(), options_.c_str(), "payments-gateway", "5", nullptr};
+    const char* values[] = {conninfo.c_str(), options.c_str(), "payments-gateway", "5", nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, 1);
     if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
         std::string message = pg_message(conn);
@@ -161,6 +213,8 @@ PGconn* PgPool::open() {
     }
     return conn;
 }
+
+PGconn* PgPool::open() { return open_gateway_connection(conninfo_, statement_timeout_); }
 
 PgPool::Lease PgPool::acquire() {
     std::unique_lock lock(mutex_);
@@ -232,7 +286,6 @@ void ensure_app_schema(PgPool& pool) { pool.exec_script(kSchema); }
 // FakeGateway
 
 Charge FakeGateway::charge(const ChargeRequest& request) {
-    const PaymentRequest& payment = *request.payment;
     if (latency_.count() > 0) std::this_thread::sleep_for(latency_);  // the network, both ways
 
     std::optional<PgPool::Lease> conn;
@@ -247,16 +300,10 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
         throw GatewayNotCharged("gateway call not started: the claim is too old");
     }
 
-    const bool captured = payment.card == "tok_ok" || payment.card == "tok_timeout";
-    const std::string order_id = std::to_string(payment.order_id);
-    const std::string amount = std::to_string(payment.amount_cents);
-    const std::string account(request.account);
-    const std::string key(request.idempotency_key);
+    const ledger::ChargeStatement statement = ledger::charge_statement(request);
     PgResult result(nullptr, &PQclear);
     try {
-        result = exec_prepared(conn->get(), "gw_charge",
-                               {account.c_str(), key.c_str(), order_id.c_str(), amount.c_str(),
-                                payment.currency.c_str(), payment.card.c_str(), captured ? "captured" : "declined"});
+        result = exec_prepared(conn->get(), "gw_charge", statement.params);
     } catch (const DbError& e) {
         if (PQstatus(conn->get()) == CONNECTION_OK) {
             // The gateway answered with an error: the statement was rolled back, nothing charged.
@@ -264,43 +311,25 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
         }
         throw GatewayTimeout(std::string("gateway connection lost during the charge: ") + e.what());
     }
-    if (payment.card == "tok_timeout") {
+    if (request.payment->card == "tok_timeout") {
         // The charge is recorded, but its answer never reaches us.
         throw GatewayTimeout("gateway timed out (tok_timeout): the charge may have been made");
     }
-
-    Charge charge;
-    charge.id = to_int64(PQgetvalue(result.get(), 0, 0));
-    charge.created_at = PQgetvalue(result.get(), 0, 1);
-    charge.account = account;
-    charge.idempotency_key = key;
-    charge.order_id = payment.order_id;
-    charge.amount_cents = payment.amount_cents;
-    charge.currency = payment.currency;
-    charge.card = payment.card;
-    charge.status = captured ? "captured" : "declined";
-    return charge;
+    return ledger::charge_made(request, statement.captured, result.get());
 }
 
 std::vector<Charge> FakeGateway::find(std::string_view idempotency_key, std::optional<std::string_view> account) {
     PgPool::Lease conn = pool_.acquire();
-    const std::string key(idempotency_key);
-    const std::string acct(account.value_or(""));
-    PgResult result = account ? exec_prepared(conn.get(), "gw_find_account", {key.c_str(), acct.c_str()})
-                              : exec_prepared(conn.get(), "gw_find", {key.c_str()});
-    std::vector<Charge> charges;
-    const int rows = PQntuples(result.get());
-    charges.reserve(static_cast<std::size_t>(rows));
-    for (int row = 0; row < rows; ++row) charges.push_back(charge_from_row(result.get(), row));
-    return charges;
+    PgResult result =
+        account ? exec_prepared(conn.get(), "gw_find_account", {std::string(idempotency_key), std::string(*account)})
+                : exec_prepared(conn.get(), "gw_find", {std::string(idempotency_key)});
+    return ledger::charges_of(result.get());
 }
 
 std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system_clock::time_point instant) {
     PgPool::Lease conn = pool_.acquire();
-    const std::string micros =
-        std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(instant.time_since_epoch()).count());
-    PgResult result = exec_prepared(conn.get(), "gw_age_ms", {micros.c_str()});
-    return std::chrono::milliseconds(to_int64(PQgetvalue(result.get(), 0, 0)));
+    PgResult result = exec_prepared(conn.get(), "gw_age_ms", {ledger::age_param(instant)});
+    return ledger::age_of(result.get());
 }
 
 // -----------------------------------------------------------------------------------------
@@ -308,9 +337,8 @@ std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system
 
 bool RateLimiter::allow(std::string_view account) {
     PgPool::Lease conn = pool_.acquire();
-    const std::string acct(account);
-    PgResult result = exec_prepared(conn.get(), "rl_hit", {acct.c_str()});
-    return to_int64(PQgetvalue(result.get(), 0, 0)) <= per_second_;
+    PgResult result = exec_prepared(conn.get(), "rl_hit", {std::string(account)});
+    return ledger::hits_of(result.get()) <= per_second_;
 }
 
 void RateLimiter::purge() {

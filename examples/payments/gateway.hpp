@@ -88,7 +88,7 @@ private:
     void give_back(PGconn* conn) noexcept;
 
     std::string conninfo_;
-    std::string options_;
+    std::chrono::milliseconds statement_timeout_;
     std::size_t size_;
     std::chrono::milliseconds wait_;
     std::mutex mutex_;
@@ -100,6 +100,39 @@ private:
 /// Creates the gateway ledger and the rate-limit table if missing; safe when several instances
 /// start at once (serialised by an advisory lock).
 void ensure_app_schema(PgPool& pool);
+
+/// Opens a connection for the gateway (application_name payments-gateway, the given
+/// statement_timeout) with every statement the gateway and the rate limiter use prepared. Blocking.
+/// Throws DbError.
+[[nodiscard]] PGconn* open_gateway_connection(const std::string& conninfo, std::chrono::milliseconds statement_timeout);
+
+/// False if an idle connection must not be used: its server side has gone away (a terminated
+/// backend or a server shutting down says goodbye on an idle connection) or it is not connected.
+[[nodiscard]] bool idle_connection_alive(PGconn* conn);
+
+struct ChargeRequest;
+
+/// The prepared statements and row formats shared by FakeGateway and AsyncGateway
+/// (async_gateway.hpp): both write and read the same ledger the same way.
+namespace ledger {
+/// The gw_charge parameters for a request, and whether the card is captured.
+struct ChargeStatement {
+    std::vector<std::string> params;
+    bool captured = false;
+};
+[[nodiscard]] ChargeStatement charge_statement(const ChargeRequest& request);
+/// The charge gw_charge made (its result: id, created_at).
+[[nodiscard]] Charge charge_made(const ChargeRequest& request, bool captured, const PGresult* result);
+/// Every row of a gw_find / gw_find_account result.
+[[nodiscard]] std::vector<Charge> charges_of(const PGresult* result);
+/// The gw_age_ms parameter for an instant, and the answer as milliseconds.
+[[nodiscard]] std::string age_param(std::chrono::system_clock::time_point instant);
+[[nodiscard]] std::chrono::milliseconds age_of(const PGresult* result);
+/// The rl_hit answer: the hits counted in this window.
+[[nodiscard]] std::int64_t hits_of(const PGresult* result);
+/// "payments: NAME: MESSAGE [SQLSTATE]" for a failed result (null: the connection's message).
+[[nodiscard]] std::string failure(PGconn* conn, const char* name, const PGresult* result);
+}  // namespace ledger
 
 struct ChargeRequest {
     std::string_view account;

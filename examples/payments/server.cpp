@@ -1,4 +1,6 @@
-// payments-server — the reference article's payments endpoint, in C++ over idem.
+// payments-server — the reference article's payments endpoint, in C++ over idem: Boost.Beast and
+// idem::asio on one event-loop thread, the fake gateway's ledger on asynchronous connections of
+// its own.
 //
 //   payments-server --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=app"
 //                   [--gateway-latency-ms N] [--lease-ms N] [--reconcile-every-ms N]
@@ -13,17 +15,26 @@
 // by asking the gateway what happened. SIGTERM / SIGINT stop it cleanly (exit status 0).
 // --listen must be a loopback address; port 0 picks a free port. The one line written to stdout is
 // "listening on http://HOST:PORT"; everything else goes to stderr.
+//
+// Threads: one runs the event loop — every HTTP connection, every idem call
+// (AsyncPostgresStore), every gateway and rate-limit statement (AsyncPgPool) — so nothing on it
+// needs a lock and no thread waits for the database. The reconciler has a thread of its own with
+// blocking connections (store.blocking(), a FakeGateway on a PgPool of two).
+#include "async_gateway.hpp"
 #include "gateway.hpp"
-#include "idem/http/httplib.hpp"
+#include "http_listener.hpp"
+#include "idem/asio/store.hpp"
+#include "idem/http/asio.hpp"
+#include "idem/http/beast.hpp"
 #include "idem/idem.hpp"
 #include "payment.hpp"
 
 #include <arpa/inet.h>
-#include <httplib.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
@@ -67,7 +78,8 @@ struct Options {
     milliseconds reconcile_every{1'000};
     std::int64_t rate_limit_per_second = 0;  // 0: off
     std::size_t threads = 128;
-    std::size_t db_pool = 8;
+    std::size_t db_pool = 2;
+    std::size_t gateway_pool = 8;
     std::size_t replay_cache_mb = 64;  // 0: off
     bool group_commit = true;
 };
@@ -77,8 +89,8 @@ struct Options {
         << "usage: payments-server --listen 127.0.0.1:PORT --db CONNINFO [--gateway-latency-ms N]\n"
            "                       [--lease-ms N] [--reconcile-every-ms N] "
            "[--rate-limit-per-second N]\n"
-           "                       [--threads N] [--db-pool N] [--replay-cache-mb N] "
-           "[--group-commit on|off]\n"
+           "                       [--threads N] [--db-pool N] [--gateway-pool N] [--replay-cache-mb N]\n"
+           "                       [--group-commit on|off]\n"
            "  --listen              loopback address and port (port 0: any free port)\n"
            "  --db                  libpq connection string shared by every instance\n"
            "  --gateway-latency-ms  simulated card-gateway latency, 0..4000 (default 0)\n"
@@ -86,11 +98,11 @@ struct Options {
            "it (30000)\n"
            "  --reconcile-every-ms  reconciler period (1000)\n"
            "  --rate-limit-per-second  per-account limit across all instances (default 0: off)\n"
-           "  --threads             HTTP worker threads, one per open connection (128)\n"
-           "  --db-pool             database connections for idem, and as many for the gateway "
-           "(8)\n"
+           "  --threads             HTTP connections served at once (128)\n"
+           "  --db-pool             database connections for idem (2; group commit fills them)\n"
+           "  --gateway-pool        database connections for the fake gateway and the rate limit (8)\n"
            "  --replay-cache-mb     in-process replay cache for completed keys, MiB (64; 0: off)\n"
-           "  --group-commit        claims and saves that find no connection free share "
+           "  --group-commit        claims and saves that find every idem connection busy share "
            "transactions (on)\n";
     std::exit(status);
 }
@@ -141,6 +153,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--rate-limit-per-second") o.rate_limit_per_second = parse_int(arg, value, 0, 1'000'000'000);
         else if (arg == "--threads") o.threads = static_cast<std::size_t>(parse_int(arg, value, 1, 1024));
         else if (arg == "--db-pool") o.db_pool = static_cast<std::size_t>(parse_int(arg, value, 1, 256));
+        else if (arg == "--gateway-pool") o.gateway_pool = static_cast<std::size_t>(parse_int(arg, value, 1, 256));
         else if (arg == "--replay-cache-mb")
             o.replay_cache_mb = static_cast<std::size_t>(parse_int(arg, value, 0, 1 << 20));
         else if (arg == "--group-commit") {
@@ -165,13 +178,8 @@ Options parse_options(int argc, char** argv) {
 // ------------------------------------------------------------------------------------------
 // helpers
 
-// cpp-httplib 0.11 listens with a backlog of 5 (compiled into Debian's shared library): a burst of
-// simultaneous connections then overflows the accept queue and some clients see their connection
-// dropped. Linux lets listen() be called again on a bound socket to raise the backlog.
-class HttpServer : public httplib::Server {
-public:
-    bool raise_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
-};
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
 
 const std::string kJson = "application/json";
 
@@ -182,15 +190,49 @@ constexpr milliseconds kGatewayTimeout = 2s;
 // So a key in progress with no charge this long after its claim will never get one: release it.
 constexpr milliseconds kReleaseAfter = kChargeStartBudget + kGatewayTimeout + 1s;
 
-void reply(httplib::Response& res, int status, const std::string& body) {
-    res.status = status;
-    res.set_content(body, kJson);
+idem::Response reply(int status, std::string body) {
+    return idem::Response{status, std::move(body), {{"Content-Type", kJson}}};
 }
 
-void reply_retry(httplib::Response& res, int status, const std::string& body, milliseconds after) {
+idem::Response reply_retry(int status, std::string body, milliseconds after) {
+    idem::Response response = reply(status, std::move(body));
     const auto seconds = std::max<std::int64_t>(1, (after.count() + 999) / 1000);
-    res.set_header("Retry-After", std::to_string(seconds));
-    reply(res, status, body);
+    response.headers.emplace_back("Retry-After", std::to_string(seconds));
+    return response;
+}
+
+std::string_view sv(boost::beast::string_view s) { return {s.data(), s.size()}; }
+
+// The value of `name` in a query string ("a=1&b=x%20y"), percent-decoded ('+' is a space), or
+// nullopt when it is absent.
+std::optional<std::string> query_param(std::string_view query, std::string_view name) {
+    const auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    while (!query.empty()) {
+        const auto amp = query.find('&');
+        const std::string_view pair = query.substr(0, amp);
+        query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+        const auto eq = pair.find('=');
+        if (pair.substr(0, eq) != name) continue;
+        const std::string_view raw = eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+        std::string value;
+        for (std::size_t i = 0; i < raw.size(); ++i) {
+            if (raw[i] == '+') {
+                value += ' ';
+            } else if (raw[i] == '%' && i + 2 < raw.size() + 0 && hex(raw[i + 1]) >= 0 && hex(raw[i + 2]) >= 0) {
+                value += static_cast<char>(hex(raw[i + 1]) * 16 + hex(raw[i + 2]));
+                i += 2;
+            } else {
+                value += raw[i];
+            }
+        }
+        return value;
+    }
+    return std::nullopt;
 }
 
 // What group commit did, in the Prometheus text format, after the observer's metrics: the shared
@@ -198,7 +240,7 @@ void reply_retry(httplib::Response& res, int status, const std::string& body, mi
 // or save outside a group is a transaction of its own, so idem's transactions are claims - grouped
 // claims + claim groups, and the same for saves: scrapes before and after a load tell how many
 // commits each request cost.
-std::string group_commit_metrics(const idem::PostgresStore& store) {
+std::string group_commit_metrics(const idem::asio::AsyncPostgresStore& store) {
     const idem::StoreStats calls = store.stats();
     const idem::GroupCommitStats groups = store.group_commit_stats();
     std::string out;
@@ -222,14 +264,16 @@ std::string group_commit_metrics(const idem::PostgresStore& store) {
 // ------------------------------------------------------------------------------------- the service
 
 struct Service {
-    idem::IdempotencyStore& store;  // PostgresStore, or a CachedStore in front of it
-    payments::FakeGateway& gateway;
-    payments::RateLimiter* limiter;  // null: no rate limit
-    idem::http::Route route;         // the Idempotency-Key rules (make_route)
+    idem::asio::AsyncPostgresStore& store;
+    payments::AsyncGateway& gateway;
+    payments::AsyncRateLimiter* limiter;  // null: no rate limit
+    idem::http::Route route;              // the Idempotency-Key rules (make_route)
     milliseconds charge_start_budget;
+    std::shared_ptr<idem::PrometheusObserver> metrics;
 
-    void post_payment(const httplib::Request& req, httplib::Response& res) const;
-    void get_charges(const httplib::Request& req, httplib::Response& res) const;
+    asio::awaitable<idem::Response> handle(const payments::HttpRequest& req) const;
+    asio::awaitable<idem::Response> post_payment(const payments::HttpRequest& req) const;
+    asio::awaitable<idem::Response> get_charges(std::string_view query) const;
 };
 
 // What idem::http does for POST /payments: keys as the draft's "…" or bare (clients send UUIDs),
@@ -257,77 +301,106 @@ idem::http::Route make_route(const idem::ClaimOptions& claim, milliseconds lease
     return route;
 }
 
-void Service::post_payment(const httplib::Request& req, httplib::Response& res) const {
+asio::awaitable<idem::Response> Service::handle(const payments::HttpRequest& req) const {
+    const std::string_view target = sv(req.target());
+    const auto question = target.find('?');
+    const std::string_view path = target.substr(0, question);
+    const std::string_view query =
+        question == std::string_view::npos ? std::string_view() : target.substr(question + 1);
+    const bool get = req.method() == http::verb::get;
+    if (path == "/payments" && req.method() == http::verb::post) co_return co_await post_payment(req);
+    if (path == "/gateway/charges" && get) co_return co_await get_charges(query);
+    if (path == "/healthz" && get) co_return reply(200, "{\"status\":\"ok\"}");
+    if (path == "/metrics" && get) {
+        // On the event loop's thread: the observer and the store's figures are read from atomics
+        // and locks never held across a wait.
+        co_return idem::Response{200,
+                                 metrics->render() + group_commit_metrics(store),
+                                 {{"Content-Type", std::string(idem::PrometheusObserver::content_type)}}};
+    }
+    co_return reply(404, payments::error_body("not_found"));
+}
+
+asio::awaitable<idem::Response> Service::post_payment(const payments::HttpRequest& req) const {
     // 1. Who is paying. The account scopes every key: one account never sees another's keys.
-    const auto account = payments::bearer_account(req.get_header_value("Authorization"));
+    const auto account = payments::bearer_account(sv(req[http::field::authorization]));
     if (!account) {
-        res.set_header("WWW-Authenticate", "Bearer");
-        return reply(res, 401, payments::error_body("unauthorized", "send Authorization: Bearer <account>"));
+        idem::Response unauthorized =
+            reply(401, payments::error_body("unauthorized", "send Authorization: Bearer <account>"));
+        unauthorized.headers.emplace_back("WWW-Authenticate", "Bearer");
+        co_return unauthorized;
     }
     // 2. Rate limit, before anything is claimed: a 429 never consumes the key.
     if (limiter != nullptr) {
+        std::optional<bool> allowed;
         try {
-            if (!limiter->allow(*account)) {
-                return reply_retry(res, 429, payments::error_body("rate_limited"), 1s);
-            }
+            auto asking = limiter->allow(*account);  // (no temporary in a co_await expression: GCC 12)
+            allowed = co_await std::move(asking);
         } catch (const payments::DbError& e) {
             log("rate limiter: ", e.what());
-            return reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
         }
+        if (!allowed) co_return reply_retry(503, payments::error_body("store_unavailable"), 1s);
+        if (!*allowed) co_return reply_retry(429, payments::error_body("rate_limited"), 1s);
     }
     // 3.-5. The key (400), the body (400; the route's fingerprint validates it), then at most once
     //    per key. The effect never starts a charge later than charge_start_budget after the request
     //    arrived, so the reconciler knows when "no charge yet" means "never".
     const auto deadline = Clock::now() + charge_start_budget;
-    idem::http::httplib::serve(store, req, res, payments::payment_scope(*account), route, [&](idem::Context& ctx) {
-        std::string problem;
-        const auto payment = payments::parse_payment_request(req.body, problem);  // valid: fingerprinted
-        try {
-            return payments::charge_response(gateway.charge({.account = *account,
-                                                             .idempotency_key = ctx.key().value(),
-                                                             .payment = &*payment,
-                                                             .deadline = deadline}));
-        } catch (const payments::GatewayNotCharged& e) {
+    const idem::http::Request request = idem::http::beast::view(req);  // views into req
+    const std::string scope = payments::payment_scope(*account);
+    co_return co_await idem::http::async_respond(
+        store, request, scope, route,
+        [&](idem::asio::AsyncContext& ctx) -> asio::awaitable<idem::Response> {
+            std::string problem;
+            const auto payment = payments::parse_payment_request(req.body(), problem);  // valid: fingerprinted
+            std::string not_charged;
+            try {
+                auto charging = gateway.charge({.account = *account,
+                                                .idempotency_key = ctx.key().value(),
+                                                .payment = &*payment,
+                                                .deadline = deadline});
+                co_return payments::charge_response(co_await std::move(charging));
+            } catch (const payments::GatewayNotCharged& e) {
+                not_charged = e.what();
+            }
             // Nothing charged: the key is released and the client may retry with the same key.
-            // (GatewayTimeout is not caught: the charge may exist, the key stays in progress for the
-            // reconciler and the client gets 503 outcome_unknown.)
-            log("key '", ctx.key().value(), "' of account ", *account, ": not charged (key released): ", e.what());
-            idem::Response unavailable{503, payments::error_body("gateway_unavailable"), {{"Content-Type", kJson}}};
+            // (GatewayTimeout is not caught: the charge may exist, the key stays in progress for
+            // the reconciler and the client gets 503 outcome_unknown.)
+            log("key '", ctx.key().value(), "' of account ", *account, ": not charged (key released): ", not_charged);
+            idem::Response unavailable = reply(503, payments::error_body("gateway_unavailable"));
             unavailable.headers.emplace_back("Retry-After", "1");
             throw idem::http::not_performed(std::move(unavailable));
-        }
-    });
+        },
+        asio::use_awaitable);
 }
 
-void Service::get_charges(const httplib::Request& req, httplib::Response& res) const {
-    if (!req.has_param("idempotency_key")) {
-        return reply(res, 400, payments::error_body("missing_parameter", "idempotency_key"));
-    }
-    const std::string key = req.get_param_value("idempotency_key");
-    std::optional<std::string> account;
-    if (req.has_param("account")) account = req.get_param_value("account");
+asio::awaitable<idem::Response> Service::get_charges(std::string_view query) const {
+    const auto key = query_param(query, "idempotency_key");
+    if (!key) co_return reply(400, payments::error_body("missing_parameter", "idempotency_key"));
+    std::optional<std::vector<payments::Charge>> charges;
     try {
-        const auto charges = gateway.find(key, account);
-        nlohmann::ordered_json out;
-        out["count"] = charges.size();
-        out["charges"] = nlohmann::ordered_json::array();
-        for (const auto& c : charges) {
-            out["charges"].push_back({{"id", c.id},
-                                      {"payment_id", "pay_" + std::to_string(c.id)},
-                                      {"account", c.account},
-                                      {"idempotency_key", c.idempotency_key},
-                                      {"order_id", c.order_id},
-                                      {"amount_cents", c.amount_cents},
-                                      {"currency", c.currency},
-                                      {"card", c.card},
-                                      {"status", c.status},
-                                      {"created_at", c.created_at}});
-        }
-        reply(res, 200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        auto finding = gateway.find(*key, query_param(query, "account"));
+        charges = co_await std::move(finding);
     } catch (const payments::DbError& e) {
         log("ledger: ", e.what());
-        reply_retry(res, 503, payments::error_body("store_unavailable"), 1s);
     }
+    if (!charges) co_return reply_retry(503, payments::error_body("store_unavailable"), 1s);
+    nlohmann::ordered_json out;
+    out["count"] = charges->size();
+    out["charges"] = nlohmann::ordered_json::array();
+    for (const auto& c : *charges) {
+        out["charges"].push_back({{"id", c.id},
+                                  {"payment_id", "pay_" + std::to_string(c.id)},
+                                  {"account", c.account},
+                                  {"idempotency_key", c.idempotency_key},
+                                  {"order_id", c.order_id},
+                                  {"amount_cents", c.amount_cents},
+                                  {"currency", c.currency},
+                                  {"card", c.card},
+                                  {"status", c.status},
+                                  {"created_at", c.created_at}});
+    }
+    co_return reply(200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 // ----------------------------------------------------------------------------------------
@@ -423,119 +496,77 @@ private:
 
 int main(int argc, char** argv) {
     const Options options = parse_options(argc, argv);
-
-    // SIGTERM / SIGINT are taken by one thread with sigwait: block them before any thread starts.
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
     try {
+        asio::io_context io(1);  // one thread runs it: this one
         idem::PostgresOptions store_options;
         store_options.pool_size = options.db_pool;
         store_options.group_commit = options.group_commit;
         store_options.default_lease = options.lease;
         store_options.application_name = "payments-server";
-        idem::PostgresStore store(options.db, store_options);
-        store.ensure_schema();
+        idem::asio::AsyncPostgresStore store(io.get_executor(), options.db, store_options);
+        store.blocking().ensure_schema();
         // Every call, reconciler sweep and purge of this instance, with its pool's figures: GET /metrics.
         const auto metrics = std::make_shared<idem::PrometheusObserver>();
         metrics->set_pool_source([&store] { return store.pool_stats(); });
         metrics->set_store_source([&store] { return store.stats(); });
         store.set_observer(metrics);
+        store.blocking().set_observer(metrics);  // the reconciler's store
+        // Replays of completed keys from this process's memory: a completed record never changes
+        // until its retention passes, which the cache never outlives (idem/replay_cache.hpp).
+        if (options.replay_cache_mb > 0) {
+            idem::ReplayCacheOptions cache_options;
+            cache_options.max_bytes = options.replay_cache_mb << 20;
+            store.set_replay_cache(std::make_shared<idem::ReplayCache>(cache_options));
+        }
 
-        payments::PgPool pool(options.db, options.db_pool, kGatewayTimeout);
-        payments::ensure_app_schema(pool);
-        payments::FakeGateway gateway(pool, options.gateway_latency);
-        std::optional<payments::RateLimiter> limiter;
+        // The reconciler's blocking connections (and the schema); requests use the asynchronous pool.
+        payments::PgPool reconciler_pool(options.db, 2, kGatewayTimeout);
+        payments::ensure_app_schema(reconciler_pool);
+        payments::FakeGateway reconciler_gateway(reconciler_pool, options.gateway_latency);
+        std::optional<payments::RateLimiter> purger;
+        if (options.rate_limit_per_second > 0) purger.emplace(reconciler_pool, options.rate_limit_per_second);
+
+        payments::AsyncPgPool pool(io.get_executor(), options.db, options.gateway_pool, kGatewayTimeout);
+        payments::AsyncGateway gateway(pool, options.gateway_latency);
+        std::optional<payments::AsyncRateLimiter> limiter;
         if (options.rate_limit_per_second > 0) limiter.emplace(pool, options.rate_limit_per_second);
 
         idem::ClaimOptions claim_options;
         claim_options.lease = options.lease;
-        // Replays of completed keys from this process's memory: a completed record never changes
-        // until its retention passes, which the cache never outlives (idem/cached_store.hpp).
-        std::optional<idem::CachedStore> cached;
-        if (options.replay_cache_mb > 0) {
-            idem::ReplayCacheOptions cache_options;
-            cache_options.max_bytes = options.replay_cache_mb << 20;
-            cached.emplace(store, cache_options);
-            cached->set_observer(metrics);  // the calls it answers; the store reports its own events
-        }
-        idem::IdempotencyStore& serving = cached ? static_cast<idem::IdempotencyStore&>(*cached) : store;
-        const Service service{serving, gateway, limiter ? &*limiter : nullptr, make_route(claim_options, options.lease),
-                              kChargeStartBudget};
+        const Service service{store,
+                              gateway,
+                              limiter ? &*limiter : nullptr,
+                              make_route(claim_options, options.lease),
+                              kChargeStartBudget,
+                              metrics};
 
-        HttpServer server;
-        const std::size_t threads = options.threads;
-        server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-        server.set_keep_alive_max_count(1'000'000);
-        server.set_keep_alive_timeout(5);
-        server.set_tcp_nodelay(true);
-        server.set_payload_max_length(64 * 1024);
-        server.Post("/payments", [&service](const httplib::Request& req, httplib::Response& res) {
-            service.post_payment(req, res);
-        });
-        server.Get("/gateway/charges",
-                   [&service](const httplib::Request& req, httplib::Response& res) { service.get_charges(req, res); });
-        server.Get("/healthz",
-                   [](const httplib::Request&, httplib::Response& res) { reply(res, 200, "{\"status\":\"ok\"}"); });
-        server.Get("/metrics", [&metrics, &store](const httplib::Request&, httplib::Response& res) {
-            res.status = 200;
-            res.set_content(metrics->render() + group_commit_metrics(store),
-                            std::string(idem::PrometheusObserver::content_type));
-        });
-        server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-            try {
-                if (ep) std::rethrow_exception(ep);
-            } catch (const std::exception& e) {
-                log("unhandled: ", e.what());
-            } catch (...) {
-                log("unhandled non-standard exception");
-            }
-            reply(res, 500, payments::error_body("internal_error"));
-        });
-
-        int port = options.port;
-        if (port == 0) {
-            port = server.bind_to_any_port(options.host);
-            if (port <= 0) throw std::runtime_error("cannot bind " + options.host);
-        } else if (!server.bind_to_port(options.host, port)) {
-            throw std::runtime_error("cannot bind " + options.host + ":" + std::to_string(port));
-        }
-        if (!server.raise_backlog(SOMAXCONN)) log("warning: cannot raise the listen backlog");
+        payments::HttpListener listener(io.get_executor(), options.host, static_cast<unsigned short>(options.port),
+                                        payments::HttpListenerOptions{.max_connections = options.threads,
+                                                                      .body_limit = 64 * 1024,
+                                                                      .keep_alive = std::chrono::seconds(5),
+                                                                      .log = [](std::string_view line) { log(line); }},
+                                        [&service](const payments::HttpRequest& req) { return service.handle(req); });
+        const int port = listener.port();
         g_log_prefix = "payments-server[" + std::to_string(port) + "]";
         const std::string url_host =
             options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
         std::cout << "listening on http://" << url_host << ":" << port << std::endl;
 
-        ReconcilerThread reconciler(store, gateway, limiter ? &*limiter : nullptr, options.reconcile_every,
-                                    options.lease);
+        ReconcilerThread reconciler(store.blocking(), reconciler_gateway, purger ? &*purger : nullptr,
+                                    options.reconcile_every, options.lease);
         reconciler.start();
 
-        std::atomic<bool> stopping{false};
-        std::atomic<bool> listen_done{false};
-        std::thread signal_thread([&] {
-            int sig = 0;
-            sigwait(&stop_signals, &sig);
-            if (listen_done) return;
-            stopping = true;
+        asio::signal_set stop_signals(io, SIGTERM, SIGINT);
+        stop_signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+            if (ec) return;
             log("signal ", sig, ": stopping");
-            // listen_after_bind may not have started yet; stop() only acts on a running server.
-            while (!listen_done && !server.is_running()) std::this_thread::sleep_for(5ms);
-            if (!listen_done) server.stop();
+            listener.stop();
         });
-
-        const bool listened = server.listen_after_bind();
-        listen_done = true;
-        if (!stopping) pthread_kill(signal_thread.native_handle(), SIGTERM);  // wake sigwait
-        signal_thread.join();
+        listener.start();
+        io.run();  // returns once the listener has stopped and every request has been answered
         reconciler.stop();
-        if (!stopping && !listened) {
-            log("the HTTP server stopped unexpectedly");
-            return 1;
-        }
         log("stopped");
         return 0;
     } catch (const std::exception& e) {
