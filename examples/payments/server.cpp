@@ -79,7 +79,7 @@ struct Options {
     std::int64_t rate_limit_per_second = 0;  // 0: off
     std::size_t threads = 128;
     std::size_t db_pool = 2;
-    std::size_t gateway_pool = 8;
+    std::size_t gateway_pool = 32;
     std::size_t replay_cache_mb = 64;  // 0: off
     bool group_commit = true;
 };
@@ -100,7 +100,7 @@ struct Options {
            "  --rate-limit-per-second  per-account limit across all instances (default 0: off)\n"
            "  --threads             HTTP connections served at once (128)\n"
            "  --db-pool             database connections for idem (2; group commit fills them)\n"
-           "  --gateway-pool        database connections for the fake gateway and the rate limit (8)\n"
+           "  --gateway-pool        database connections for the fake gateway and the rate limit (32)\n"
            "  --replay-cache-mb     in-process replay cache for completed keys, MiB (64; 0: off)\n"
            "  --group-commit        claims and saves that find every idem connection busy share "
            "transactions (on)\n";
