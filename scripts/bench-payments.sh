@@ -205,6 +205,10 @@ hz="$(getconf CLK_TCK)"
 # divided by the requests wrk completed — where the two cores went; writes: writes_of)
 run_wrk() {
     local out="$work/wrk.$1.$2.$3.$4" s0 s1 p0 p1 w0 w1
+    # Every run starts right after a checkpoint: the first change to each page after one writes the
+    # whole page to the WAL, so throughput climbs for minutes after a checkpoint; starting each run
+    # at the same point of that cycle gives both servers the same conditions.
+    psql "$IDEM_TEST_DATABASE_URL" -qc CHECKPOINT
     w0="$(writes_of "$1")"
     s0="$(ticks_of "${pid_of[$1]}")"; p0="$(postgres_ticks)"
     wrk -t1 -c"$3" -d"${duration}s" --latency -s "$peer/$2.lua" "${url[$1]}" >"$out" 2>&1 || true
