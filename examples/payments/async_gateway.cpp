@@ -140,7 +140,12 @@ asio::awaitable<PgResultPtr> AsyncPgPool::exec(const char* name, std::vector<std
     values.reserve(params.size());
     for (const auto& p : params) values.push_back(p.c_str());
 
+    // The statement's rows arrive before its implicit commit, which may still fail (an error
+    // result after them: rolled back) or be cut off (the connection lost before the server said it
+    // is ready again: committed or not). So, as PQexec does, the last result is the answer, and it
+    // counts only once libpq says there is no more (the server's ReadyForQuery, after the commit).
     PgResultPtr result(nullptr, &PQclear);
+    bool finished = false;
     bool broken = false;
     try {
         if (PQsendQueryPrepared(conn->pg, name, static_cast<int>(values.size()), values.data(), nullptr, nullptr, 0) ==
@@ -151,18 +156,15 @@ asio::awaitable<PgResultPtr> AsyncPgPool::exec(const char* name, std::vector<std
             }
             for (;;) {
                 if (PQconsumeInput(conn->pg) == 0) throw DbError(ledger::failure(conn->pg, name, nullptr));
-                bool done = false;
-                while (!done && PQisBusy(conn->pg) == 0) {
+                while (!finished && PQisBusy(conn->pg) == 0) {
                     PGresult* next = PQgetResult(conn->pg);
                     if (next == nullptr) {
-                        done = true;
-                    } else if (!result) {
-                        result.reset(next);
+                        finished = true;
                     } else {
-                        PQclear(next);
+                        result.reset(next);
                     }
                 }
-                if (done) break;
+                if (finished) break;
                 co_await wait_for(*conn, false);
             }
         }
@@ -170,7 +172,7 @@ asio::awaitable<PgResultPtr> AsyncPgPool::exec(const char* name, std::vector<std
         broken = true;  // the socket failed, or libpq lost the connection
     }
 
-    const bool answered = result && PQresultStatus(result.get()) == expect;
+    const bool answered = finished && result && PQresultStatus(result.get()) == expect;
     if (answered) {
         give_back(conn, true);
         co_return result;

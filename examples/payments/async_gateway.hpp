@@ -47,7 +47,8 @@ public:
     /// once `not_after` has passed when a connection is in hand.
     /// Throws DbError when the statement certainly did not run (no connection within `wait`, the
     /// connect failed, `not_after` passed, or the server answered with an error, which rolled it
-    /// back), and DbOutcomeUnknown when the connection broke after it may have been sent.
+    /// back — also one after its rows: a failed commit), and DbOutcomeUnknown when the connection
+    /// broke after it may have been sent (also after its rows, before the commit was confirmed).
     boost::asio::awaitable<PgResultPtr> exec(const char* name, std::vector<std::string> params,
                                              ExecStatusType expect = PGRES_TUPLES_OK,
                                              std::optional<std::chrono::steady_clock::time_point> not_after = {});

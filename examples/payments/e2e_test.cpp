@@ -1061,6 +1061,64 @@ int main(int argc, char** argv) {
         }
     }
 
+    section("a charge whose commit fails is not a charge");
+    {
+        // The gateway's INSERT returns its row before its implicit commit, which may still fail: a
+        // deferred trigger that refuses (an error after the row: rolled back, nothing charged) or
+        // one that waits while the test terminates its backend (the connection lost before the
+        // server said the commit was done: the outcome is unknown). Neither may be taken as a
+        // charge: the ledger, the witness, has no row.
+        constexpr long kRefused = 770001, kCutOff = 770002;
+        Sql sql(db);
+        sql.query(R"SQL(CREATE OR REPLACE FUNCTION payments_e2e_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.order_id = 770001 THEN RAISE EXCEPTION 'payments-e2e: refused at commit'; END IF;
+    PERFORM pg_sleep(30);
+    RETURN NULL;
+END $$)SQL");
+        sql.query(
+            "CREATE CONSTRAINT TRIGGER payments_e2e_at_commit AFTER INSERT ON gateway_charges "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.order_id IN (770001, 770002)) "
+            "EXECUTE FUNCTION payments_e2e_at_commit()");
+        const std::string refused_key = fresh_key("commit-refused");
+        const Reply refused = pay(A, acct, refused_key, payment_body(kRefused, 100, "tok_ok"));
+        check(refused.status == 503 && refused.body.find("gateway_unavailable") != std::string::npos,
+              "commit refused -> 503 gateway_unavailable (not charged, key released), got " + describe(refused));
+        check(gateway_count(A, refused_key) == 0, "commit refused: no charge in the ledger");
+
+        // G: a 30 s lease, so that no reconciler takes the key over while its commit waits.
+        const auto waiting_instance =
+            start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000"});
+        check(waiting_instance.has_value(), "instance G starts");
+        if (waiting_instance) {
+            servers.push_back(*waiting_instance);
+            const std::string G = waiting_instance->url;
+            const std::string cut_key = fresh_key("commit-cut-off");
+            Reply cut;
+            std::thread paying([&] { cut = pay(G, acct, cut_key, payment_body(kCutOff, 100, "tok_ok")); });
+            bool terminated = false;
+            for (const auto until = Clock::now() + 20s; !terminated && Clock::now() < until;) {
+                terminated = !sql.query(
+                                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                     "application_name = 'payments-gateway' AND wait_event = 'PgSleep'")
+                                  .empty();
+                if (!terminated) std::this_thread::sleep_for(20ms);
+            }
+            paying.join();
+            check(terminated, "the gateway's backend was terminated during its commit");
+            check(cut.status == 503 && cut.body == R"({"error":"outcome_unknown"})",
+                  "connection lost during the commit -> 503 outcome_unknown, got " + describe(cut));
+            check(gateway_count(G, cut_key) == 0, "connection lost during the commit: no charge in the ledger");
+            const Reply busy = pay(G, acct, cut_key, payment_body(kCutOff, 100, "tok_ok"));
+            check(busy.status == 409, "its key stays in progress for the reconciler -> 409, got " + describe(busy));
+        }
+        sql.query("DROP TRIGGER payments_e2e_at_commit ON gateway_charges");
+        sql.query("DROP FUNCTION payments_e2e_at_commit()");
+        const Reply paid = pay(A, acct, refused_key, payment_body(kRefused, 100, "tok_ok"));
+        check(paid.status == 201 && !paid.replayed(), "the released key pays on its retry, got " + describe(paid));
+        check(gateway_count(A, refused_key) == 1, "one charge for it");
+    }
+
     section("loopback only");
     {
         auto [rc, out] = run_client(server_exe, {"--listen", "0.0.0.0:0", "--db", db});
