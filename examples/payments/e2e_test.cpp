@@ -16,12 +16,15 @@
 // --reconcile-every-ms 200) whose database backends are terminated for 5 s while 40 payments
 // start, each retried; then every key must have its one 201 and one ledger charge within the
 // README's bound of the last fault. See run_faults.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <httplib.h>
 #include <libpq-fe.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
@@ -1117,6 +1120,56 @@ END $$)SQL");
         const Reply paid = pay(A, acct, refused_key, payment_body(kRefused, 100, "tok_ok"));
         check(paid.status == 201 && !paid.replayed(), "the released key pays on its retry, got " + describe(paid));
         check(gateway_count(A, refused_key) == 1, "one charge for it");
+    }
+
+    section("a client that stops reading is disconnected (--threads 1)");
+    {
+        // H serves one connection at a time. A client pipelines requests and never reads their
+        // answers: once the socket buffers are full the server cannot finish writing. It must
+        // give up on that client, or the one slot (and SIGTERM) waits for it forever.
+        auto stuck_instance = start_server(
+            server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000", "--threads", "1"});
+        check(stuck_instance.has_value(), "instance H starts with --threads 1");
+        if (stuck_instance) {
+            const std::string H = stuck_instance->url;
+            const int port = std::stoi(H.substr(H.rfind(':') + 1));
+            // A connection that sends `requests` pipelined GET /metrics and reads nothing.
+            const auto stuck_client = [port](int requests) {
+                const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                const int small = 4096;
+                setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+                sockaddr_in to{};
+                to.sin_family = AF_INET;
+                to.sin_port = htons(static_cast<std::uint16_t>(port));
+                to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) return fd;
+                std::string pipeline;
+                for (int i = 0; i < requests; ++i) pipeline += "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n";
+                std::size_t sent = 0;
+                for (const auto until = Clock::now() + 2s; sent < pipeline.size() && Clock::now() < until;) {
+                    const ssize_t n = ::send(fd, pipeline.data() + sent, pipeline.size() - sent, MSG_DONTWAIT);
+                    if (n > 0) sent += static_cast<std::size_t>(n);
+                    else std::this_thread::sleep_for(10ms);
+                }
+                return fd;
+            };
+            const std::size_t metrics_bytes = send(H, "GET", "/metrics", {}).body.size();
+            // Far more answer bytes than the largest socket buffers hold (4 MiB each way).
+            const int requests = static_cast<int>((32u << 20) / std::max<std::size_t>(metrics_bytes, 1024));
+            const int first = stuck_client(requests);
+            std::this_thread::sleep_for(1s);
+            const auto asked = Clock::now();
+            const Reply health = send(H, "GET", "/healthz", {});
+            check(health.status == 200 && Clock::now() - asked < 20s,
+                  "the next connection is served once the stuck client is dropped, got " + describe(health));
+            close(first);
+            const int second = stuck_client(requests);
+            std::this_thread::sleep_for(1s);
+            const int status = stop_server(*stuck_instance);
+            check(status == 0,
+                  "SIGTERM with a client that reads nothing: exit status 0 within 15 s, got " + std::to_string(status));
+            close(second);
+        }
     }
 
     section("loopback only");

@@ -99,6 +99,7 @@ asio::awaitable<void> HttpListener::session(tcp::socket socket) {
                                          error_body(status == 413 ? "payload_too_large" : "bad_request"),
                                          {{"Content-Type", "application/json"}}};
             auto res = idem::http::beast::to_beast(problem, 11, false);
+            stream.expires_after(options_.write_timeout);
             co_await http::async_write(stream, res, asio::as_tuple(use_awaitable));
             break;
         }
@@ -111,6 +112,7 @@ asio::awaitable<void> HttpListener::session(tcp::socket socket) {
             answer = idem::Response{500, error_body("internal_error"), {{"Content-Type", "application/json"}}};
         }
         auto res = idem::http::beast::to_beast(answer, req.version(), req.keep_alive() && !stopping_);
+        stream.expires_after(options_.write_timeout);
         auto [write_ec, written] = co_await http::async_write(stream, res, asio::as_tuple(use_awaitable));
         if (write_ec || !res.keep_alive()) break;
     }

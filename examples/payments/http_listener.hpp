@@ -30,8 +30,12 @@ struct HttpListenerOptions {
     std::size_t max_connections = 128;
     /// Larger request bodies are answered 413 (and the connection closed).
     std::size_t body_limit = 64 * 1024;
-    /// An idle keep-alive connection is closed after this.
+    /// An idle keep-alive connection is closed after this; so is one whose request takes longer
+    /// to arrive.
     std::chrono::seconds keep_alive{5};
+    /// A connection whose answer is not written within this (a client that stops reading) is
+    /// closed, so that it holds its slot, and stop(), no longer than this.
+    std::chrono::seconds write_timeout{5};
     /// Where the listener's own errors go (a handler that threw: 500).
     std::function<void(std::string_view)> log;
 };
@@ -51,8 +55,8 @@ public:
     /// Starts accepting connections.
     void start();
     /// Stops accepting and closes idle connections; a request being served is answered (with
-    /// Connection: close) and its connection then closed. The executor then runs out of this
-    /// listener's work.
+    /// Connection: close, within write_timeout) and its connection then closed. The executor then
+    /// runs out of this listener's work.
     void stop();
 
 private:

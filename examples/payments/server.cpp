@@ -546,6 +546,7 @@ int main(int argc, char** argv) {
                                         payments::HttpListenerOptions{.max_connections = options.threads,
                                                                       .body_limit = 64 * 1024,
                                                                       .keep_alive = std::chrono::seconds(5),
+                                                                      .write_timeout = std::chrono::seconds(5),
                                                                       .log = [](std::string_view line) { log(line); }},
                                         [&service](const payments::HttpRequest& req) { return service.handle(req); });
         const int port = listener.port();
