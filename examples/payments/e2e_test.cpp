@@ -1172,6 +1172,21 @@ END $$)SQL");
         }
     }
 
+    section("SIGTERM as soon as the address is printed: exit status 0");
+    {
+        // The address line says the server is up; a SIGTERM from then on stops it cleanly. (Sent at
+        // once, it lands while the server still starts its threads.)
+        int clean = 0;
+        constexpr int kStarts = 20;
+        for (int i = 0; i < kStarts; ++i) {
+            auto s =
+                start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--reconcile-every-ms", "3600000"});
+            if (s && stop_server(*s) == 0) ++clean;
+        }
+        check(clean == kStarts,
+              "every instance stopped at once exited 0: " + std::to_string(clean) + "/" + std::to_string(kStarts));
+    }
+
     section("loopback only");
     {
         auto [rc, out] = run_client(server_exe, {"--listen", "0.0.0.0:0", "--db", db});

@@ -549,6 +549,14 @@ int main(int argc, char** argv) {
                                                                       .write_timeout = std::chrono::seconds(5),
                                                                       .log = [](std::string_view line) { log(line); }},
                                         [&service](const payments::HttpRequest& req) { return service.handle(req); });
+        // Before the address line: from then on a SIGTERM stops the server cleanly (one that arrives
+        // before io.run() waits in the signal set until then).
+        asio::signal_set stop_signals(io, SIGTERM, SIGINT);
+        stop_signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+            if (ec) return;
+            log("signal ", sig, ": stopping");
+            listener.stop();
+        });
         const int port = listener.port();
         g_log_prefix = "payments-server[" + std::to_string(port) + "]";
         const std::string url_host =
@@ -559,12 +567,6 @@ int main(int argc, char** argv) {
                                     options.reconcile_every, options.lease);
         reconciler.start();
 
-        asio::signal_set stop_signals(io, SIGTERM, SIGINT);
-        stop_signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-            if (ec) return;
-            log("signal ", sig, ": stopping");
-            listener.stop();
-        });
         listener.start();
         io.run();  // returns once the listener has stopped and every request has been answered
         reconciler.stop();
