@@ -264,10 +264,11 @@ echo "## payments-server vs. the article's Express server ($(date -u +%Y-%m-%d))
 echo
 echo "Machine: $(nproc) cores ($cpu), PostgreSQL $pg on a Unix socket (fsync on, synchronous_commit on),"
 echo "wrk -t1 -d${duration}s, gateway latency 0, both servers and wrk on the same machine and database;"
-echo "each figure is the median of $rounds runs, the servers taking turns. Load average (1 min) at start / end: $load_start / $load_end."
+echo "each figure is the median of $rounds runs, the servers taking turns, each run right after a CHECKPOINT."
+echo "Load average (1 min) at start / end: $load_start / $load_end."
 echo "Express: node $(node --version 2>/dev/null || echo '-'), express 5, pg 8, pool 8."
-echo "payments-server: Release build, defaults (128 HTTP threads, 8 + 8 database connections, group commit on,"
-echo "replay cache 64 MiB)${server_args:+, $server_args}. Writes/req: transactions that wrote, per request (Express: three per"
+echo "payments-server: Release build, defaults (one event-loop thread, Beast + idem::asio, 2 database connections for idem"
+echo "and 32 for the gateway, group commit on, replay cache 64 MiB)${server_args:+, $server_args}. Writes/req: transactions that wrote, per request (Express: three per"
 echo "payment; payments-server: idem's claim and save transactions, shared by group commit, and one ledger commit per payment)."
 echo
 echo "| path | connections | Express req/s (p50) | payments-server req/s (p50) | ratio | target | CPU µs/req Express / PostgreSQL | CPU µs/req payments-server / PostgreSQL | writes/req Express / payments-server |"
