@@ -278,7 +278,9 @@ TEST_CASE("ensure_schema for 8 different tables at once, in a fresh schema", "[p
         return;
     }
     const std::string url = short_lock_timeout ? base + " options='-c lock_timeout=1'" : base;
-    PgConn admin(url);
+    // The test's own statements run without it: on Citus, CREATE SCHEMA records the schema in
+    // pg_dist_object, whose lock another test's DDL may hold for a moment.
+    PgConn admin(base);
     const auto schema = idem_test::unique_name("idem_s");
     admin.exec("CREATE SCHEMA " + schema);
     struct DropSchema {
