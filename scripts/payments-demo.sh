@@ -29,7 +29,7 @@ step() { printf '\n==> %s\n' "$*"; }
 
 if ((!inner)); then
     step "Building payments-server, payments-client and the quickstart examples ($build_dir)"
-    scripts/install-deps.sh --with-examples
+    scripts/install-deps.sh --with-examples --with-asio  # payments-server is on Beast + idem::asio
     # Same configuration as scripts/test.sh, so the build directory is shared.
     cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DIDEM_WERROR=ON -DIDEM_BUILD_TESTS=ON \
         -DIDEM_BUILD_EXAMPLES=ON >/dev/null
