@@ -167,6 +167,28 @@ struct PostgresOptions {
     /// a keyed row is config_error. Rotating: keep the old secret until its rows have expired (a
     /// row keyed with another secret is a mismatch).
     std::optional<FingerprintSecret> fingerprint_secret{};
+    /// Retention by generations (opt-in; docs/design.md, "Generations"). The table is partitioned
+    /// by the time of each claim, one partition per `length`, and purge_expired() removes a whole
+    /// partition (DETACH, DROP) once every key in it has expired and none is in progress, instead
+    /// of deleting rows one by one: no WAL, index churn or vacuum work per expired key. Every claim
+    /// still sees every live key: it takes a lock on its key and looks the key up in every
+    /// generation before it inserts (same round trips; one more index probe per generation).
+    /// ensure_schema() creates the partitioned table (an existing plain table is config_error: see
+    /// docs/design.md for the migration) and the generations up to `ahead` past the current one;
+    /// purge_expired() creates the next ones and retires the old. Every process of a deployment
+    /// uses the same length (ensure_schema() records it; a store whose length differs from the
+    /// table's gets config_error from purge_expired()).
+    struct Generations {
+        /// Span of one generation: at least 100 ms, at most 30 days. Live generations are about
+        /// retention / length + ahead + 1, and each lookup probes each of them: a quarter of the
+        /// retention is a good length.
+        std::chrono::milliseconds length{std::chrono::hours(6)};
+        /// Generations kept ready past the current one (at least 1). A claim whose generation does
+        /// not exist fails with config_error, so purge_expired() must run more often than
+        /// `ahead × length`.
+        std::size_t ahead = 2;
+    };
+    std::optional<Generations> generations{};  ///< see Generations; nullopt: one plain table
 };
 
 /// The distribution column of idem's table on a Citus cluster (docs/scale-out.md): `scope` keeps a

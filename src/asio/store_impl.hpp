@@ -73,7 +73,7 @@ struct AsyncPostgresStore::Impl {
           options(std::move(opts)),
           blocking(conninfo, blocking_options(options)),  // validates the options, connects lazily
           table(pg::TableName::parse(options.table)),
-          defs(pg::statements(table)),
+          defs(pg::statements(table, pg::generation_of(options))),
           settings{std::move(conninfo),       options.application_name, options.connect_timeout,
                    options.statement_timeout, options.lock_timeout,     options.prepared_statements,
                    options.session_options},

@@ -3,6 +3,8 @@
 // purge of expired keys (purge_expired).
 #include "idem/postgres_store.hpp"
 
+#include "admin_session.hpp"
+#include "generations.hpp"
 #include "store_impl.hpp"
 
 namespace idem {
@@ -13,75 +15,7 @@ std::string PostgresStore::schema_sql(const std::string& table) { return pg::sch
 
 namespace {
 
-// A plain (non-pipelined) connection of its own for DDL and catalog questions: simple-protocol
-// statements, one at a time, each failure a typed idem error.
-class AdminSession {
-public:
-    AdminSession(const pg::ConnectSettings& settings, const char* what) : what_(what) {
-        const std::string timeout =
-            std::to_string(std::max<long long>(2, (settings.connect_timeout.count() + 999) / 1000));
-        const char* keys[] = {"dbname", "connect_timeout", "application_name", nullptr};
-        const char* values[] = {settings.conninfo.c_str(), timeout.c_str(), settings.application_name.c_str(), nullptr};
-        conn_.reset(PQconnectdbParams(keys, values, 1));
-        if (!conn_)
-            throw store_unavailable(std::string("idem: ") + what + ": out of memory creating a PostgreSQL connection");
-        if (PQstatus(conn_.get()) != CONNECTION_OK) pg::throw_connect_error(PQerrorMessage(conn_.get()));
-        pg::quiet_notices(conn_.get());
-    }
-
-    /// Runs one statement (text parameters $1..$n); throws config_error / store_unavailable /
-    /// database_error as the SQLSTATE says.
-    pg::ResultPtr exec(const std::string& sql, const std::vector<std::string>& params = {}) {
-        std::vector<const char*> args;
-        for (const auto& p : params) args.push_back(p.c_str());
-        pg::ResultPtr r(params.empty() ? PQexec(conn_.get(), sql.c_str())
-                                       : PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(args.size()), nullptr,
-                                                      args.data(), nullptr, nullptr, 0));
-        const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
-        if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-            const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
-            const std::string sqlstate = state ? state : "";
-            std::string msg = std::string("idem: ") + what_ + " failed: " + PQerrorMessage(conn_.get());
-            while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
-            if (sqlstate.empty()) throw store_unavailable(msg);  // the connection failed
-            pg::throw_database_error(std::move(msg), sqlstate);
-        }
-        return r;
-    }
-
-    /// The first column of the first row, or nullopt for no row or NULL.
-    std::optional<std::string> value(const std::string& sql, const std::vector<std::string>& params = {}) {
-        auto r = exec(sql, params);
-        if (PQntuples(r.get()) < 1 || PQgetisnull(r.get(), 0, 0)) return std::nullopt;
-        return std::string(PQgetvalue(r.get(), 0, 0));
-    }
-
-    /// The citus extension's version in this database, or nullopt.
-    std::optional<std::string> citus_version() {
-        return value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'");
-    }
-    /// On a Citus node: whether it is a worker (its group is not the coordinator's, 0).
-    bool citus_worker() { return value("SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group") == "t"; }
-    /// On a Citus node: the table's distribution column, or nullopt (not distributed, or a
-    /// reference / single-shard table, whose partkey is NULL).
-    std::optional<std::string> distribution_column(const std::string& qualified) {
-        return value(
-            "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) FROM pg_catalog.pg_dist_partition "
-            "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
-            {qualified});
-    }
-    void refuse_worker() {
-        if (citus_version() && citus_worker()) {
-            throw config_error(std::string("idem: ") + what_ +
-                               ": connected to a Citus worker node; run it against the coordinator (DDL on a "
-                               "worker would create tables that only that node sees)");
-        }
-    }
-
-private:
-    const char* what_;
-    pg::ConnPtr conn_;
-};
+using pg::AdminSession;
 
 std::string table_literal(const pg::TableName& t) { return t.schema.empty() ? t.table : t.schema + "." + t.table; }
 
@@ -105,7 +39,16 @@ void PostgresStore::ensure_schema() {
     db.exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"});
     if (!m.table.schema.empty()) db.exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
     // One statement at a time (Citus refuses multi-statement strings that carry DDL).
-    for (const std::string& statement : pg::schema_statements(m.table)) db.exec(statement);
+    const pg::Generation generation = pg::generation_of(m.options);
+    for (const std::string& statement : pg::schema_statements(m.table, generation)) db.exec(statement);
+    if (generation) {
+        pg::prepare_generations(db, m.table, *generation, m.options.generations->ahead);
+    } else if (db.value("SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)",
+                        {m.table.qualified}) == "p") {
+        db.exec("ROLLBACK");
+        throw config_error("idem: table " + literal +
+                           " is partitioned by generation: set PostgresOptions::generations to use it");
+    }
     auto r = db.exec("SELECT version FROM " + m.table.version_table + " WHERE table_name = $1", {literal});
     const int found = PQntuples(r.get()) == 1 ? std::stoi(PQgetvalue(r.get(), 0, 0)) : 0;
     if (found > pg::kSchemaVersion) {
@@ -303,6 +246,15 @@ std::size_t PostgresStore::count_stale(const ScopeFilter& scopes) {
 std::size_t PostgresStore::purge_expired(std::size_t batch_size, std::size_t max_batches) {
     Impl& m = *impl_;
     if (batch_size == 0) throw config_error("idem: purge_expired batch_size must be at least 1");
+    if (const pg::Generation generation = pg::generation_of(m.options)) {
+        // Whole generations instead of batches of rows (generations.hpp).
+        m.check_process();
+        AdminSession db(m.settings, "purge_expired");
+        const auto report =
+            pg::maintain_generations(db, m.table, *generation, m.options.generations->ahead, m.options.lock_timeout);
+        if (report.rows_removed > 0) emit(Event::purged, nullptr, {}, report.rows_removed);
+        return report.rows_removed;
+    }
     std::size_t total = 0;
     for (std::size_t batch = 0; batch < max_batches; ++batch) {
         // Each batch its own short transaction: locks are held for one batch only.

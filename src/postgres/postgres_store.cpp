@@ -20,8 +20,15 @@ PostgresStore::PostgresStore(std::string conninfo, PostgresOptions options) : im
         throw config_error("idem: default_lease and default_retention must be positive");
     }
     detail::check_sealing(options.sealing);
+    if (options.generations) {
+        const auto length = options.generations->length;
+        if (length < std::chrono::milliseconds(100) || length > std::chrono::hours(24 * 30)) {
+            throw config_error("idem: generations.length must be between 100 ms and 30 days");
+        }
+        if (options.generations->ahead < 1) throw config_error("idem: generations.ahead must be at least 1");
+    }
     m.table = pg::TableName::parse(options.table);
-    m.defs = pg::statements(m.table);
+    m.defs = pg::statements(m.table, pg::generation_of(options));
     m.settings = pg::ConnectSettings{std::move(conninfo),       options.application_name, options.connect_timeout,
                                      options.statement_timeout, options.lock_timeout,     options.prepared_statements,
                                      options.session_options};

@@ -46,7 +46,21 @@ TableName TableName::parse(const std::string& name) {
     return t;
 }
 
-std::vector<StatementDef> statements(const TableName& t) {
+std::string generation_expression(std::chrono::milliseconds length, const std::string& at) {
+    // Epoch milliseconds of the generation's start: readable, and independent of the length, so
+    // a change of length never maps a time to an existing generation of another length.
+    return fmt::format("(floor(extract(epoch FROM {}) * 1000 / {}) * {})::bigint", at, length.count(), length.count());
+}
+
+std::string claimable_function(const TableName& t) {
+    return (t.schema.empty() ? "" : quote(t.schema) + ".") + quote(t.table + "_claimable");
+}
+
+std::string closed_function(const TableName& t) {
+    return (t.schema.empty() ? "" : quote(t.schema) + ".") + quote(t.table + "_closed");
+}
+
+std::vector<StatementDef> statements(const TableName& t, Generation generation) {
     using namespace oid;
     const std::string& T = t.qualified;
     // Every column of a record, then the lease/expiry verdict and the read time by the database's
@@ -66,13 +80,29 @@ std::vector<StatementDef> statements(const TableName& t) {
     std::vector<StatementDef> defs(kStmtCount);
     // The claim: the database arbitrates with the primary key. DO NOTHING writes no WAL and takes
     // no row lock on conflict (DO UPDATE ... WHERE would lock the row on every replay).
-    defs[kClaimInsert] = {"idem_claim",
-                          fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, "
-                                      "lease_until, expires_at) VALUES ($1, $2, 'in_progress', $3, $4, $5, "
-                                      "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second') "
-                                      "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
-                                      T),
-                          {text, text, bytea, int2, int8, int8, int8}};
+    //
+    // With generations the primary key is (scope, key, generation), so it arbitrates within one
+    // generation only. Each claimed row first passes the claimable function: it takes the key's
+    // lock (held to the end of the transaction) and only then looks the key up in every
+    // generation, in a statement of its own — a snapshot taken after the lock, which sees any
+    // claim of the key that held the lock before (docs/design.md, "Generations").
+    const std::string conflict = generation ? "ON CONFLICT DO NOTHING" : "ON CONFLICT (scope, key) DO NOTHING";
+    const std::string claimable = generation ? claimable_function(t) : std::string();
+    const std::string claim_values =
+        "$1, $2, 'in_progress', $3, $4, $5, now() + $6 * interval '1 millisecond', "
+        "now() + $7 * interval '1 second'";
+    defs[kClaimInsert] = {
+        "idem_claim",
+        generation ? fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
+                                 "expires_at) SELECT {} WHERE {}($1, $2) {} RETURNING fence",
+                                 T, claim_values, claimable, conflict)
+                   : fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
+                                 "expires_at) VALUES ({}) {} RETURNING fence",
+                                 T, claim_values, conflict),
+        {text, text, bytea, int2, int8, int8, int8}};
+    // The rows of a batch or group pass the function one by one, in the client's key order: one
+    // order of lock acquisition for every batch.
+    const std::string claimable_rows = generation ? fmt::format("WHERE {}(u.s, u.k) ", claimable) : std::string();
     // Read by primary key; also sent right after the claim (same Sync) as a statement of its own,
     // so it takes a new snapshot and sees the row that made the claim conflict.
     defs[kSelect] = {
@@ -85,8 +115,8 @@ std::vector<StatementDef> statements(const TableName& t) {
                     "expires_at) SELECT u.s, u.k, 'in_progress', u.f, u.a, u.fe, "
                     "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second' "
                     "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[]) AS u(s, k, f, a, fe) "
-                    "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
-                    T),
+                    "{}{} RETURNING fence",
+                    T, claimable_rows, conflict),
         {text_array, text_array, bytea_array, int2_array, int8_array, int8, int8}};
     // Group commit: the claims of concurrent claim() callers, each row with its own lease and
     // retention (callers may differ), in one statement and one commit.
@@ -97,8 +127,8 @@ std::vector<StatementDef> statements(const TableName& t) {
                     "now() + u.l * interval '1 millisecond', now() + u.r * interval '1 second' "
                     "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[], $6::int8[], "
                     "$7::int8[]) AS u(s, k, f, a, fe, l, r) "
-                    "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
-                    T),
+                    "{}{} RETURNING fence",
+                    T, claimable_rows, conflict),
         {text_array, text_array, bytea_array, int2_array, int8_array, int8_array, int8_array}};
     defs[kSelectBatch] = {"idem_select_batch",
                           fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
@@ -149,14 +179,17 @@ std::vector<StatementDef> statements(const TableName& t) {
         "idem_release", fmt::format("DELETE FROM {} WHERE {} RETURNING fence", T, owned), {text, text, int8}};
     // Retention: a completed record past expires_at is claimed again by a conditional UPDATE; the
     // row lock and the re-check of the WHERE clause let exactly one of concurrent claimers win.
+    // With generations the row moves to the current generation (generation = DEFAULT), so that an
+    // old generation only ever loses rows; a concurrent re-claimer then gets 40001 (the row moved
+    // to another partition) and tries again.
     defs[kReclaimExpired] = {
         "idem_reclaim_expired",
-        fmt::format("UPDATE {} SET state = 'in_progress', fingerprint = $3, fingerprint_alg = $4, fence = $5, "
+        fmt::format("UPDATE {} SET {}state = 'in_progress', fingerprint = $3, fingerprint_alg = $4, fence = $5, "
                     "attempt = 1, result = NULL, phase = NULL, phase_data = NULL, waiters = false, "
                     "created_at = now(), completed_at = NULL, lease_until = now() + $6 * interval '1 millisecond', "
                     "expires_at = now() + $7 * interval '1 second' "
                     "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
-                    T),
+                    T, generation ? "generation = DEFAULT, " : ""),
         {text, text, bytea, int2, int8, int8, int8}};
     // A stale claim (lease passed, fence unchanged) gets a new fence: one taker wins. A returned row
     // is in progress with a lease that starts now (so neither verdict holds), and its read time is
@@ -257,10 +290,17 @@ std::vector<StatementDef> statements(const TableName& t) {
     return defs;
 }
 
-std::vector<std::string> schema_statements(const TableName& t) {
+static std::int32_t lock_class(const TableName& t) noexcept {
+    std::uint32_t h = 2166136261u;
+    for (unsigned char c : t.qualified) h = (h ^ c) * 16777619u;
+    return static_cast<std::int32_t>(h);
+}
+
+std::vector<std::string> schema_statements(const TableName& t, Generation generation) {
     // One statement per string: Citus refuses a multi-statement string once it must propagate DDL
     // (42601, "cannot insert multiple commands into a prepared statement"). No ';' in comments
-    // either: tests/unit/sql_test.cpp checks each string is a single statement.
+    // either: tests/unit/sql_test.cpp checks each string is a single statement (function bodies
+    // are dollar-quoted).
     const auto literal = t.schema.empty() ? t.table : t.schema + "." + t.table;
     std::vector<std::string> out;
     out.push_back(fmt::format(R"(CREATE TABLE IF NOT EXISTS {} (
@@ -269,10 +309,41 @@ std::vector<std::string> schema_statements(const TableName& t) {
     applied_at  timestamptz NOT NULL DEFAULT now()
 ))",
                               t.version_table));
+    if (generation) {
+        // Before the table: on Citus, a function's DDL cannot follow DDL on a distributed table in
+        // one transaction. The claim's gate (see statements()). The lock is the key's within this table: the
+        // two-int form, the table's hash as its class, so no other table's or application's
+        // advisory locks share it. plpgsql, VOLATILE: each statement gets a fresh snapshot under
+        // READ COMMITTED, so the lookup runs after the lock is granted and its plan is cached.
+        // Under a stricter isolation (a server's default_transaction_isolation) the lookup would
+        // see the transaction's older snapshot: refused.
+        out.push_back(fmt::format(R"(CREATE OR REPLACE FUNCTION {0}(claim_scope text, claim_key text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idem: generations need READ COMMITTED claims, not %',
+            current_setting('transaction_isolation') USING ERRCODE = '0A000';
+    END IF;
+    PERFORM pg_advisory_xact_lock({1}, hashtext(claim_scope || chr(31) || claim_key));
+    RETURN NOT EXISTS (SELECT 1 FROM {2} WHERE scope = claim_scope AND key = claim_key);
+END
+$fn$)",
+                                  claimable_function(t), lock_class(t), t.qualified));
+        // A retired generation refuses new rows before it is checked and dropped (generations.cpp):
+        // a claim that computed it before it ended fails with 40001 and tries again in the
+        // current one.
+        out.push_back(fmt::format(R"(CREATE OR REPLACE FUNCTION {}()
+RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    RAISE EXCEPTION 'idem: generation % of % is closed', NEW.generation, TG_TABLE_NAME USING ERRCODE = '40001';
+END
+$fn$)",
+                                  closed_function(t)));
+    }
     out.push_back(fmt::format(R"(CREATE TABLE IF NOT EXISTS {} (
     scope            text COLLATE "C" NOT NULL,   -- tenant/account/endpoint, part of the key
     key              text COLLATE "C" NOT NULL,   -- the client's Idempotency-Key, verbatim
-    state            text NOT NULL CHECK (state IN ('in_progress', 'completed')),
+    state            text NOT NULL {}CHECK (state IN ('in_progress', 'completed')),
     fingerprint      bytea NOT NULL,              -- digest of the request
     fingerprint_alg  smallint NOT NULL,           -- 1 = SHA-256, 2 = HMAC-SHA256 (fingerprint_secret)
     fence            bigint NOT NULL,             -- random token of the current claim
@@ -284,11 +355,22 @@ std::vector<std::string> schema_statements(const TableName& t) {
     created_at       timestamptz NOT NULL DEFAULT now(),
     lease_until      timestamptz NOT NULL,        -- the claimer owns the key until then
     completed_at     timestamptz,
-    expires_at       timestamptz NOT NULL,        -- retention: created_at + retention
-    PRIMARY KEY (scope, key),
-    CHECK ((state = 'completed') = (result IS NOT NULL))
-) WITH (fillfactor = 90))",
-                              t.qualified));
+    expires_at       timestamptz NOT NULL,        -- retention: created_at + retention{}
+    {}CHECK ((state = 'completed') = (result IS NOT NULL))
+){})",
+                              t.qualified,
+                              // A generational table names its checks as PostgreSQL names a plain
+                              // table's, so a plain table renamed to its first generation (the
+                              // migration in docs/design.md) carries the names ATTACH expects.
+                              generation ? fmt::format("CONSTRAINT {} ", quote(t.table + "_state_check")) : "",
+                              generation ? fmt::format(R"(
+    generation       bigint NOT NULL DEFAULT {},  -- epoch ms of the generation's start
+    PRIMARY KEY (scope, key, generation),)",
+                                                       generation_expression(*generation))
+                                         : R"(
+    PRIMARY KEY (scope, key),)",
+                              generation ? fmt::format("CONSTRAINT {} ", quote(t.table + "_check")) : "",
+                              generation ? " PARTITION BY LIST (generation)" : " WITH (fillfactor = 90)"));
     // For purging expired keys. No index on state, lease_until or phase: the completing UPDATE, the
     // heartbeat and recovery points stay HOT updates (no index entry written).
     out.push_back(fmt::format("CREATE INDEX IF NOT EXISTS {} ON {} (expires_at)", t.index, t.qualified));

@@ -2,6 +2,8 @@
 // checked by a test.
 #pragma once
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,12 +74,30 @@ inline constexpr int kRecordColumns = 14;
 /// The LISTEN/NOTIFY channel for "a waited-for key was saved"; the payload names table and key.
 inline constexpr const char* kChannel = "idem_saved";
 
-/// The prepared statements of a store, indexed by Stmt.
-std::vector<StatementDef> statements(const TableName& t);
+/// The table's layout: one plain table (nullopt), or generations of this length
+/// (PostgresOptions::generations; generations.hpp maintains them).
+using Generation = std::optional<std::chrono::milliseconds>;
+template <class Options>
+[[nodiscard]] Generation generation_of(const Options& o) {
+    return o.generations ? Generation(o.generations->length) : std::nullopt;
+}
+
+/// The prepared statements of a store, indexed by Stmt. With generations the claims take their
+/// key's lock and look the key up in every generation first (generation_function_sql), and the
+/// re-claim of an expired key moves its row into the current generation.
+std::vector<StatementDef> statements(const TableName& t, Generation generation = {});
 
 /// The DDL that ensure_schema() runs (idempotent), inside one transaction: one statement per
-/// string, no trailing ';'.
-std::vector<std::string> schema_statements(const TableName& t);
+/// string, no trailing ';'. With generations: the partitioned table and its functions, not the
+/// partitions themselves (generations.hpp creates those).
+std::vector<std::string> schema_statements(const TableName& t, Generation generation = {});
+
+/// The generation a claim made now goes to: epoch milliseconds of its start, as SQL (the
+/// generation column's DEFAULT; generations.cpp computes upcoming ones with it).
+std::string generation_expression(std::chrono::milliseconds length, const std::string& at = "now()");
+/// The names of a generational table's SQL objects, quoted and qualified like the table.
+std::string claimable_function(const TableName& t);
+std::string closed_function(const TableName& t);
 
 /// schema_statements() as one SQL script with comments (docs/schema.sql).
 std::string schema_sql(const TableName& t);

@@ -25,6 +25,27 @@ bool is_configuration_sqlstate(std::string_view s) noexcept {
 void throw_database_error(std::string message, const std::string& sqlstate) {
     if (sqlstate == "42P01") message += " (create idem's table: call PostgresStore::ensure_schema())";
     if (is_configuration_sqlstate(sqlstate)) throw config_error(message, sqlstate);
+    // The table's layout and the store's PostgresOptions::generations disagree: a plain store's
+    // ON CONFLICT (scope, key) on a partitioned table (42P10), a generational store's function
+    // missing on a plain table (42883).
+    if (sqlstate == "42P10" || sqlstate == "42883") {
+        throw config_error(message +
+                               " (the table's layout does not match PostgresOptions::generations: "
+                               "call ensure_schema() with the store's options)",
+                           sqlstate);
+    }
+    // The server runs transactions above READ COMMITTED by default: a generational claim refuses.
+    if (sqlstate == "0A000" && message.find("idem: generations need READ COMMITTED") != std::string::npos) {
+        throw config_error(message + " (set default_transaction_isolation to 'read committed' for idem's role)",
+                           sqlstate);
+    }
+    // No generation covers the time of the claim: maintenance has not run for too long.
+    if (sqlstate == "23514" && message.find("no partition of relation") != std::string::npos) {
+        throw config_error(message +
+                               " (no generation covers now: purge_expired() creates them ahead; run it "
+                               "more often than generations.ahead x generations.length)",
+                           sqlstate);
+    }
     // Timeouts (statement, lock), cancels, resource exhaustion, a server going away: the database
     // is there (or will be) but cannot serve us now.
     if (sqlstate == "57014" || sqlstate == "55P03" || sqlstate.starts_with("53") || is_connection_sqlstate(sqlstate)) {

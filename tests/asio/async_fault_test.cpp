@@ -164,7 +164,7 @@ void make_schema(const std::string& url, const std::string& table) {
     o.table = table;
     o.pool_size = 1;
     o.application_name = "idem_fault_async_schema";
-    idem::PostgresStore(url, o).ensure_schema();
+    idem::PostgresStore(url, idem_test::env_options(o)).ensure_schema();
 }
 
 /// The scenarios' Driver: AsyncPostgresStore on `loop`, calls through async_execute_once, loads of

@@ -401,7 +401,7 @@ inline const Proxy::Target& save_target() {
     return t;
 }
 inline const Proxy::Target& claim_target() {
-    static const Proxy::Target t{{"idem_claim"}, {"ON CONFLICT (scope, key) DO NOTHING"}};
+    static const Proxy::Target t{{"idem_claim"}, {"DO NOTHING RETURNING fence"}};
     return t;
 }
 
@@ -566,9 +566,9 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
         lo.max_keys = 200;
         lo.claim.lease = 1s;
         const int before = proxy.cuts();
-        proxy.random(Proxy::Target{{"idem_claim", "idem_save"},
-                                   {"ON CONFLICT (scope, key) DO NOTHING", "SET state = 'completed'"}},
-                     0.1, static_cast<unsigned>(::getpid()));
+        proxy.random(
+            Proxy::Target{{"idem_claim", "idem_save"}, {"DO NOTHING RETURNING fence", "SET state = 'completed'"}}, 0.1,
+            static_cast<unsigned>(::getpid()));
         const auto load = d.load(store, effects, history, lo);
         load->start();
         const auto deadline = Clock::now() + 60s;

@@ -6,9 +6,12 @@
 // _per_key). CTest registers the contract, concurrency, atomicity and fault suites a second time
 // with group commit off (tests/CMakeLists.txt, suffix _gc_off), so every guarantee is shown both
 // ways. IDEM_TEST_SEALED=1 turns sealed responses on (SealingOptions with a fixed test keyring;
-// suffix _sealed): the contract holds with every result stored sealed.
+// suffix _sealed): the contract holds with every result stored sealed. IDEM_TEST_GENERATIONS=<ms>
+// makes the table generational (PostgresOptions::generations, that length; suffix _gen): the
+// suites' guarantees hold on partitions by generation.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -42,6 +45,9 @@ namespace idem_test {
                                                        : Shape::automatic;
     }
     options.sealing = env_sealing();
+    if (const char* v = std::getenv("IDEM_TEST_GENERATIONS")) {
+        options.generations = idem::PostgresOptions::Generations{std::chrono::milliseconds(std::atoll(v)), 2};
+    }
     return options;
 }
 

@@ -1,0 +1,256 @@
+#include "generations.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace idem::pg {
+namespace {
+
+// The generation column's comment records the length the table was made with.
+constexpr std::string_view kLengthNote = "idem generation length (ms): ";
+
+std::string literal(const TableName& t) { return t.schema.empty() ? t.table : t.schema + "." + t.table; }
+
+// A generation's partition: "<table>_g<start>" in the table's schema (at most 48 + 15 bytes).
+std::string partition_name(const TableName& t, std::int64_t start) { return t.table + "_g" + std::to_string(start); }
+std::string qualified(const TableName& t, const std::string& name) {
+    return (t.schema.empty() ? "" : "\"" + t.schema + "\".") + "\"" + name + "\"";
+}
+
+struct Partition {
+    std::string name;
+    std::int64_t start = 0;
+    bool detach_pending = false;
+};
+
+// The table's generations, oldest first; partitions not named by idem are left out.
+std::vector<Partition> partitions(AdminSession& db, const TableName& t) {
+    auto r = db.exec(
+        "SELECT c.relname, i.inhdetachpending FROM pg_catalog.pg_inherits i "
+        "JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = pg_catalog.to_regclass($1)",
+        {t.qualified});
+    std::vector<Partition> out;
+    const std::string prefix = t.table + "_g";
+    for (int row = 0; row < PQntuples(r.get()); ++row) {
+        const std::string name = PQgetvalue(r.get(), row, 0);
+        if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+        const std::string digits = name.substr(prefix.size());
+        if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+        out.push_back({name, std::stoll(digits), std::string_view(PQgetvalue(r.get(), row, 1)) == "t"});
+    }
+    std::sort(out.begin(), out.end(), [](const Partition& a, const Partition& b) { return a.start < b.start; });
+    return out;
+}
+
+void expect_partitioned(AdminSession& db, const TableName& t) {
+    const auto kind =
+        db.value("SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)", {t.qualified});
+    if (!kind) {
+        throw config_error("idem: table " + literal(t) + " does not exist (call PostgresStore::ensure_schema())",
+                           "42P01");
+    }
+    if (*kind != "p") {
+        throw config_error("idem: table " + literal(t) +
+                           " is a plain table but PostgresOptions::generations is set: migrate it to generations "
+                           "(docs/design.md, \"Generations\") or leave generations unset");
+    }
+}
+
+std::optional<std::int64_t> recorded_length(AdminSession& db, const TableName& t) {
+    const auto note = db.value(
+        "SELECT pg_catalog.col_description(a.attrelid, a.attnum) FROM pg_catalog.pg_attribute a "
+        "WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attname = 'generation'",
+        {t.qualified});
+    if (!note || !note->starts_with(kLengthNote)) return std::nullopt;
+    return std::strtoll(note->c_str() + kLengthNote.size(), nullptr, 10);
+}
+
+// Creates the current generation and `ahead` more that do not exist yet; each in a transaction
+// of its own unless `db` is already in one.
+std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead,
+                         bool in_transaction) {
+    const auto at = fmt::format("now() + n * interval '{} milliseconds'", length.count());
+    auto r = db.exec(
+        fmt::format("SELECT DISTINCT {} FROM generate_series(0, {}) AS n", generation_expression(length, at), ahead));
+    std::set<std::int64_t> existing;
+    for (const Partition& p : partitions(db, t)) existing.insert(p.start);
+    std::size_t created = 0;
+    for (int row = 0; row < PQntuples(r.get()); ++row) {
+        const std::int64_t start = std::stoll(PQgetvalue(r.get(), row, 0));
+        if (existing.count(start) != 0) continue;
+        const std::string part = qualified(t, partition_name(t, start));
+        if (!in_transaction) db.exec("BEGIN");
+        try {
+            // CREATE, then ATTACH: attaching takes SHARE UPDATE EXCLUSIVE on the table, which no
+            // claim, read or save waits for (CREATE TABLE … PARTITION OF would take ACCESS
+            // EXCLUSIVE). The partition gets the table's indexes as it is attached.
+            db.exec(
+                fmt::format("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+                            "WITH (fillfactor = 90)",
+                            part, t.qualified));
+            db.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})", t.qualified, part, start));
+            if (!in_transaction) db.exec("COMMIT");
+        } catch (...) {
+            if (!in_transaction) db.exec("ROLLBACK");
+            throw;
+        }
+        ++created;
+    }
+    return created;
+}
+
+bool lock_timed_out(const error& e) { return e.sqlstate() == "55P03"; }
+
+// The name of the advisory lock a table's maintenance holds (hashtextextended of it).
+std::string maintenance_lock(const TableName& t) { return "idem.generations:" + t.qualified; }
+
+// Steps 2 and 3 of retiring `p` (see generations.hpp): the keys it holds when it may go, or
+// nullopt to keep it for now (`timed_out`: closing it waited past lock_timeout).
+std::optional<std::size_t> close_and_check(AdminSession& db, const TableName& t, const Partition& p, bool& timed_out) {
+    const std::string part = qualified(t, p.name);
+    // Step 1, cheap first: the newest expiry by the expiry index.
+    if (db.value(fmt::format("SELECT max(expires_at) >= now() FROM {}", part)) == "t") return std::nullopt;
+    const bool closed =
+        db.value(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = pg_catalog.to_regclass($1) "
+            "AND tgname = 'idem_closed')",
+            {part}) == "t";
+    if (!closed) {
+        db.exec("BEGIN");
+        try {
+            // Citus creates a trigger on a distributed table's shards only when told to; this one
+            // only refuses rows, which is safe on any shard. (On plain PostgreSQL the setting is a
+            // mere placeholder.)
+            db.exec("SET LOCAL citus.enable_unsafe_triggers = on");
+            db.exec(fmt::format("CREATE TRIGGER idem_closed BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()",
+                                part, closed_function(t)));
+            db.exec("COMMIT");
+        } catch (const error& e) {
+            db.exec("ROLLBACK");
+            if (!lock_timed_out(e)) throw;
+            timed_out = true;  // a writer holds it: next time
+            return std::nullopt;
+        }
+    }
+    // A full read of the generation, once: no index serves `state` (saves stay HOT updates).
+    auto r = db.exec(fmt::format(
+        "SELECT count(*), count(*) FILTER (WHERE state = 'in_progress'), coalesce(bool_or(expires_at >= now()), false) "
+        "FROM {}",
+        part));
+    const bool live =
+        std::string_view(PQgetvalue(r.get(), 0, 1)) != "0" || std::string_view(PQgetvalue(r.get(), 0, 2)) == "t";
+    if (live) return std::nullopt;
+    return static_cast<std::size_t>(std::stoull(PQgetvalue(r.get(), 0, 0)));
+}
+
+void detach_and_drop(AdminSession& db, const TableName& t, const Partition& p) {
+    const std::string part = qualified(t, p.name);
+    // CONCURRENTLY: the table's readers and writers never wait on it. It waits for the
+    // transactions that may still see the partition; a detach cut short stays pending, and is
+    // finished (FINALIZE) at the next maintenance.
+    try {
+        db.exec(fmt::format("ALTER TABLE {} DETACH PARTITION {} {}", t.qualified, part,
+                            p.detach_pending ? "FINALIZE" : "CONCURRENTLY"));
+    } catch (const database_error& e) {
+        if (e.sqlstate() != "0A000" && e.sqlstate() != "XX000") throw;
+        // Citus refuses CONCURRENTLY on a distributed table: a plain detach takes the table's
+        // ACCESS EXCLUSIVE lock, which every statement behind it then waits for; a short wait,
+        // or the next maintenance tries again.
+        if (db.value("SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL") != "t") throw;
+        db.exec("BEGIN");
+        try {
+            db.exec("SET LOCAL lock_timeout = '100ms'");
+            db.exec(fmt::format("ALTER TABLE {} DETACH PARTITION {}", t.qualified, part));
+            db.exec("COMMIT");
+        } catch (...) {
+            db.exec("ROLLBACK");
+            throw;
+        }
+    }
+    db.exec(fmt::format("DROP TABLE IF EXISTS {}", part));
+}
+
+}  // namespace
+
+void prepare_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead) {
+    expect_partitioned(db, t);
+    // The maintainer's lock, to the end of ensure_schema()'s transaction: the two never create
+    // the same generation at once.
+    db.exec("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", {maintenance_lock(t)});
+    if (recorded_length(db, t) != length.count()) {
+        db.exec(fmt::format("ALTER TABLE {} ALTER COLUMN generation SET DEFAULT {}", t.qualified,
+                            generation_expression(length)));
+        db.exec(fmt::format("COMMENT ON COLUMN {}.generation IS '{}{}'", t.qualified, kLengthNote, length.count()));
+    }
+    create_ahead(db, t, length, ahead, true);
+}
+
+GenerationReport maintain_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length,
+                                      std::size_t ahead, std::chrono::milliseconds lock_wait) {
+    GenerationReport report;
+    expect_partitioned(db, t);
+    const auto recorded = recorded_length(db, t);
+    if (recorded != length.count()) {
+        throw config_error("idem: table " + literal(t) + " has generations of " +
+                           (recorded ? std::to_string(*recorded) + " ms" : std::string("no recorded length")) +
+                           ", this store's PostgresOptions::generations says " + std::to_string(length.count()) +
+                           " ms (ensure_schema() changes the table's)");
+    }
+    // One maintainer per table; the others have nothing to add.
+    const std::string lock_name = maintenance_lock(t);
+    if (db.value("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", {lock_name}) != "t") return report;
+    try {
+        db.exec(fmt::format("SET lock_timeout = '{}ms'", std::max<long long>(1, lock_wait.count())));
+        report.created = create_ahead(db, t, length, ahead, false);
+        const std::int64_t now_ms = std::stoll(*db.value("SELECT (extract(epoch FROM now()) * 1000)::bigint"));
+        // A table has at most one detach pending: finish it before any other begins.
+        auto all = partitions(db, t);
+        std::stable_partition(all.begin(), all.end(), [](const Partition& p) { return p.detach_pending; });
+        bool closing_timed_out = false;  // once one waited in vain, the others wait for the next time
+        for (const Partition& p : all) {
+            std::optional<std::size_t> rows;
+            if (p.detach_pending) {
+                rows = 0;  // checked before its detach began
+            } else if (p.start + length.count() <= now_ms && !closing_timed_out) {
+                rows = close_and_check(db, t, p, closing_timed_out);
+                if (!rows) {
+                    ++report.kept;
+                    continue;
+                }
+            } else if (p.start + length.count() <= now_ms) {
+                ++report.kept;
+                continue;
+            } else {
+                continue;  // current or ahead
+            }
+            try {
+                detach_and_drop(db, t, p);
+            } catch (const error& e) {
+                if (!lock_timed_out(e)) throw;
+                // Still pending (finished next time), and no other detach can begin meanwhile.
+                ++report.kept;
+                break;
+            }
+            ++report.retired;
+            report.rows_removed += *rows;
+            // A detach waits for older transactions: keep the generations ahead in step meanwhile.
+            report.created += create_ahead(db, t, length, ahead, false);
+        }
+    } catch (...) {
+        try {
+            db.exec("SELECT pg_advisory_unlock(hashtextextended($1, 0))", {lock_name});
+        } catch (...) {
+        }
+        throw;
+    }
+    db.exec("SELECT pg_advisory_unlock(hashtextextended($1, 0))", {lock_name});
+    return report;
+}
+
+}  // namespace idem::pg

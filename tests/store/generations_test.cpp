@@ -1,0 +1,525 @@
+// Generations (PostgresOptions::generations) at their boundaries: claims of one key on both sides
+// of a new generation, generations retired while keys are claimed, an in-progress key in an ended
+// generation, and the layout's configuration errors. Effects are counted in tables of their own.
+#include "idem/idem.hpp"
+#include "idem/postgres_transaction.hpp"
+#include "pg.hpp"
+#include "race_run.hpp"
+#include "store_env.hpp"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using namespace std::string_literals;
+using idem_test::PgConn;
+namespace race = idem_test::race;
+
+namespace {
+
+constexpr auto kLength = 300ms;  // a new generation every 300 ms
+
+struct Tables : race::Tables {
+    explicit Tables(std::string url) : race::Tables(std::move(url), "idem_gen", "idem_gen_effects") {}
+};
+
+idem::PostgresOptions gen_options(const std::string& table, std::size_t pool = 8, std::size_t ahead = 3) {
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = pool;
+    o = idem_test::env_options(o);
+    o.generations = idem::PostgresOptions::Generations{kLength, ahead};
+    return o;
+}
+
+// purge_expired() on a store of its own, every 50 ms, until stopped: generations are created
+// ahead and retired while the test's claims run.
+class Maintainer {
+public:
+    // 20 generations ahead: 6 s of slack for a maintenance slowed down by a busy machine.
+    Maintainer(const std::string& url, const std::string& table)
+        : store_(url, gen_options(table, 1, kAhead)), thread_([this] { loop(); }) {}
+    static constexpr std::size_t kAhead = 20;
+    ~Maintainer() { stop(); }
+    void stop() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+    }
+    std::size_t removed() const { return removed_; }
+    std::size_t runs() const { return runs_; }
+    std::vector<std::string> errors() const {
+        std::lock_guard lock(mutex_);
+        return errors_;
+    }
+
+private:
+    void loop() {
+        while (!stop_) {
+            try {
+                removed_ += store_.purge_expired();
+                ++runs_;
+            } catch (const std::exception& e) {
+                std::lock_guard lock(mutex_);
+                errors_.push_back(e.what());
+            }
+            std::this_thread::sleep_for(50ms);
+        }
+    }
+    idem::PostgresStore store_;
+    std::atomic<bool> stop_{false};
+    std::atomic<std::size_t> removed_{0}, runs_{0};
+    mutable std::mutex mutex_;
+    std::vector<std::string> errors_;
+    std::thread thread_;
+};
+
+// Sets an environment variable for this process and the workers it starts, back at the end.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const std::string& value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        ::setenv(name, value.c_str(), 1);
+    }
+    ~ScopedEnv() {
+        if (old_) {
+            ::setenv(name_, old_->c_str(), 1);
+        } else {
+            ::unsetenv(name_);
+        }
+    }
+
+private:
+    const char* name_;
+    std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("generations: threads and processes race on keys while generations rotate and retire",
+          "[generations][concurrency][processes]") {
+    const auto url = race::require_db();
+    Tables tables(url);
+    const ScopedEnv env("IDEM_TEST_GENERATIONS", std::to_string(kLength.count()));  // the workers' layout
+    idem::PostgresStore store(url, gen_options(tables.idem, 16, Maintainer::kAhead));
+    store.ensure_schema();
+    PgConn admin(url);
+    const std::string spans = tables.effects + "_spans";
+    admin.exec("CREATE TABLE " + spans +
+               " (kind text NOT NULL, key text NOT NULL, created_us bigint NOT NULL, expires_us bigint NOT NULL)");
+    const idem_test::DropTable drop_spans(url, spans);
+    const std::string long_effects = tables.effects + "_long";
+    admin.exec("CREATE TABLE " + long_effects + " (key text NOT NULL, tid int NOT NULL)");
+    const idem_test::DropTable drop_long_effects(url, long_effects);
+    Maintainer maintainer(url, tables.idem);
+
+    // In this process, until the processes' race is over and at least 4 s have passed:
+    //  - "long" keys (retention 1 h): each must run once, whatever generations come and go;
+    //  - "short" keys (retention 1 s): they expire, their generations retire, they run again; each
+    //    run must begin only after the previous run's retention has passed;
+    //  - "tx" keys, in-transaction mode with effects of up to 600 ms: the claim's transaction stays
+    //    open across generation boundaries while maintenance tries to close its generation.
+    constexpr int kThreads = 6, kLongKeys = 40, kShortKeys = 12;
+    const std::string scope = idem_test::unique_name("gen");
+    std::atomic<bool> done{false};
+    std::atomic<int> calls{0}, executed_long{0}, wrong_replays{0};
+    std::mutex errors_mutex;
+    std::vector<std::string> errors;
+    const auto record_span = [&](PgConn& db, const std::string& kind, const idem::Key& key) {
+        const auto record = store.read(key);
+        if (!record) throw std::runtime_error("the running key has no record");
+        const auto us = [](auto t) {
+            return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count());
+        };
+        db.exec("INSERT INTO " + spans + " VALUES ($1, $2, $3, $4)",
+                {kind, key.value(), us(record->created_at), us(record->expires_at)});
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            PgConn db(url);
+            std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1u);
+            idem::ClaimOptions long_retention, short_retention;
+            long_retention.retention = std::chrono::hours(1);
+            short_retention.retention = 1s;
+            while (!done) {
+                const int pick = static_cast<int>(rng() % 10);
+                try {
+                    ++calls;
+                    if (pick == 9 && t == 1) {
+                        // A key claimed once: its expired row stays until its generation retires.
+                        const idem::Key key(scope, "once-" + std::to_string(calls.load()));
+                        (void)idem::execute_once(
+                            store, key, idem::fingerprint("POST"s), [] { return "once"s; }, short_retention);
+                    } else if (pick < 5) {
+                        const std::string name = "long-" + std::to_string(rng() % kLongKeys);
+                        const idem::Key key(scope, name);
+                        auto r = idem::execute_once(
+                            store, key, idem::fingerprint("POST"s, name),
+                            [&] {
+                                db.exec("INSERT INTO " + long_effects + " VALUES ($1, $2)", {name, std::to_string(t)});
+                                ++executed_long;
+                                return "body-" + name;
+                            },
+                            long_retention);
+                        if (r.has_response() && r.response() != "body-" + name) ++wrong_replays;
+                    } else if (pick < 9 || t != 0) {
+                        const std::string name = "short-" + std::to_string(rng() % kShortKeys);
+                        const idem::Key key(scope, name);
+                        const auto sleep = std::chrono::milliseconds(pick == 8 ? 400 : rng() % 20);
+                        auto r = idem::execute_once(
+                            store, key, idem::fingerprint("POST"s, name),
+                            [&] {
+                                record_span(db, "short", key);
+                                std::this_thread::sleep_for(sleep);
+                                return "body-" + name;
+                            },
+                            short_retention);
+                        if (r.has_response() && r.response() != "body-" + name) ++wrong_replays;
+                    } else {
+                        const std::string name = "tx-" + std::to_string(rng() % 4);
+                        const idem::Key key(scope, name);
+                        const auto sleep = std::chrono::milliseconds(rng() % 600);
+                        auto r = idem::execute_once_in_transaction(
+                            store, key, idem::fingerprint("POST"s, name),
+                            [&](idem::Transaction& tx) {
+                                tx.exec("INSERT INTO " + spans +
+                                            " SELECT 'tx', key, "
+                                            "(extract(epoch FROM created_at) * 1000000)::bigint, "
+                                            "(extract(epoch FROM expires_at) * 1000000)::bigint FROM " +
+                                            tables.idem + " WHERE scope = $1 AND key = $2",
+                                        {scope, name});
+                                std::this_thread::sleep_for(sleep);
+                                return "body-" + name;
+                            },
+                            short_retention);
+                        if (r.has_response() && r.response() != "body-" + name) ++wrong_replays;
+                    }
+                } catch (const std::exception& e) {
+                    std::lock_guard lock(errors_mutex);
+                    errors.push_back(e.what());
+                }
+            }
+        });
+    }
+    const auto started = std::chrono::steady_clock::now();
+    // Meanwhile, 3 processes x 4 threads race on 150 keys of their own (retention 24 h): one effect
+    // row per key, every replay the executed bytes.
+    const auto ran = race::run_race(IDEM_RACE_WORKER, tables, "genprocs", 3, 150, 4, 500ms);
+    std::this_thread::sleep_until(std::max(started + 4s, std::chrono::steady_clock::now() + 2s));
+    done = true;
+    for (auto& th : threads) th.join();
+    maintainer.stop();
+    // Every short retention has passed: one more maintenance retires every ended generation that
+    // holds no key of a long retention (those claimed by the processes, and the long keys).
+    std::this_thread::sleep_for(1500ms);
+    const auto removed_last = store.purge_expired();
+
+    for (const auto& e : errors) UNSCOPED_INFO("error: " << e);
+    for (const auto& e : maintainer.errors()) UNSCOPED_INFO("maintenance error: " << e);
+    CHECK(errors.empty());
+    CHECK(maintainer.errors().empty());
+    CHECK(wrong_replays == 0);
+    // Long keys: one effect each (the processes' scope is checked by check_race below).
+    CHECK(admin.scalar("SELECT count(*) FROM " + long_effects) == executed_long.load());
+    CHECK(admin.scalar("SELECT count(DISTINCT key) FROM " + long_effects) == executed_long.load());
+    CHECK(executed_long >= kLongKeys / 2);
+    // Short and tx keys: no run began before the previous run's retention had passed.
+    const auto overlaps = admin.scalar(
+        "SELECT count(*) FROM (SELECT created_us, lag(expires_us) OVER (PARTITION BY kind, key ORDER BY created_us) "
+        "AS previous_expiry FROM " +
+        spans + ") s WHERE created_us < previous_expiry");
+    CHECK(overlaps == 0);
+    const auto reruns = admin.scalar("SELECT count(*) - count(DISTINCT (kind, key)) FROM " + spans);
+    CHECK(reruns > 0);  // keys did expire and run again
+    CHECK(admin.scalar("SELECT count(*) FROM " + spans + " WHERE kind = 'tx'") > 0);
+    // Generations were retired with keys in them, and none is left that could go.
+    CHECK(maintainer.removed() + removed_last > 0);
+    CHECK(admin.scalar(
+              "SELECT count(*) FROM " + tables.idem + " t WHERE t.generation + " + std::to_string(kLength.count()) +
+              " <= (extract(epoch FROM now()) * 1000)::bigint AND NOT EXISTS (SELECT 1 FROM " + tables.idem +
+              " u WHERE u.generation = t.generation AND (u.state = 'in_progress' OR u.expires_at >= now()))") == 0);
+    UNSCOPED_INFO("calls " << calls << ", long executions " << executed_long << ", reruns " << reruns
+                           << ", rows removed with their generations " << maintainer.removed() << " in "
+                           << maintainer.runs() << " maintenances");
+    race::check_race(admin, tables, ran, 150, 4);
+}
+
+TEST_CASE("generations: a claim waits for a claim of its key in an older generation", "[generations]") {
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 4, 20));
+    store.ensure_schema();
+    const idem::Key key(idem_test::unique_name("wait"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    // An in-transaction call holds its uncommitted claim (and the key's lock) open in generation g.
+    std::promise<void> claimed, release;
+    auto first = std::async(std::launch::async, [&] {
+        return idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+            claimed.set_value();
+            release.get_future().wait();
+            return "first"s;
+        });
+    });
+    claimed.get_future().wait();
+    std::this_thread::sleep_for(kLength * 2);  // a newer generation is current now
+    // The second claim goes to the newer generation: without the key's lock its lookup would not
+    // see the uncommitted row, and it would win (a second effect). It waits, then answers in_progress.
+    const auto second = store.claim(key, fp);
+    CHECK(second.status == idem::ClaimStatus::in_progress);
+    release.set_value();
+    const auto first_result = first.get();
+    CHECK(first_result.outcome() == idem::Outcome::executed);
+    const auto third = store.claim(key, fp);
+    REQUIRE(third.status == idem::ClaimStatus::completed);
+    PgConn admin(url);
+    CHECK(admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1", {key.scope()}) == 1);
+}
+
+TEST_CASE("generations: negative control, a lookup without the key's lock lets the newer generation win",
+          "[generations]") {
+    // The same steps as above on a table whose claimable function looks the key up without
+    // taking its lock first: the second claim does not see the uncommitted claim in the older
+    // generation, and wins. The test above would catch a claim path that skipped the lock.
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 4, 20));
+    store.ensure_schema();
+    PgConn admin(url);
+    admin.exec("CREATE OR REPLACE FUNCTION " + tables.idem +
+               "_claimable(claim_scope text, claim_key text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$ "
+               "BEGIN RETURN NOT EXISTS (SELECT 1 FROM " +
+               tables.idem + " WHERE scope = claim_scope AND key = claim_key); END $fn$");
+    const idem::Key key(idem_test::unique_name("nolock"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    std::promise<void> claimed, release;
+    auto first = std::async(std::launch::async, [&] {
+        return idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
+            claimed.set_value();
+            release.get_future().wait();
+            return "first"s;
+        });
+    });
+    claimed.get_future().wait();
+    std::this_thread::sleep_for(kLength * 2);
+    const auto second = store.claim(key, fp);
+    release.set_value();
+    (void)first.get();
+    CHECK(second.status == idem::ClaimStatus::claimed);  // the double claim the lock prevents
+    CHECK(admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1", {key.scope()}) == 2);
+}
+
+TEST_CASE("generations: an uncommitted claim keeps its ended generation from being retired", "[generations]") {
+    // Its row is invisible to the maintenance's reads until it commits: closing the generation
+    // waits for its transaction (lock_timeout, then the generation is kept for next time).
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 4, 20));
+    store.ensure_schema();
+    PgConn admin(url);
+    const idem::Key key(idem_test::unique_name("open"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions options;
+    options.retention = 60s;
+    std::promise<void> claimed, release;
+    std::atomic<int> runs{0};
+    auto first = std::async(std::launch::async, [&] {
+        return idem::execute_once_in_transaction(
+            store, key, fp,
+            [&](idem::Transaction&) {
+                ++runs;
+                claimed.set_value();
+                release.get_future().wait();
+                return "first"s;
+            },
+            options);
+    });
+    claimed.get_future().wait();
+    std::this_thread::sleep_for(kLength * 2);  // its generation has ended
+    CHECK(store.purge_expired() == 0);         // waits lock_timeout (1 s) to close it, keeps it
+    release.set_value();
+    CHECK(first.get().outcome() == idem::Outcome::executed);
+    CHECK(store.purge_expired() == 0);  // closed now, and holding a live key: kept
+    const auto again = idem::execute_once(
+        store, key, fp,
+        [&] {
+            ++runs;
+            return "second"s;
+        },
+        options);
+    CHECK(again.outcome() == idem::Outcome::replayed);
+    CHECK(again.response() == "first");
+    CHECK(runs == 1);
+}
+
+TEST_CASE("generations: an ended generation with a key in progress is kept until it completes and expires",
+          "[generations]") {
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
+    store.ensure_schema();
+    PgConn admin(url);
+    const idem::Key key(idem_test::unique_name("kept"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions options;
+    options.retention = 1s;
+    const auto claim = store.claim(key, fp, options);
+    REQUIRE(claim.status == idem::ClaimStatus::claimed);
+    std::this_thread::sleep_for(1500ms);  // its generation has ended and its retention passed
+    CHECK(store.purge_expired() == 0);
+    REQUIRE(store.read(key).has_value());
+    CHECK(store.claim(key, fp, options).status == idem::ClaimStatus::in_progress);
+    // The generation is closed: nothing can enter it any more, and it is checked again next time.
+    CHECK(admin.scalar("SELECT count(*) FROM pg_trigger t JOIN pg_inherits i ON i.inhrelid = t.tgrelid "
+                       "WHERE i.inhparent = to_regclass($1) AND t.tgname = 'idem_closed'",
+                       {tables.idem}) >= 1);
+    store.save(key, claim.fence, "done");  // completed, and past its retention already
+    const std::string partition =
+        tables.idem + "_g" +
+        std::to_string(admin.scalar("SELECT generation FROM " + tables.idem + " WHERE scope = $1", {key.scope()}));
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {partition}) == 1);
+    CHECK(store.purge_expired() == 1);
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {partition}) == 0);
+    CHECK_FALSE(store.read(key).has_value());
+    CHECK(store.claim(key, fp, options).status == idem::ClaimStatus::claimed);
+}
+
+TEST_CASE("generations: configuration errors are config_error, never an outage", "[generations]") {
+    const auto url = race::require_db();
+    SECTION("a plain table refuses a generational store, and the other way round") {
+        Tables plain(url);
+        idem::PostgresOptions o;
+        o.table = plain.idem;
+        idem::PostgresStore(url, o).ensure_schema();
+        CHECK_THROWS_AS(idem::PostgresStore(url, gen_options(plain.idem)).ensure_schema(), idem::config_error);
+        CHECK_THROWS_AS(idem::PostgresStore(url, gen_options(plain.idem)).purge_expired(), idem::config_error);
+        CHECK_THROWS_AS(
+            (void)idem::PostgresStore(url, gen_options(plain.idem)).claim(idem::Key("s", "k"), idem::fingerprint("x"s)),
+            idem::config_error);
+        Tables gen(url);
+        idem::PostgresStore(url, gen_options(gen.idem)).ensure_schema();
+        o.table = gen.idem;
+        CHECK_THROWS_AS(idem::PostgresStore(url, o).ensure_schema(), idem::config_error);
+        CHECK_THROWS_AS((void)idem::PostgresStore(url, o).claim(idem::Key("s", "k"), idem::fingerprint("x"s)),
+                        idem::config_error);
+    }
+    SECTION("another length than the table's") {
+        Tables gen(url);
+        idem::PostgresStore(url, gen_options(gen.idem)).ensure_schema();
+        auto other = gen_options(gen.idem);
+        other.generations->length = 600ms;
+        CHECK_THROWS_AS(idem::PostgresStore(url, other).purge_expired(), idem::config_error);
+    }
+    SECTION("out of generations: claims fail with config_error until maintenance runs") {
+        Tables gen(url);
+        idem::PostgresStore store(url, gen_options(gen.idem, 2, 1));
+        store.ensure_schema();
+        std::this_thread::sleep_for(kLength * 3);  // past the current generation and the one ahead
+        const idem::Key key(idem_test::unique_name("late"), "k");
+        CHECK_THROWS_AS((void)store.claim(key, idem::fingerprint("x"s)), idem::config_error);
+        store.purge_expired();
+        CHECK(store.claim(key, idem::fingerprint("x"s)).status == idem::ClaimStatus::claimed);
+    }
+    SECTION("a server whose transactions default to SERIALIZABLE") {
+        Tables gen(url);
+        idem::PostgresStore(url, gen_options(gen.idem)).ensure_schema();
+        idem::PostgresStore strict(url + " options='-c default_transaction_isolation=serializable'",
+                                   gen_options(gen.idem));
+        CHECK_THROWS_AS((void)strict.claim(idem::Key("s", "k"), idem::fingerprint("x"s)), idem::config_error);
+    }
+    SECTION("invalid options") {
+        auto o = gen_options("idem_keys");
+        o.generations->length = 50ms;
+        CHECK_THROWS_AS(idem::PostgresStore(url, o), idem::config_error);
+        o.generations->length = 1s;
+        o.generations->ahead = 0;
+        CHECK_THROWS_AS(idem::PostgresStore(url, o), idem::config_error);
+    }
+}
+
+TEST_CASE("generations: a detach cut short is finished by the next maintenance", "[generations]") {
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
+    store.ensure_schema();
+    PgConn admin(url);
+    const idem::Key key(idem_test::unique_name("pending"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions options;
+    options.retention = 1s;
+    const auto claim = store.claim(key, fp, options);
+    REQUIRE(claim.status == idem::ClaimStatus::claimed);
+    store.save(key, claim.fence, "done");
+    const std::string partition =
+        tables.idem + "_g" +
+        std::to_string(admin.scalar("SELECT generation FROM " + tables.idem + " WHERE scope = $1", {key.scope()}));
+    std::this_thread::sleep_for(1500ms);
+    // A reader's open transaction holds the table: DETACH … CONCURRENTLY waits for it, past the
+    // store's lock_timeout, and stays pending.
+    PgConn reader(url);
+    reader.exec("BEGIN");
+    (void)reader.scalar("SELECT count(*) FROM " + tables.idem);
+    CHECK(store.purge_expired() == 0);
+    CHECK(admin.scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1) AND inhdetachpending",
+                       {tables.idem}) == 1);
+    reader.exec("COMMIT");
+    (void)store.purge_expired();
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {partition}) == 0);
+    CHECK(store.claim(key, fp, options).status == idem::ClaimStatus::claimed);  // expired and gone: new
+}
+
+TEST_CASE("generations: a plain table migrated as docs/design.md says keeps every key", "[generations]") {
+    const auto url = race::require_db();
+    Tables tables(url);
+    const std::string& t = tables.idem;
+    idem::PostgresOptions plain_options;
+    plain_options.table = t;
+    idem::PostgresStore plain(url, plain_options);
+    plain.ensure_schema();
+    const std::string scope = idem_test::unique_name("migrate");
+    const auto fp = idem::fingerprint("POST"s);
+    idem::ClaimOptions long_retention, short_retention;
+    long_retention.retention = std::chrono::hours(1);
+    short_retention.retention = 1s;
+    const auto saved = plain.claim(idem::Key(scope, "saved"), fp, long_retention);
+    plain.save(idem::Key(scope, "saved"), saved.fence, "old bytes");
+    const auto expired = plain.claim(idem::Key(scope, "expired"), fp, short_retention);
+    plain.save(idem::Key(scope, "expired"), expired.fence, "gone");
+    const auto running = plain.claim(idem::Key(scope, "running"), fp, long_retention);
+    REQUIRE(running.status == idem::ClaimStatus::claimed);
+
+    // The migration, with the service stopped: the statements docs/design.md lists.
+    PgConn admin(url);
+    admin.exec("BEGIN");
+    admin.exec("ALTER TABLE " + t + " RENAME TO " + t + "_g0");
+    admin.exec("ALTER INDEX " + t + "_expires_at_idx RENAME TO " + t + "_g0_expires_at_idx");
+    admin.exec("ALTER TABLE " + t + "_g0 RENAME CONSTRAINT " + t + "_pkey TO " + t + "_g0_pkey");
+    admin.exec("ALTER TABLE " + t + "_g0 ADD COLUMN generation bigint NOT NULL DEFAULT 0");
+    admin.exec("ALTER TABLE " + t + "_g0 DROP CONSTRAINT " + t + "_g0_pkey, ADD PRIMARY KEY (scope, key, generation)");
+    admin.exec("COMMIT");
+    idem::PostgresStore store(url, gen_options(t, 2, 20));
+    store.ensure_schema();
+    admin.exec("ALTER TABLE " + t + " ATTACH PARTITION " + t + "_g0 FOR VALUES IN (0)");
+
+    const auto replay = store.claim(idem::Key(scope, "saved"), fp);
+    REQUIRE(replay.status == idem::ClaimStatus::completed);
+    CHECK(replay.existing->result == "old bytes");
+    CHECK(store.claim(idem::Key(scope, "running"), fp).status == idem::ClaimStatus::in_progress);
+    std::this_thread::sleep_for(1100ms);
+    CHECK(store.claim(idem::Key(scope, "expired"), fp).status == idem::ClaimStatus::claimed);
+    CHECK(store.purge_expired() == 0);  // generation 0 still holds a live key and a running one
+    store.save(idem::Key(scope, "running"), running.fence, "late");
+    CHECK(store.claim(idem::Key(scope, "running"), fp).status == idem::ClaimStatus::completed);
+    CHECK(admin.scalar("SELECT count(*) FROM " + t + " WHERE scope = $1", {scope}) == 3);
+    CHECK(admin.scalar("SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%expires_at%'", {t}) ==
+          1);
+}
