@@ -22,24 +22,47 @@ void AsyncPostgresStore::Impl::wake_all(std::vector<Member*>& group) {
     }
 }
 
-// The next group: up to kLargestGroup members, and for saves up to kLargestSaveGroupBytes of
-// results (one statement of tens of megabytes would run into its own deadline); at least one.
+// The size of the next group: up to kLargestGroup members, and for saves up to
+// kLargestSaveGroupBytes of results (one statement of tens of megabytes would run into its own
+// deadline); at least one.
 template <class Member>
-std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::deque<Member*>& queue) {
+std::size_t AsyncPostgresStore::Impl::group_size(const std::deque<Member*>& queue) noexcept {
     std::size_t n = std::min(queue.size(), kLargestGroup);
     if constexpr (std::is_same_v<Member, SaveMember>) {
         std::size_t bytes = 0;
         for (std::size_t i = 0; i < n; ++i) {
             bytes += queue[i]->result.size();
-            if (i > 0 && bytes > kLargestSaveGroupBytes) {
-                n = i;
-                break;
-            }
+            if (i > 0 && bytes > kLargestSaveGroupBytes) return i;
         }
     }
-    std::vector<Member*> group(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
-    queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+    return n;
+}
+
+template <class Member>
+std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::deque<Member*>& queue) {
+    const auto n = static_cast<std::ptrdiff_t>(group_size(queue));
+    std::vector<Member*> group(queue.begin(), queue.begin() + n);
+    queue.erase(queue.begin(), queue.begin() + n);
     return group;
+}
+
+// Group commit on: a queue's group goes out while none of its kind is in flight, or when it is
+// full (the queue holds more than one transaction takes). Off: whenever a slot is free.
+template <class Member>
+bool AsyncPostgresStore::Impl::may_launch(const std::deque<Member*>& queue, std::size_t in_flight) const noexcept {
+    if (queue.empty()) return false;
+    if (!options.group_commit || in_flight == 0) return true;
+    const std::size_t n = group_size(queue);
+    return n == kLargestGroup || n < queue.size();
+}
+
+void AsyncPostgresStore::Impl::schedule_launch() {
+    if (launch_pending) return;
+    launch_pending = true;
+    net::post(strand, [self = shared_from_this()] {
+        self->launch_pending = false;
+        self->launch_groups();
+    });
 }
 
 // Group commit off: the queue's first member goes now, alone, in the transaction slot the caller
@@ -56,14 +79,14 @@ void AsyncPostgresStore::Impl::give_turn(std::deque<Member*>& queue) {
 // starts one more. Group commit off: one member at a time, each alone.
 void AsyncPostgresStore::Impl::launch_groups() {
     while (transaction_slot_free()) {
-        if (!save_queue.empty()) {
+        if (may_launch(save_queue, saves_in_flight)) {
             ++saves_in_flight;
             if (options.group_commit) {
                 net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
             } else {
                 give_turn(save_queue);
             }
-        } else if (!claim_queue.empty()) {
+        } else if (may_launch(claim_queue, claims_in_flight)) {
             ++claims_in_flight;
             if (options.group_commit) {
                 net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
@@ -77,12 +100,14 @@ void AsyncPostgresStore::Impl::launch_groups() {
     publish_queued();
 }
 
-// A claim's first round trip: alone at once while a connection has no transaction and nobody
-// queues, else in the next group (group commit off: alone, when its turn comes).
+// A claim's first round trip: alone at once while no transaction is in flight and nobody queues
+// (group commit off: while a connection has no transaction), else in the next group (group commit
+// off: alone, when its turn comes).
 net::awaitable<void> AsyncPostgresStore::Impl::claim_first(ClaimMember& me) {
-    if (citus_seen || (transaction_slot_free() && claim_queue.empty() && save_queue.empty())) {
+    if (citus_seen || may_go_alone(true)) {
         ++claims_in_flight;
     } else {
+        schedule_launch();
         co_await wait_in(claim_queue, me);
         if (!me.turn) co_return;  // its group answered (or sent it alone)
     }
@@ -149,14 +174,16 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_claim_group(std::vector<Claim
     }
     --claims_in_flight;
     wake_all(group);
-    launch_groups();
+    schedule_launch();  // after the members' next requests (wake_all posted them first)
 }
 
-// A save's first attempt: alone at once while a connection has no transaction and no save queues
-// (the caller saves by itself), else in the next group (group commit off: alone, when its turn
-// comes, in the slot counted for it: `turn`). Returns false for "alone".
+// A save's first attempt: alone at once while no transaction is in flight and nobody queues
+// (group commit off: while a connection has no transaction and no save queues; the caller saves
+// by itself), else in the next group (group commit off: alone, when its turn comes, in the slot
+// counted for it: `turn`). Returns false for "alone".
 net::awaitable<bool> AsyncPostgresStore::Impl::save_first(SaveMember& me) {
-    if (citus_seen || (transaction_slot_free() && save_queue.empty())) co_return false;
+    if (citus_seen || may_go_alone(false)) co_return false;
+    schedule_launch();
     co_await wait_in(save_queue, me);
     co_return me.got != SaveMember::Got::alone;
 }
@@ -193,7 +220,7 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_save_group(std::vector<SaveMe
     }
     --saves_in_flight;
     wake_all(group);
-    launch_groups();
+    schedule_launch();  // after the members' next requests (wake_all posted them first)
 }
 
 }  // namespace idem::asio

@@ -67,7 +67,7 @@ inline PostgresOptions blocking_options(PostgresOptions o) {
 using detail::blocking_options;
 using detail::pause_for;
 
-struct AsyncPostgresStore::Impl {
+struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStore::Impl> {
     Impl(net::any_io_executor ex, std::string conninfo, PostgresOptions opts)
         : strand(net::make_strand(ex)),
           options(std::move(opts)),
@@ -259,14 +259,20 @@ struct AsyncPostgresStore::Impl {
     // Each request is its own transaction, and with synchronous_commit a backend waits for each
     // commit's flush before it reads the next request of its pipeline: a second transaction
     // pipelined behind a first on one connection only waits for that flush, then pays for its own.
-    // So at most pool_size transactions (claims and saves, alone or grouped) are in flight, one per
-    // connection; first attempts that arrive meanwhile queue, and each time one ends the queue goes
-    // out as one transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of
-    // PostgresStore's batches and group commit), up to kLargestGroup rows — or, with
-    // PostgresOptions::group_commit off, its first member goes alone (give_turn). A lone request
-    // never waits: while a connection has no transaction it goes at once, alone, with exactly the
-    // single-key statements. Not on a Citus coordinator (the table's layout is not asked here):
-    // there every request goes alone.
+    // And each transaction costs the server and the client a round trip and a commit whatever its
+    // size. So the store grows the group it will send next rather than spreading requests over
+    // transactions: at most one claim transaction and one save transaction are in flight (one
+    // transaction in all with pool_size 1); a further one of the same kind goes out only with a
+    // full group (kLargestGroup rows, or kLargestSaveGroupBytes of results), and never more than
+    // pool_size in all. First attempts that arrive meanwhile queue; each time a transaction ends
+    // — after the calls it answered have run on, so that their next requests join — its kind's
+    // queue goes out as one transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of
+    // PostgresStore's batches and group commit), saves first. A lone request never waits: while
+    // no transaction is in flight and nothing queues it goes at once, alone, with exactly the
+    // single-key statements. With PostgresOptions::group_commit off, at most pool_size
+    // transactions are in flight and the queue's first member goes alone when one ends
+    // (give_turn). Not on a Citus coordinator (the table's layout is not asked here): there every
+    // request goes alone.
     static constexpr std::size_t kLargestGroup = 256;
     static constexpr std::size_t kLargestSaveGroupBytes = 4u << 20;
     // (in an optional, constructed in place: Boost 1.81's any_completion_handler move assignment
@@ -288,14 +294,30 @@ struct AsyncPostgresStore::Impl {
     std::size_t claims_in_flight = 0, saves_in_flight = 0;
     bool citus_seen = false;  // a connection found Citus installed: no groups
 
-    bool transaction_slot_free() const noexcept { return claims_in_flight + saves_in_flight < options.pool_size; }
+    bool launch_pending = false;  // a launch_groups() is posted (schedule_launch)
 
-    /// A claim's first round trip: alone at once while a connection has no transaction and
-    /// nobody queues, else in the next group (group commit off: alone, when its turn comes).
+    bool transaction_slot_free() const noexcept { return claims_in_flight + saves_in_flight < options.pool_size; }
+    /// Group commit on: whether a request may go at once, alone (no transaction in flight, none
+    /// queued); off: whether a transaction slot is free and nobody queues for it.
+    bool may_go_alone(bool claim) const noexcept {
+        if (!options.group_commit)
+            return transaction_slot_free() && (!claim || claim_queue.empty()) && save_queue.empty();
+        return claims_in_flight + saves_in_flight == 0 && claim_queue.empty() && save_queue.empty();
+    }
+    /// Whether the next group of `queue` may go out now (see "Group commit" above).
+    template <class Member>
+    bool may_launch(const std::deque<Member*>& queue, std::size_t in_flight) const noexcept;
+    /// Runs launch_groups() once the handlers already due on the strand have run: the calls a
+    /// transaction just answered (or that just started) queue their next requests first, and go
+    /// out together.
+    void schedule_launch();
+
+    /// A claim's first round trip: alone at once when may_go_alone(), else in the next group
+    /// (group commit off: alone, when its turn comes).
     net::awaitable<void> claim_first(ClaimMember& me);
-    /// A save's first attempt: alone at once while a connection has no transaction and no save
-    /// queues (the caller saves by itself), else in the next group (group commit off: alone, when
-    /// its turn comes, `turn`). Returns false for "alone".
+    /// A save's first attempt: alone at once when may_go_alone() (the caller saves by itself),
+    /// else in the next group (group commit off: alone, when its turn comes, `turn`). Returns
+    /// false for "alone".
     net::awaitable<bool> save_first(SaveMember& me);
     /// Sends the queued members as groups (saves first) while a connection has no transaction;
     /// group commit off: wakes them one at a time to go alone (give_turn).
@@ -310,6 +332,8 @@ struct AsyncPostgresStore::Impl {
     net::awaitable<void> wait_in(std::deque<Member*>& queue, Member& me);
     template <class Member>
     void wake_all(std::vector<Member*>& group);
+    template <class Member>
+    static std::size_t group_size(const std::deque<Member*>& queue) noexcept;
     template <class Member>
     static std::vector<Member*> next_group(std::deque<Member*>& queue);
 

@@ -58,7 +58,7 @@ std::string line(const std::string& name, std::size_t value) {
 
 }  // namespace
 
-TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 open, 2 in use, 8 waiting",
+TEST_CASE("async pool_stats: 10 claims and a read held by a table lock on 2 connections: 2 open, 2 in use, 9 waiting",
           "[asio][metrics]") {
     IDEM_NOT_ON_CITUS("the table lock and pg_stat_activity are the coordinator's");
     if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
@@ -91,43 +91,46 @@ TEST_CASE("async pool_stats: 10 claims held by a table lock on 2 connections: 2 
     PgConn locker(idem_test::database_url());
     locker.exec("BEGIN");
     locker.exec("LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE");
-    // 10 claims at once: 2 go out at once, one per connection (group commit's bound: a transaction
-    // per connection), and wait on the lock; the other 8 queue for the next group.
+    // 10 claims at once: the first goes out alone and waits on the lock; the other 9 queue for the
+    // next group (group commit: one claim transaction in flight). A read, outside that bound,
+    // goes out on the second connection and waits on the lock too.
     std::vector<std::future<idem::Claim>> claims;
     for (int i = 0; i < 10; ++i) {
         claims.push_back(store->async_claim(idem::Key("pool", "k" + std::to_string(i)), idem::fingerprint("p"), {},
                                             net::use_future));
     }
+    auto read = store->async_read(idem::Key("pool", "r"), net::use_future);
     PgConn admin(idem_test::database_url());
-    // Until both connections' first claims wait on the lock, and every claim was sent or queued.
+    // Until the first claim and the read wait on the lock, and every claim was sent or queued.
     REQUIRE(eventually([&] {
         return admin.scalar(
                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND "
                    "wait_event_type = 'Lock'",
                    {app}) == 2 &&
-               store->pool_stats().waiters == 8;
+               store->pool_stats().waiters == 9;
     }));
     s = store->pool_stats();
     CHECK(s.open == 2);
     CHECK(s.idle == 0);  // both in use: 2 - 0
-    CHECK(s.waiters == 8);
+    CHECK(s.waiters == 9);
     CHECK(s.timeouts == 0);
-    CHECK(s.acquires >= 2);  // one per claim sent alone, at least
+    CHECK(s.acquires >= 2);  // the claim sent alone and the read, at least
     std::string text = metrics->render();
     CHECK(text.find(line("idem_pool_connections_max", 2)) != std::string::npos);
     CHECK(text.find(line("idem_pool_connections_open", 2)) != std::string::npos);
     CHECK(text.find(line("idem_pool_connections_idle", 0)) != std::string::npos);
-    CHECK(text.find(line("idem_pool_waiters", 8)) != std::string::npos);
+    CHECK(text.find(line("idem_pool_waiters", 9)) != std::string::npos);
 
     locker.exec("COMMIT");
     for (auto& claim : claims) CHECK(claim.get().status == idem::ClaimStatus::claimed);
+    CHECK_FALSE(read.get());  // (no row "r")
     // Every answer is in: both connections idle, nobody waiting. (A request's connection is idle
     // once its answer arrived, before the caller's completion runs.)
     s = store->pool_stats();
     CHECK(s.open == 2);
     CHECK(s.idle == 2);
     CHECK(s.waiters == 0);
-    CHECK(s.acquires >= 3);  // and one for the group that carried the 8 queued
+    CHECK(s.acquires >= 3);  // and one for the group that carried the 9 queued
     CHECK(s.waited <= 2);    // only a request that found every connection still being opened waits
     CHECK(s.waits_within.back() == s.waited);
     CHECK(s.acquires >= s.waited);

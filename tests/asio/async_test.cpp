@@ -366,7 +366,8 @@ TEST_CASE(
         const auto after = store.stats();
         // One connection, so one transaction in flight at a time: the first claim goes alone while
         // the other 199 queue and then go as one group; the first call's save queues behind that
-        // group and goes as a group of one, the other 199 saves as one group. Every claim won once.
+        // group, and the other 199 saves join it before it goes: one group of 200. Every claim
+        // won once.
         REQUIRE(after.connections_opened - before.connections_opened == 1);
         REQUIRE(after.claims_won - before.claims_won == 200);
         REQUIRE(after.retries - before.retries == 0);
@@ -379,9 +380,10 @@ TEST_CASE(
             REQUIRE(after.claim_groups - before.claim_groups > 0);
             REQUIRE(after.save_groups - before.save_groups > 0);
             REQUIRE(after.claim_groups - before.claim_groups == 1);
-            REQUIRE(after.save_groups - before.save_groups == 2);
+            REQUIRE(after.save_groups - before.save_groups == 1);
             REQUIRE(after.largest_claim_group == 199);
-            REQUIRE(after.round_trips - before.round_trips == 4);
+            REQUIRE(after.largest_save_group == 200);
+            REQUIRE(after.round_trips - before.round_trips == 3);
             const idem::GroupCommitStats groups = store.group_commit_stats();
             REQUIRE(groups.claim_groups == after.claim_groups);
             REQUIRE(groups.grouped_saves == after.grouped_saves);
@@ -452,6 +454,59 @@ TEST_CASE("async: group_commit off: 64 new keys on 2 connections each go alone, 
         CHECK(groups.largest_claim_group > 1);
         CHECK(after.round_trips - before.round_trips < 2 * kCalls);
     }
+}
+
+TEST_CASE("async: 64 calls on 8 connections: the queue grows one group rather than spreading over connections",
+          "[asio][group_commit]") {
+    IDEM_NOT_ON_CITUS("every request goes alone on a Citus coordinator");
+    const std::string table = idem_test::unique_name("idem_async_grow");
+    idem_test::DropTable drop(idem_test::database_url(), table);
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 8;
+    idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+    store.blocking().ensure_schema();
+    const auto before = store.stats();
+    constexpr int kCalls = 64;
+    std::vector<std::atomic<int>> runs(kCalls);  // the effects, counted outside the library
+    std::atomic<int> executed{0};
+    for (int i = 0; i < kCalls; ++i) {
+        idem::asio::async_execute_once(
+            store, key(table + "-" + std::to_string(i)), fp("x"),
+            [&runs, i] {
+                ++runs[static_cast<std::size_t>(i)];
+                return idem::Response{201, "charge " + std::to_string(i)};
+            },
+            [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+            });
+    }
+    io.run();                          // no work guard: returns when every call has completed
+    const auto after = store.stats();  // (before blocking() reads below)
+    REQUIRE(executed == kCalls);
+    for (int i = 0; i < kCalls; ++i) {
+        CAPTURE(i);
+        CHECK(runs[static_cast<std::size_t>(i)] == 1);
+        const auto record = store.blocking().read(key(table + "-" + std::to_string(i)));
+        REQUIRE(record);
+        CHECK(record->state == idem::RecordState::completed);
+        REQUIRE(record->result);
+        CHECK(idem::codec<idem::Response>::decode(*record->result).body == "charge " + std::to_string(i));
+    }
+    // The first claim goes alone (nothing in flight); the other 63 queue behind it rather than
+    // take the 7 idle connections, and go as one group. The first call's save goes as a group of
+    // one while that group is in flight; the 63 saves it answered then go together.
+    const idem::GroupCommitStats groups = store.group_commit_stats();  // (a new store's: from 0)
+    CHECK(after.claims_won - before.claims_won == kCalls);
+    CHECK(after.retries - before.retries == 0);
+    CHECK(groups.claim_groups == 1);
+    CHECK(groups.largest_claim_group == kCalls - 1);
+    CHECK(groups.save_groups == 2);
+    CHECK(groups.grouped_saves == kCalls);
+    CHECK(groups.largest_save_group == kCalls - 1);
+    CHECK(after.round_trips - before.round_trips == 4);
+    CHECK(after.connections_opened - before.connections_opened == 2);
 }
 
 TEST_CASE("async: ClaimOptions::wait polls, and the waiter replays the owner's result", "[asio]") {

@@ -19,17 +19,20 @@
 // Differences from PostgresStore, all on purpose:
 //   * ClaimOptions::wait polls the key (every 20 ms, then up to 200 ms apart) instead of LISTENing:
 //     no connection is held by a waiter. A save still NOTIFYs blocking waiters of other stores.
-//   * Group commit follows PostgresOptions::group_commit (pool_wait is ignored): at most pool_size
-//     claim and save transactions together are in flight, one per connection, and a lone request
-//     never waits — while a connection has no transaction it goes at once with the single-key
-//     statements. A first attempt that finds every connection with a transaction in flight waits
-//     for one to end. With group_commit on (the default), the first attempts that arrived
-//     meanwhile then go out together as one transaction (up to 256 rows and, for saves, 4 MiB of
-//     results; the batch statements), saves first; a group's failure reaches each member as its
-//     own call's would (a member whose row failed goes alone with its fence). With group_commit
-//     off they go one at a time, each alone with the single-key statements as a lone request
-//     does (saves first), and group_commit_stats() stays 0. Not on a Citus coordinator: there
-//     every request goes alone. stats() counts the groups.
+//   * Group commit follows PostgresOptions::group_commit (pool_wait is ignored), and a lone
+//     request never waits: while no transaction is in flight and nothing queues, it goes at once
+//     with the single-key statements. With group_commit on (the default) the store grows the
+//     group it sends next rather than spreading requests over connections: at most one claim
+//     transaction and one save transaction are in flight (one in all with pool_size 1; a further
+//     one of a kind only when a full group waits, never more than pool_size), and the first
+//     attempts that arrive meanwhile — the next requests of the calls a transaction just answered
+//     included — go out together as one transaction when their kind's ends (up to 256 rows and,
+//     for saves, 4 MiB of results; the batch statements), saves first; a group's failure reaches
+//     each member as its own call's would (a member whose row failed goes alone with its fence).
+//     With group_commit off, at most pool_size transactions are in flight, one per connection: a
+//     first attempt that finds every connection with one waits for one to end, then goes alone
+//     with the single-key statements (saves first), and group_commit_stats() stays 0. Not on a
+//     Citus coordinator: there every request goes alone. stats() counts the groups.
 //   * Statement deadlines (statement_timeout + lock_timeout + 1 s, as PostgresStore) are kept by a
 //     timer per connection: a connection that does not answer in time fails every request on it
 //     (each is retried or reported as the blocking store would).
