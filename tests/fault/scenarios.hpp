@@ -558,7 +558,7 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
 
     const auto t1 = Clock::now();
     // Under load: load_clients clients, each claim/save cut with probability 0.1 (70 % after the
-    // reply).
+    // reply) — their groups' statements too: under load most of them go in groups.
     {
         LoadOptions lo;
         lo.threads = d.load_clients;
@@ -566,9 +566,10 @@ inline void lost_ack_scenario(const Driver& d, bool prepared) {
         lo.max_keys = 200;
         lo.claim.lease = 1s;
         const int before = proxy.cuts();
-        proxy.random(
-            Proxy::Target{{"idem_claim", "idem_save"}, {"DO NOTHING RETURNING fence", "SET state = 'completed'"}}, 0.1,
-            static_cast<unsigned>(::getpid()));
+        proxy.random(Proxy::Target{{"idem_claim", "idem_claim_batch", "idem_claim_group", "idem_save",
+                                    "idem_save_batch", "idem_save_returning_fence"},
+                                   {"DO NOTHING RETURNING fence", "SET state = 'completed'"}},
+                     0.1, static_cast<unsigned>(::getpid()));
         const auto load = d.load(store, effects, history, lo);
         load->start();
         const auto deadline = Clock::now() + 60s;
