@@ -15,11 +15,16 @@ net::awaitable<void> AsyncPostgresStore::Impl::wait_in(std::deque<Member*>& queu
         net::use_awaitable);
 }
 
+// One handler for the whole group: each member's coroutine runs on in turn (to its next
+// suspension), as if each had its own posted handler, without a post per member.
 template <class Member>
 void AsyncPostgresStore::Impl::wake_all(std::vector<Member*>& group) {
-    for (Member* m : group) {
-        net::post(strand, [h = std::move(*m->wake)]() mutable { std::move(h)(); });
-    }
+    std::vector<net::any_completion_handler<void()>> wakes;
+    wakes.reserve(group.size());
+    for (Member* m : group) wakes.emplace_back(std::move(*m->wake));
+    net::post(strand, [wakes = std::move(wakes)]() mutable {
+        for (auto& h : wakes) std::move(h)();
+    });
 }
 
 // The size of the next group: up to kLargestGroup members, and for saves up to
