@@ -219,13 +219,23 @@ boost::asio::awaitable<std::optional<Result<R>>> execute(AsyncPostgresStore& sto
     co_return Result<R>::executed(std::move(*value));
 }
 
-// Owns what a call needs besides its coroutine: the deadline timer and the signal its coroutine
-// listens to (fed by the caller's slot and by the timer).
+// Owns what a cancellable call needs besides its coroutine: the signal its coroutine listens to
+// (fed by the caller's slot and by the deadline's timer), and that timer when there is a deadline.
 struct CallCancellation {
-    explicit CallCancellation(const AsyncPostgresStore::executor_type& ex) : timer(ex) {}
     boost::asio::cancellation_signal signal;
-    boost::asio::steady_timer timer;
+    std::optional<boost::asio::steady_timer> timer;
 };
+
+// Completes the caller's handler with execute()'s outcome.
+template <class R, class Handler>
+void complete_call(Handler& handler, std::exception_ptr e, std::optional<Result<R>> result) {
+    if (e || !result) {
+        std::move(handler)(e ? e : std::make_exception_ptr(std::logic_error("idem: no result")),
+                           Result<R>::in_progress(std::chrono::milliseconds(0)));
+    } else {
+        std::move(handler)(nullptr, std::move(*result));
+    }
+}
 
 }  // namespace detail
 
@@ -246,9 +256,20 @@ auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn
     using Signature = void(std::exception_ptr, Result<R>);
     auto initiation = [&store](auto handler, Key k, Fingerprint f, Fn effect, AsyncOptions o) {
         auto ex = store.get_executor();
-        auto cancel = std::make_shared<detail::CallCancellation>(ex);
-        // The caller's cancellation, whatever its type, cancels the call (see the header comment).
         auto slot = boost::asio::get_associated_cancellation_slot(handler);
+        auto handler_ex = boost::asio::get_associated_executor(handler, ex);
+        if (!slot.is_connected() && o.deadline.count() <= 0) {
+            // Nothing can cancel this call: no signal to listen to, no timer.
+            auto done = [handler = std::move(handler)](std::exception_ptr e, std::optional<Result<R>> result) mutable {
+                detail::complete_call<R>(handler, e, std::move(result));
+            };
+            boost::asio::co_spawn(ex,
+                                  detail::execute<R, Fn>(store, std::move(k), std::move(f), std::move(effect), o.claim),
+                                  boost::asio::bind_executor(handler_ex, std::move(done)));
+            return;
+        }
+        auto cancel = std::make_shared<detail::CallCancellation>();
+        // The caller's cancellation, whatever its type, cancels the call (see the header comment).
         if (slot.is_connected()) {
             slot.assign([weak = std::weak_ptr<detail::CallCancellation>(cancel), ex](boost::asio::cancellation_type) {
                 boost::asio::dispatch(ex, [weak] {
@@ -257,23 +278,17 @@ auto async_execute_once(AsyncPostgresStore& store, Key key, Fingerprint fp, F fn
             });
         }
         if (o.deadline.count() > 0) {
-            cancel->timer.expires_after(o.deadline);
-            cancel->timer.async_wait(
+            cancel->timer.emplace(ex, o.deadline);
+            cancel->timer->async_wait(
                 [weak = std::weak_ptr<detail::CallCancellation>(cancel)](const boost::system::error_code& ec) {
                     if (auto c = weak.lock(); c && !ec) c->signal.emit(boost::asio::cancellation_type::terminal);
                 });
         }
-        auto handler_ex = boost::asio::get_associated_executor(handler, ex);
         auto done = [handler = std::move(handler), cancel, slot](std::exception_ptr e,
                                                                  std::optional<Result<R>> result) mutable {
-            cancel->timer.cancel();
+            if (cancel->timer) cancel->timer->cancel();
             if (slot.is_connected()) slot.clear();
-            if (e || !result) {
-                std::move(handler)(e ? e : std::make_exception_ptr(std::logic_error("idem: no result")),
-                                   Result<R>::in_progress(std::chrono::milliseconds(0)));
-            } else {
-                std::move(handler)(nullptr, std::move(*result));
-            }
+            detail::complete_call<R>(handler, e, std::move(result));
         };
         boost::asio::co_spawn(ex, detail::execute<R, Fn>(store, std::move(k), std::move(f), std::move(effect), o.claim),
                               boost::asio::bind_cancellation_slot(
