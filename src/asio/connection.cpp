@@ -194,7 +194,7 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
         Pending{pg::PipelineAnswers(sync_after.size()), std::move(sync_after), deadline, std::move(handler)});
     if (!reading_) {
         reading_ = true;
-        net::co_spawn(strand_, read_loop(shared_from_this()), net::detached);
+        read_more();
     } else {
         // libpq reads whenever a send or flush finds the socket full: answers may already wait in
         // its buffer, with nothing left on the socket to wake the reader.
@@ -206,7 +206,7 @@ void AsyncConnection::enqueue(std::vector<bool> sync_after, Clock::time_point de
     // spinning a core until the next request.
     if (was_idle && !timing_) {
         timing_ = true;
-        net::co_spawn(strand_, deadline_loop(shared_from_this()), net::detached);
+        time_head();
     }
 }
 
@@ -244,44 +244,55 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
     writing_ = false;
 }
 
-net::awaitable<void> AsyncConnection::read_loop(std::shared_ptr<AsyncConnection> self) {
-    (void)self;  // keeps the connection alive while the loop runs
-    for (;;) {
-        drain();  // what libpq has already read (a send or flush reads when the socket is full)
-        if (broken_ || fifo_.empty()) break;
-        boost::system::error_code ec;
-        co_await socket_.async_wait(net::posix::stream_descriptor::wait_read,
-                                    net::redirect_error(net::use_awaitable, ec));
-        if (broken_) break;
-        if (ec) {
-            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed: " + ec.message())));
-            break;
-        }
-        if (PQconsumeInput(conn_.get()) != 1) {
-            fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed (PQconsumeInput): " +
-                                                               pg::trim(PQerrorMessage(conn_.get())))));
-            break;
-        }
+// The reader and the deadline are plain handler chains, not coroutines: each busy period of a
+// connection would otherwise spawn two coroutines (their frames, work guards and first dispatch).
+void AsyncConnection::read_more() {
+    drain();  // what libpq has already read (a send or flush reads when the socket is full)
+    if (broken_ || fifo_.empty()) {
+        reading_ = false;
+        return;
     }
-    reading_ = false;
+    // (the handler holds the connection alive while the wait is pending)
+    socket_.async_wait(net::posix::stream_descriptor::wait_read,
+                       [self = shared_from_this()](const boost::system::error_code& ec) { self->on_readable(ec); });
 }
 
-net::awaitable<void> AsyncConnection::deadline_loop(std::shared_ptr<AsyncConnection> self) {
-    (void)self;  // keeps the connection alive while the loop runs
-    // Runs while requests are pending (an idle connection keeps no timer: io_context::run() may
-    // return). Deadlines grow along the FIFO, so the head's is the next to pass.
-    while (!broken_ && !fifo_.empty()) {
-        const auto until = fifo_.front().deadline;
-        if (Clock::now() >= until) {
-            fail(std::make_exception_ptr(
-                pg::connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)")));
-            break;
-        }
-        deadline_timer_.expires_at(until);
-        boost::system::error_code ec;
-        co_await deadline_timer_.async_wait(net::redirect_error(net::use_awaitable, ec));
+void AsyncConnection::on_readable(const boost::system::error_code& ec) {
+    if (broken_) {
+        reading_ = false;
+        return;
     }
-    timing_ = false;
+    if (ec) {
+        fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed: " + ec.message())));
+        reading_ = false;
+        return;
+    }
+    if (PQconsumeInput(conn_.get()) != 1) {
+        fail(std::make_exception_ptr(pg::connection_broken("idem: PostgreSQL connection failed (PQconsumeInput): " +
+                                                           pg::trim(PQerrorMessage(conn_.get())))));
+        reading_ = false;
+        return;
+    }
+    read_more();
+}
+
+// Waits for the head's deadline while requests are pending (an idle connection keeps no timer:
+// io_context::run() may return); woken early (the FIFO moved on, or emptied), it looks again.
+// Deadlines grow along the FIFO, so the head's is the next to pass.
+void AsyncConnection::time_head() {
+    if (broken_ || fifo_.empty()) {
+        timing_ = false;
+        return;
+    }
+    const auto until = fifo_.front().deadline;
+    if (Clock::now() >= until) {
+        fail(std::make_exception_ptr(
+            pg::connection_broken("idem: PostgreSQL did not answer in time (statement_timeout)")));
+        timing_ = false;
+        return;
+    }
+    deadline_timer_.expires_at(until);
+    deadline_timer_.async_wait([self = shared_from_this()](const boost::system::error_code&) { self->time_head(); });
 }
 
 void AsyncConnection::drain() {

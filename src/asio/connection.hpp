@@ -4,10 +4,10 @@
 //
 // Requests are sent the moment they are made (PQsendQueryPrepared into libpq's buffer, flushed
 // as far as the socket takes it) and answered in order: a FIFO of pending requests, each with its
-// own PipelineAnswers (the same rules as the blocking Connection::run). A reader coroutine waits
-// for the socket to be readable and hands each result to the request at the head of the FIFO; a
-// writer coroutine finishes flushes the socket did not take at once. A timer enforces the head's
-// deadline. Any failure — a lost socket, a protocol surprise, the deadline, the server's own
+// own PipelineAnswers (the same rules as the blocking Connection::run). A reader (a chain of
+// socket waits) waits for the socket to be readable and hands each result to the request at the
+// head of the FIFO; a writer coroutine finishes flushes the socket did not take at once. A timer
+// enforces the head's deadline. Any failure — a lost socket, a protocol surprise, the deadline, the server's own
 // "terminating connection" — breaks the connection and fails every pending request with
 // connection_broken (their statements' effects are unknown; the store retries them like the
 // blocking store does).
@@ -78,11 +78,11 @@ private:
     void drain();
     void fail(std::exception_ptr error) noexcept;
     [[noreturn]] void fail_now(const std::string& what);
-    void arm_deadline();
     void account() noexcept;  // brings this connection's share of gauges_ up to date
-    boost::asio::awaitable<void> read_loop(std::shared_ptr<AsyncConnection> self);
+    void read_more();         // the reader: drains, then waits for the socket while requests are pending
+    void on_readable(const boost::system::error_code& ec);
+    void time_head();  // the deadline: times the head request while requests are pending
     boost::asio::awaitable<void> write_loop(std::shared_ptr<AsyncConnection> self);
-    boost::asio::awaitable<void> deadline_loop(std::shared_ptr<AsyncConnection> self);
     boost::asio::awaitable<pg::StepResults> exchange(std::vector<bool> sync_after, pg::Clock::time_point deadline);
 
     Strand strand_;
