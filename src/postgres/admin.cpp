@@ -40,6 +40,7 @@ void PostgresStore::ensure_schema() {
     if (!m.table.schema.empty()) db.exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
     // One statement at a time (Citus refuses multi-statement strings that carry DDL).
     const pg::Generation generation = pg::generation_of(m.options);
+    if (generation) pg::lock_out_maintenance(db, m.table);
     for (const std::string& statement : pg::schema_statements(m.table, generation)) db.exec(statement);
     if (generation) {
         pg::prepare_generations(db, m.table, *generation, m.options.generations->ahead);

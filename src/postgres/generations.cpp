@@ -71,6 +71,11 @@ std::optional<std::int64_t> recorded_length(AdminSession& db, const TableName& t
     return std::strtoll(note->c_str() + kLengthNote.size(), nullptr, 10);
 }
 
+bool lock_timed_out(const error& e) { return e.sqlstate() == "55P03"; }
+
+// The name of the advisory lock a table's maintenance holds (hashtextextended of it).
+std::string maintenance_lock(const TableName& t) { return "idem.generations:" + t.qualified; }
+
 // Creates the current generation and `ahead` more that do not exist yet; each in a transaction
 // of its own unless `db` is already in one.
 std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead,
@@ -96,19 +101,16 @@ std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::mill
                             part, t.qualified));
             db.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})", t.qualified, part, start));
             if (!in_transaction) db.exec("COMMIT");
-        } catch (...) {
-            if (!in_transaction) db.exec("ROLLBACK");
+        } catch (const error& e) {
+            if (in_transaction) throw;
+            db.exec("ROLLBACK");
+            if (lock_timed_out(e)) break;  // the next maintenance tries again
             throw;
         }
         ++created;
     }
     return created;
 }
-
-bool lock_timed_out(const error& e) { return e.sqlstate() == "55P03"; }
-
-// The name of the advisory lock a table's maintenance holds (hashtextextended of it).
-std::string maintenance_lock(const TableName& t) { return "idem.generations:" + t.qualified; }
 
 // Steps 2 and 3 of retiring `p` (see generations.hpp): the keys it holds when it may go, or
 // nullopt to keep it for now (`timed_out`: closing it waited past lock_timeout).
@@ -178,11 +180,12 @@ void detach_and_drop(AdminSession& db, const TableName& t, const Partition& p) {
 
 }  // namespace
 
+void lock_out_maintenance(AdminSession& db, const TableName& t) {
+    db.exec("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", {maintenance_lock(t)});
+}
+
 void prepare_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead) {
     expect_partitioned(db, t);
-    // The maintainer's lock, to the end of ensure_schema()'s transaction: the two never create
-    // the same generation at once.
-    db.exec("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", {maintenance_lock(t)});
     if (recorded_length(db, t) != length.count()) {
         db.exec(fmt::format("ALTER TABLE {} ALTER COLUMN generation SET DEFAULT {}", t.qualified,
                             generation_expression(length)));
