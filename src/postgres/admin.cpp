@@ -122,6 +122,11 @@ Deployment PostgresStore::inspect() {
         d.warnings.push_back(
             "connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "
             "ClaimOptions::wait only hears saves made through the same node");
+        if (m.options.generations) {
+            d.warnings.push_back(
+                "generations: a claim takes its key's lock on the node it runs on; claims through a worker do "
+                "not see those through the coordinator: claim through the coordinator only");
+        }
     }
     if (!column &&
         db.value("SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)",

@@ -232,4 +232,16 @@ TEST_CASE("Citus: ensure_schema() and distribute() refuse a worker node", "[post
     CHECK_FALSE(store.inspect().coordinator);
     PgConn conn(worker);
     CHECK(conn.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {options.table}) == 0);
+    // With generations, a claim's key lock is the node's own: inspect() says to claim through the
+    // coordinator.
+    const auto warns_generations = [](const idem::Deployment& d) {
+        for (const auto& w : d.warnings) {
+            if (w.find("generations") != std::string::npos) return true;
+        }
+        return false;
+    };
+    CHECK_FALSE(warns_generations(store.inspect()));
+    options.generations = idem::PostgresOptions::Generations{};
+    idem::PostgresStore generational(worker, options);
+    CHECK(warns_generations(generational.inspect()));
 }
