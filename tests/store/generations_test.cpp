@@ -528,3 +528,94 @@ TEST_CASE("generations: a plain table migrated as docs/design.md says keeps ever
     CHECK(admin.scalar("SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%expires_at%'", {t}) ==
           1);
 }
+
+namespace {
+
+// Waits (up to 20 s) until `sql` counts at least one row.
+void wait_for(PgConn& db, const std::string& sql, const std::vector<std::string>& params = {}) {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (db.scalar(sql, params) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("timed out waiting for: " + sql);
+        std::this_thread::sleep_for(10ms);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("generations: a key re-claimed in its closed generation after the check is not dropped with it",
+          "[generations]") {
+    // An in-transaction claim whose transaction began before its generation g ended reads an
+    // expired key of g and re-claims it. Its now() is still in g, so `generation = DEFAULT` keeps
+    // the row in g: an update in place, which the close (a BEFORE INSERT trigger) does not stop.
+    // If maintenance closed and checked g in between, dropping g would drop the re-claimed key
+    // with its fresh retention, and the next claim would run the effect again. The steps are
+    // ordered with locks the test holds: the key's lock (the claim waits in its lookup) and the
+    // table's SHARE UPDATE EXCLUSIVE (the detach waits after the check).
+    constexpr auto length = 2500ms;
+    const auto url = race::require_db();
+    Tables tables(url);
+    const auto options_of = [&](std::size_t ahead) {
+        auto o = gen_options(tables.idem, 2, ahead);
+        o.generations->length = length;
+        o.lock_timeout = 10s;
+        o.statement_timeout = 30s;
+        return o;
+    };
+    idem::PostgresStore store(url, options_of(20));
+    store.ensure_schema();
+    idem::PostgresStore maintenance(url, options_of(1));  // every generation it needs exists
+    PgConn admin(url), key_lock(url), table_lock(url);
+    const idem::Key key(idem_test::unique_name("inplace"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    std::atomic<int> runs{0};
+    const auto effect = [&](std::string body) {
+        return [&runs, body](idem::Transaction&) {
+            ++runs;
+            return body;
+        };
+    };
+    idem::ClaimOptions short_retention, long_retention;
+    short_retention.retention = 1s;
+    long_retention.retention = 60s;
+
+    // The start of the next generation, by the database's clock (the same host's).
+    const auto now_ms = admin.scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint");
+    const auto g = (now_ms / length.count() + 1) * length.count();
+    const auto at = [&](std::chrono::milliseconds offset) {
+        std::this_thread::sleep_until(std::chrono::system_clock::time_point(std::chrono::milliseconds(g) + offset));
+    };
+    at(50ms);
+    REQUIRE(idem::execute_once_in_transaction(store, key, fp, effect("first"), short_retention).outcome() ==
+            idem::Outcome::executed);
+    REQUIRE(admin.scalar("SELECT generation FROM " + tables.idem + " WHERE scope = $1", {key.scope()}) == g);
+    (void)maintenance.purge_expired();  // the generations before g are gone: g is the next to retire
+
+    at(length - 400ms);  // the key has expired; g has not ended
+    key_lock.exec("BEGIN");
+    key_lock.exec("SELECT " + tables.idem + "_claimable($1, $2)", {key.scope(), key.value()});
+    auto reclaim = std::async(std::launch::async, [&] {
+        return idem::execute_once_in_transaction(store, key, fp, effect("second"), long_retention);
+    });
+    wait_for(admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'");
+
+    at(length + 50ms);  // g has ended: maintenance closes and checks it, then waits to detach it
+    table_lock.exec("BEGIN");
+    table_lock.exec("LOCK TABLE ONLY " + tables.idem + " IN SHARE UPDATE EXCLUSIVE MODE");
+    auto maintained = std::async(std::launch::async, [&] { return maintenance.purge_expired(); });
+    wait_for(admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DETACH%'");
+    CHECK(admin.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = 'idem_closed'",
+                       {tables.idem + "_g" + std::to_string(g)}) == 1);
+
+    key_lock.exec("COMMIT");  // the claim reads the expired key and re-claims it
+    const auto second = reclaim.get();
+    CHECK(second.outcome() == idem::Outcome::executed);
+    table_lock.exec("COMMIT");  // maintenance detaches and drops g
+    (void)maintained.get();
+    (void)maintenance.purge_expired();
+
+    // Within the second run's retention: a replay of its bytes, no third run.
+    const auto third = idem::execute_once_in_transaction(store, key, fp, effect("third"), long_retention);
+    CHECK(third.outcome() == idem::Outcome::replayed);
+    CHECK(third.response() == "second");
+    CHECK(runs == 2);
+}
