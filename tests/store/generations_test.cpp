@@ -619,3 +619,30 @@ TEST_CASE("generations: a key re-claimed in its closed generation after the chec
     CHECK(third.response() == "second");
     CHECK(runs == 2);
 }
+
+TEST_CASE("generations: ensure_schema() while purge_expired() creates generations neither fails", "[generations]") {
+    // Instances starting (ensure_schema) while another maintains the table (purge_expired): the
+    // two take the table's locks and the maintenance lock, and must not take them in opposite
+    // orders (a deadlock: PostgreSQL cancels one of them). A lock the test holds on the table makes
+    // the maintenance wait with its lock taken, and ensure_schema() start meanwhile.
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 2, 2));
+    store.ensure_schema();
+    auto maintainer_options = gen_options(tables.idem, 1, 8);  // six generations to create
+    maintainer_options.lock_timeout = 10s;
+    maintainer_options.statement_timeout = 30s;
+    idem::PostgresStore maintainer(url, maintainer_options);
+    PgConn admin(url), table_lock(url);
+    table_lock.exec("BEGIN");
+    table_lock.exec("LOCK TABLE ONLY " + tables.idem + " IN SHARE MODE");
+    auto maintained = std::async(std::launch::async, [&] { return maintainer.purge_expired(); });
+    wait_for(admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%ATTACH%'");
+    auto ensured = std::async(std::launch::async,
+                              [&] { idem::PostgresStore(url, gen_options(tables.idem, 1, 2)).ensure_schema(); });
+    wait_for(admin, "SELECT (count(*) >= 2)::int FROM pg_stat_activity WHERE wait_event_type = 'Lock'");
+    table_lock.exec("COMMIT");
+    CHECK_NOTHROW(ensured.get());
+    CHECK_NOTHROW(maintained.get());
+    CHECK(admin.scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)", {tables.idem}) >= 9);
+}
