@@ -132,6 +132,15 @@ std::optional<std::size_t> close_and_check(AdminSession& db, const TableName& t,
             db.exec("SET LOCAL citus.enable_unsafe_triggers = on");
             db.exec(fmt::format("CREATE TRIGGER idem_closed BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()",
                                 part, closed_function(t)));
+            // A re-claim whose transaction began before the generation ended computes this
+            // generation as its DEFAULT and would revive an expired row in place, after the check
+            // below: refused too (40001, and the claim reads again in a new transaction). Moving a
+            // row out, and every update of a key in progress, still pass.
+            db.exec(
+                fmt::format("CREATE TRIGGER idem_closed_update BEFORE UPDATE ON {} FOR EACH ROW "
+                            "WHEN (OLD.state = 'completed' AND NEW.generation = OLD.generation) "
+                            "EXECUTE FUNCTION {}()",
+                            part, closed_function(t)));
             db.exec("COMMIT");
         } catch (const error& e) {
             db.exec("ROLLBACK");

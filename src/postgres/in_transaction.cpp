@@ -82,7 +82,15 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                     auto r = m.run(**conn, reclaim);
                     if (const StepResult* f = r.first_failure()) {
                         rollback();
-                        throw_statement_error(*f, "claim (expired)");
+                        // 40001: a concurrent re-claimer moved the row to another generation, or
+                        // the row's generation is closed (this transaction began before it ended):
+                        // read again in a new transaction, whose now() is in the current one.
+                        const bool conflict = f->sqlstate() == "40001" || f->sqlstate() == "40P01";
+                        if (!conflict || ++failures >= m.options.claim_attempts) {
+                            throw_statement_error(*f, "claim (expired)");
+                        }
+                        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+                        continue;
                     }
                     won = r[1].rows() == 1;
                 }
