@@ -646,3 +646,45 @@ TEST_CASE("generations: ensure_schema() while purge_expired() creates generation
     CHECK_NOTHROW(maintained.get());
     CHECK(admin.scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)", {tables.idem}) >= 9);
 }
+
+TEST_CASE("generations: an in-transaction re-claim that loses to a concurrent re-claimer answers in_progress",
+          "[generations]") {
+    // A re-claim moves the row to the current generation; a second re-claimer waiting on the
+    // row's lock then gets 40001 (the row moved to another partition). It reads the key again and
+    // finds it in progress (docs/design.md, "Generations"), in in-transaction mode too.
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
+    store.ensure_schema();
+    PgConn admin(url), mover(url);
+    const idem::Key key(idem_test::unique_name("moved"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions short_retention;
+    short_retention.retention = 1s;
+    std::atomic<int> runs{0};
+    const auto effect = [&](idem::Transaction&) {
+        ++runs;
+        return "body"s;
+    };
+    REQUIRE(idem::execute_once_in_transaction(store, key, fp, effect, short_retention).outcome() ==
+            idem::Outcome::executed);
+    std::this_thread::sleep_for(1200ms);  // expired, and a newer generation is current
+    // Another re-claimer, its transaction still open: the row is in the current generation now,
+    // in progress, and locked.
+    mover.exec("BEGIN");
+    REQUIRE(std::atoll(PQcmdTuples(
+                mover
+                    .exec("UPDATE " + tables.idem +
+                              " SET generation = DEFAULT, state = 'in_progress', fence = 7, result = NULL, "
+                              "lease_until = now() + interval '1 hour', expires_at = now() + interval '1 hour' "
+                              "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now()",
+                          {key.scope(), key.value()})
+                    .get())) == 1);
+    auto second = std::async(
+        std::launch::async, [&] { return idem::execute_once_in_transaction(store, key, fp, effect, short_retention); });
+    wait_for(admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE%'");
+    mover.exec("COMMIT");
+    const auto result = second.get();  // before the fix: a database_error (40001)
+    CHECK(result.outcome() == idem::Outcome::in_progress);
+    CHECK(runs == 1);
+}
