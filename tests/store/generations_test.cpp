@@ -110,6 +110,41 @@ private:
     std::optional<std::string> old_;
 };
 
+// An in-transaction call of `key` that holds its uncommitted claim (and the key's lock) open from
+// construction until release(); `runs` counts its effect's runs.
+class HeldClaim {
+public:
+    HeldClaim(idem::PostgresStore& store, const idem::Key& key, const idem::Fingerprint& fp,
+              const idem::ClaimOptions& options = {}, std::atomic<int>* runs = nullptr) {
+        first_ = std::async(std::launch::async, [&store, key, fp, options, runs, this] {
+            return idem::execute_once_in_transaction(
+                store, key, fp,
+                [this, runs](idem::Transaction&) {
+                    if (runs != nullptr) ++*runs;
+                    claimed_.set_value();
+                    released_.wait();
+                    return "first"s;
+                },
+                options);
+        });
+        claimed_.get_future().wait();
+    }
+    ~HeldClaim() {
+        if (first_.valid()) (void)release();
+    }
+    HeldClaim(const HeldClaim&) = delete;
+    HeldClaim& operator=(const HeldClaim&) = delete;
+    idem::Result<std::string> release() {
+        release_.set_value();
+        return first_.get();
+    }
+
+private:
+    std::promise<void> claimed_, release_;
+    std::shared_future<void> released_{release_.get_future()};
+    std::future<idem::Result<std::string>> first_;
+};
+
 }  // namespace
 
 TEST_CASE("generations: threads and processes race on keys while generations rotate and retire",
@@ -266,24 +301,13 @@ TEST_CASE("generations: a claim waits for a claim of its key in an older generat
     store.ensure_schema();
     const idem::Key key(idem_test::unique_name("wait"), "k");
     const auto fp = idem::fingerprint("POST"s, "k"s);
-    // An in-transaction call holds its uncommitted claim (and the key's lock) open in generation g.
-    std::promise<void> claimed, release;
-    auto first = std::async(std::launch::async, [&] {
-        return idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
-            claimed.set_value();
-            release.get_future().wait();
-            return "first"s;
-        });
-    });
-    claimed.get_future().wait();
+    HeldClaim first(store, key, fp);           // its claim open in generation g
     std::this_thread::sleep_for(kLength * 2);  // a newer generation is current now
     // The second claim goes to the newer generation: without the key's lock its lookup would not
     // see the uncommitted row, and it would win (a second effect). It waits, then answers in_progress.
     const auto second = store.claim(key, fp);
     CHECK(second.status == idem::ClaimStatus::in_progress);
-    release.set_value();
-    const auto first_result = first.get();
-    CHECK(first_result.outcome() == idem::Outcome::executed);
+    CHECK(first.release().outcome() == idem::Outcome::executed);
     const auto third = store.claim(key, fp);
     REQUIRE(third.status == idem::ClaimStatus::completed);
     PgConn admin(url);
@@ -306,19 +330,10 @@ TEST_CASE("generations: negative control, a lookup without the key's lock lets t
                tables.idem + " WHERE scope = claim_scope AND key = claim_key); END $fn$");
     const idem::Key key(idem_test::unique_name("nolock"), "k");
     const auto fp = idem::fingerprint("POST"s, "k"s);
-    std::promise<void> claimed, release;
-    auto first = std::async(std::launch::async, [&] {
-        return idem::execute_once_in_transaction(store, key, fp, [&](idem::Transaction&) {
-            claimed.set_value();
-            release.get_future().wait();
-            return "first"s;
-        });
-    });
-    claimed.get_future().wait();
+    HeldClaim first(store, key, fp);
     std::this_thread::sleep_for(kLength * 2);
     const auto second = store.claim(key, fp);
-    release.set_value();
-    (void)first.get();
+    (void)first.release();
     CHECK(second.status == idem::ClaimStatus::claimed);  // the double claim the lock prevents
     CHECK(admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1", {key.scope()}) == 2);
 }
@@ -335,24 +350,11 @@ TEST_CASE("generations: an uncommitted claim keeps its ended generation from bei
     const auto fp = idem::fingerprint("POST"s, "k"s);
     idem::ClaimOptions options;
     options.retention = 60s;
-    std::promise<void> claimed, release;
     std::atomic<int> runs{0};
-    auto first = std::async(std::launch::async, [&] {
-        return idem::execute_once_in_transaction(
-            store, key, fp,
-            [&](idem::Transaction&) {
-                ++runs;
-                claimed.set_value();
-                release.get_future().wait();
-                return "first"s;
-            },
-            options);
-    });
-    claimed.get_future().wait();
+    HeldClaim first(store, key, fp, options, &runs);
     std::this_thread::sleep_for(kLength * 2);  // its generation has ended
     CHECK(store.purge_expired() == 0);         // waits lock_timeout (1 s) to close it, keeps it
-    release.set_value();
-    CHECK(first.get().outcome() == idem::Outcome::executed);
+    CHECK(first.release().outcome() == idem::Outcome::executed);
     CHECK(store.purge_expired() == 0);  // closed now, and holding a live key: kept
     const auto again = idem::execute_once(
         store, key, fp,
