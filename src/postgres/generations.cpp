@@ -160,6 +160,21 @@ std::optional<std::size_t> close_and_check(AdminSession& db, const TableName& t,
     return static_cast<std::size_t>(std::stoull(PQgetvalue(r.get(), 0, 0)));
 }
 
+// Generations a maintenance detached but did not drop (it was cut off in between): tables named
+// like a generation that are no partition and carry the closing trigger, which only a checked
+// generation's detach leaves behind.
+void drop_detached(AdminSession& db, const TableName& t) {
+    auto r = db.exec(
+        "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = coalesce(nullif($1, ''), current_schema()) AND c.relkind = 'r' AND NOT c.relispartition "
+        "AND starts_with(c.relname, $2) AND substr(c.relname, length($2) + 1) ~ '^[0-9]+$' "
+        "AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = c.oid AND g.tgname = 'idem_closed')",
+        {t.schema, t.table + "_g"});
+    for (int row = 0; row < PQntuples(r.get()); ++row) {
+        db.exec(fmt::format("DROP TABLE IF EXISTS {}", qualified(t, PQgetvalue(r.get(), row, 0))));
+    }
+}
+
 void detach_and_drop(AdminSession& db, const TableName& t, const Partition& p) {
     const std::string part = qualified(t, p.name);
     // CONCURRENTLY: the table's readers and writers never wait on it. It waits for the
@@ -207,18 +222,20 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
                                       std::size_t ahead, std::chrono::milliseconds lock_wait) {
     GenerationReport report;
     expect_partitioned(db, t);
-    const auto recorded = recorded_length(db, t);
-    if (recorded != length.count()) {
-        throw config_error("idem: table " + literal(t) + " has generations of " +
-                           (recorded ? std::to_string(*recorded) + " ms" : std::string("no recorded length")) +
-                           ", this store's PostgresOptions::generations says " + std::to_string(length.count()) +
-                           " ms (ensure_schema() changes the table's)");
-    }
-    // One maintainer per table; the others have nothing to add.
+    // One maintainer per table; the others have nothing to add. (ensure_schema() holds the same
+    // lock while it may change the length: the length is read under it.)
     const std::string lock_name = maintenance_lock(t);
     if (db.value("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", {lock_name}) != "t") return report;
     try {
+        const auto recorded = recorded_length(db, t);
+        if (recorded != length.count()) {
+            throw config_error("idem: table " + literal(t) + " has generations of " +
+                               (recorded ? std::to_string(*recorded) + " ms" : std::string("no recorded length")) +
+                               ", this store's PostgresOptions::generations says " + std::to_string(length.count()) +
+                               " ms (ensure_schema() changes the table's)");
+        }
         db.exec(fmt::format("SET lock_timeout = '{}ms'", std::max<long long>(1, lock_wait.count())));
+        drop_detached(db, t);
         report.created = create_ahead(db, t, length, ahead, false);
         const std::int64_t now_ms = std::stoll(*db.value("SELECT (extract(epoch FROM now()) * 1000)::bigint"));
         // A table has at most one detach pending: finish it before any other begins.

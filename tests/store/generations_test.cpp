@@ -690,3 +690,30 @@ TEST_CASE("generations: an in-transaction re-claim that loses to a concurrent re
     CHECK(result.outcome() == idem::Outcome::in_progress);
     CHECK(runs == 1);
 }
+
+TEST_CASE("generations: a generation detached but not dropped is dropped by the next maintenance", "[generations]") {
+    const auto url = race::require_db();
+    Tables tables(url);
+    idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
+    store.ensure_schema();
+    PgConn admin(url);
+    const idem::Key key(idem_test::unique_name("leftover"), "k");
+    const auto claim = store.claim(key, idem::fingerprint("POST"s));
+    store.save(key, claim.fence, "done");
+    const std::string part =
+        tables.idem + "_g" +
+        std::to_string(admin.scalar("SELECT generation FROM " + tables.idem + " WHERE scope = $1", {key.scope()}));
+    // What a maintenance cut off between its detach and its DROP leaves: an ended, closed
+    // generation that is no partition any more. A table of the same name pattern without the
+    // trigger is not idem's.
+    std::this_thread::sleep_for(kLength * 2);
+    admin.exec("CREATE TRIGGER idem_closed BEFORE INSERT ON " + part + " FOR EACH ROW EXECUTE FUNCTION " + tables.idem +
+               "_closed()");
+    admin.exec("ALTER TABLE " + tables.idem + " DETACH PARTITION " + part);
+    const std::string lookalike = tables.idem + "_g42";
+    admin.exec("CREATE TABLE " + lookalike + " (x int)");
+    const idem_test::DropTable drop_lookalike(url, lookalike);
+    (void)store.purge_expired();
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {part}) == 0);
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {lookalike}) == 1);
+}
