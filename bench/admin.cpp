@@ -37,16 +37,19 @@ std::string Admin::exec(const std::string& sql, const std::vector<std::string>& 
     return first;
 }
 
-void Admin::create_table(const std::string& name) {
+void Admin::create_table(const std::string& name, std::chrono::milliseconds generation_length) {
     drop_table(name);
     idem::PostgresOptions options;
     options.table = name;
     options.pool_size = 1;
+    if (generation_length.count() > 0) options.generations = idem::PostgresOptions::Generations{generation_length, 2};
     idem::PostgresStore(conninfo_, options).ensure_schema();
 }
 
 void Admin::drop_table(const std::string& name) {
-    exec("DROP TABLE IF EXISTS " + quote_ident(name));
+    exec("DROP TABLE IF EXISTS " + quote_ident(name));  // a generational table's partitions with it
+    exec("DROP FUNCTION IF EXISTS " + quote_ident(name + "_claimable") + "(text, text)");
+    exec("DROP FUNCTION IF EXISTS " + quote_ident(name + "_closed") + "()");
     exec(
         "DO $$ BEGIN IF to_regclass('idem_schema_version') IS NOT NULL THEN "
         "DELETE FROM idem_schema_version WHERE table_name = '" +
@@ -54,25 +57,40 @@ void Admin::drop_table(const std::string& name) {
 }
 
 void Admin::preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count, std::string_view fp,
-                    bool md5_keys) {
+                    bool md5_keys, std::int64_t first, std::optional<std::int64_t> generation) {
     const bool completed = state == Preload::completed;
+    // $1 fingerprint, $2..$3 the chunk's i, then $4 the decimal keys' base, then the generation.
+    const std::string gen_param = md5_keys ? "$4" : "$5";
+    const std::string created = generation ? "to_timestamp(" + gen_param + "::bigint / 1000.0)" : "now()";
     const std::string sql = fmt::format(
-        "INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
-        "lease_until, completed_at, expires_at) "
-        "SELECT 'bench', {}, '{}', $1, 1, i + 1, 1, {}, now(), now() + interval '{}', {}, now() + interval '1 day' "
-        "FROM generate_series($2::bigint, $3::bigint) AS i",
-        quote_ident(table), md5_keys ? "md5(i::text)" : "($4::bigint + i)::text",
-        completed ? "completed" : "in_progress", completed ? "'\\x6f6b'::bytea" : "NULL",
-        completed ? "30 seconds" : "1 day", completed ? "now()" : "NULL");
+        "INSERT INTO {table} (scope, key, state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
+        "lease_until, completed_at, expires_at{gen_column}) "
+        "SELECT 'bench', {key}, '{state}', $1, 1, i + 1, 1, {result}, {created}, {created} + interval '{lease}', "
+        "{completed_at}, {created} + interval '1 day'{gen_value} FROM generate_series($2::bigint, $3::bigint) AS i",
+        fmt::arg("table", quote_ident(table)), fmt::arg("gen_column", generation ? ", generation" : ""),
+        fmt::arg("key", md5_keys ? "md5(i::text)" : "($4::bigint + i)::text"),
+        fmt::arg("state", completed ? "completed" : "in_progress"),
+        fmt::arg("result", completed ? "'\\x6f6b'::bytea" : "NULL"), fmt::arg("created", created),
+        fmt::arg("lease", completed ? "30 seconds" : "1 day"), fmt::arg("completed_at", completed ? created : "NULL"),
+        fmt::arg("gen_value", generation ? ", " + gen_param + "::bigint" : ""));
     constexpr std::int64_t chunk = 1'000'000;
     const auto started = Clock::now();
     for (std::int64_t from = 0; from < count; from += chunk) {
         const std::int64_t to = std::min(count, from + chunk) - 1;
-        const std::string from_s = std::to_string(from), to_s = std::to_string(to), base_s = std::to_string(base);
-        const char* values[] = {fp.data(), from_s.c_str(), to_s.c_str(), base_s.c_str()};
-        const int lengths[] = {static_cast<int>(fp.size()), 0, 0, 0};
-        const int formats[] = {1, 0, 0, 0};
-        PGresult* r = PQexecParams(conn_, sql.c_str(), md5_keys ? 3 : 4, nullptr, values, lengths, formats, 0);
+        const std::string from_s = std::to_string(first + from), to_s = std::to_string(first + to),
+                          base_s = std::to_string(base), gen_s = generation ? std::to_string(*generation) : "";
+        std::vector<const char*> values{fp.data(), from_s.c_str(), to_s.c_str()};
+        std::vector<int> lengths{static_cast<int>(fp.size()), 0, 0};
+        if (!md5_keys) values.push_back(base_s.c_str());
+        if (generation) values.push_back(gen_s.c_str());
+        lengths.resize(values.size(), 0);
+        const std::vector<int> formats = [&] {
+            std::vector<int> f(values.size(), 0);
+            f[0] = 1;
+            return f;
+        }();
+        PGresult* r = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(),
+                                   lengths.data(), formats.data(), 0);
         const bool ok = r != nullptr && PQresultStatus(r) == PGRES_COMMAND_OK;
         PQclear(r);
         if (!ok) throw std::runtime_error("admin: preload failed: " + std::string(PQerrorMessage(conn_)));
@@ -159,8 +177,8 @@ Tables::~Tables() {
     }
 }
 
-std::string Tables::add(const std::string& name) {
-    admin.create_table(name);
+std::string Tables::add(const std::string& name, std::chrono::milliseconds generation_length) {
+    admin.create_table(name, generation_length);
     names.push_back(name);
     return name;
 }

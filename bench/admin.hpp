@@ -4,7 +4,9 @@
 
 #include <libpq-fe.h>
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,16 +24,20 @@ public:
     /// column of the first row, if any.
     std::string exec(const std::string& sql, const std::vector<std::string>& params = {});
 
-    /// A fresh table `name` made by PostgresStore::ensure_schema() (drops an older one first).
-    void create_table(const std::string& name);
+    /// A fresh table `name` made by PostgresStore::ensure_schema() (drops an older one first);
+    /// generational (PostgresOptions::generations of `generation_length`, 2 ahead) unless it is 0.
+    void create_table(const std::string& name, std::chrono::milliseconds generation_length = {});
     void drop_table(const std::string& name);
 
     enum class Preload { completed, in_progress };
     /// Bulk-loads `count` rows in `state`, in chunks of 1M rows (progress on stderr when large).
     /// Keys: decimal (base + i) when `md5_keys` is false, md5(i::text) (random-looking, 32 hex
-    /// digits, like the new keys) when true. Fingerprint `fp` (raw bytes), result "ok".
+    /// digits, like the new keys) when true, for i from `first`. Fingerprint `fp` (raw bytes),
+    /// result "ok". With `generation` (a generational table's column, epoch ms of a generation's
+    /// start): that generation, created_at at its start and expires_at a day later; without it
+    /// created_at now() and expires_at a day later.
     void preload(const std::string& table, Preload state, std::int64_t base, std::int64_t count, std::string_view fp,
-                 bool md5_keys);
+                 bool md5_keys, std::int64_t first = 0, std::optional<std::int64_t> generation = std::nullopt);
 
     /// CHECKPOINT, so every phase starts with no dirty buffers inherited from the previous one.
     /// Needs superuser or pg_checkpoint; warns once and becomes a no-op when refused.
@@ -65,7 +71,7 @@ struct Tables {
     bool keep;
     ~Tables();
     /// Creates table `name` (Admin::create_table) and returns its name.
-    std::string add(const std::string& name);
+    std::string add(const std::string& name, std::chrono::milliseconds generation_length = {});
 };
 
 }  // namespace bench

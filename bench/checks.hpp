@@ -1,4 +1,4 @@
-// The checks: --table-size-check and --rss-check (each runs instead of the matrix), and
+// The checks: --rss-check (runs instead of the matrix; --table-size-check is table_size.hpp), and
 // --expect-round-trips (on the matrix's figures).
 #pragma once
 
@@ -14,17 +14,6 @@
 #include "util.hpp"
 
 namespace bench {
-
-struct TableSizeResult {
-    std::int64_t rows = 0;
-    double load_seconds = 0;
-    std::string full_size;
-    Histogram empty_claim, full_claim, empty_call, full_call;
-};
-
-/// Claim p50 (1 thread, new keys) on an empty table vs one with --table-size-check rows; prints it.
-TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
-                                 const idem::Fingerprint& fp, std::uint64_t seed);
 
 struct RssResult {
     std::uint64_t first = 100'000, total = 0, unexpected = 0;

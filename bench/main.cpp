@@ -32,7 +32,8 @@
 //
 // This file wires the pieces together: options.hpp (the command line), phase.hpp (a timed phase),
 // sides.hpp (each side's calls), matrix.hpp (the matrix and its figures), checks.hpp (the checks),
-// output.hpp (the table and the JSON); --store redis | tiered hands over to redis.hpp.
+// table_size.hpp (--table-size-check), output.hpp (the table and the JSON);
+// --store redis | tiered hands over to redis.hpp.
 #include <unistd.h>
 #include <idem/idem.hpp>
 
@@ -55,6 +56,7 @@
 #include "pgbench.hpp"
 #include "postgres/sql.hpp"  // internal: only to check that the floor's copy of the SQL is current
 #include "seal_check.hpp"
+#include "table_size.hpp"
 #include "util.hpp"
 #ifdef IDEM_BENCH_REDIS
 #include "redis.hpp"  // --store redis | tiered (bench/redis.cpp, bench/redis/)

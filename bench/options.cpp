@@ -56,7 +56,11 @@ Throughput matrix (default):
   --fingerprint-secret    the idem and async sides' stores key fingerprints
                           (PostgresOptions::fingerprint_secret): compare "cpu us" with a run without
 Checks (when given, they run instead of the matrix):
-  --table-size-check N    claim p50 (1 thread, new keys) on an empty table vs one with N rows
+  --table-size-check N    claim p50 (new keys), replay p50 (preloaded completed keys) and client
+                          CPU per claim (1 thread) on a table with N live rows vs one with 10000,
+                          for both layouts: the plain table and generations of 6 h (the rows
+                          spread over the current and 3 older generations); ratios full / empty,
+                          target <= 1.25 each; warns about sequential scans
   --seal-check N          client CPU per new call and replay with sealed responses off and on
                           (N-byte bodies, 1 thread, --rounds pairs), and seal() / open_sealed()
   --rss-check             RSS after 100k and after --rss-calls calls (default 1000000),

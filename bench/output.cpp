@@ -187,13 +187,31 @@ void write_json(const std::string& path, const Options& o, const std::string& se
     }
     s += fmt::format("  \"rss_mb\": {},\n", json_number(rss_mb));
     if (ts) {
-        s += fmt::format(
-            "  \"table_size_check\": {{\"rows\": {}, \"load_seconds\": {}, \"empty_claim_p50_us\": {}, "
-            "\"full_claim_p50_us\": {}, \"ratio\": {}, \"empty_claim_p99_us\": {}, \"full_claim_p99_us\": {}}},\n",
-            ts->rows, json_number(ts->load_seconds), json_number(ts->empty_claim.percentile_us(0.5)),
-            json_number(ts->full_claim.percentile_us(0.5)),
-            json_number(ts->full_claim.percentile_us(0.5) / ts->empty_claim.percentile_us(0.5)),
-            json_number(ts->empty_claim.percentile_us(0.99)), json_number(ts->full_claim.percentile_us(0.99)));
+        // One entry per layout: both tables' figures and the ratios full / empty.
+        const auto figures = [](const TableSizeFigures& f) {
+            return fmt::format(
+                "{{\"rows\": {}, \"size\": \"{}\", \"claim_p50_us\": {}, \"claim_p99_us\": {}, "
+                "\"replay_p50_us\": {}, \"replay_p99_us\": {}, \"claim_cpu_us\": {}, \"replay_cpu_us\": {}, "
+                "\"claims\": {}, \"replays\": {}, \"seq_scans\": {}}}",
+                f.rows, f.size, json_number(f.claim.percentile_us(0.5)), json_number(f.claim.percentile_us(0.99)),
+                json_number(f.replay.percentile_us(0.5)), json_number(f.replay.percentile_us(0.99)),
+                json_number(f.claim_cpu_us()), json_number(f.replay_cpu_us()), f.claim.count(), f.replay.count(),
+                f.seq_scans);
+        };
+        s += fmt::format("  \"table_size_check\": {{\"rows\": {}, \"target\": {}, \"layouts\": [", ts->rows,
+                         json_number(kTableSizeTarget));
+        for (std::size_t i = 0; i < ts->layouts.size(); ++i) {
+            const TableSizeLayout& l = ts->layouts[i];
+            const TableSizeRatios q = table_size_ratios(l);
+            s += fmt::format(
+                "{}\n    {{\"layout\": \"{}\", \"shape\": \"{}\", \"load_seconds\": {}, \"empty\": {}, "
+                "\"full\": {}, \"ratio_claim_p50\": {}, \"ratio_replay_p50\": {}, \"ratio_claim_cpu\": {}, "
+                "\"ratio_replay_cpu\": {}}}",
+                i ? "," : "", l.name, l.shape, json_number(l.load_seconds), figures(l.empty), figures(l.full),
+                json_number(q.claim_p50), json_number(q.replay_p50), json_number(q.claim_cpu),
+                json_number(q.replay_cpu));
+        }
+        s += "\n  ]},\n";
     }
     if (rss) {
         s += fmt::format(

@@ -8,6 +8,7 @@
 #include "checks.hpp"
 #include "matrix.hpp"
 #include "options.hpp"
+#include "table_size.hpp"
 
 namespace bench {
 
