@@ -32,8 +32,8 @@
 //
 // This file wires the pieces together: options.hpp (the command line), phase.hpp (a timed phase),
 // sides.hpp (each side's calls), matrix.hpp (the matrix and its figures), checks.hpp (the checks),
-// table_size.hpp (--table-size-check), output.hpp (the table and the JSON);
-// --store redis | tiered hands over to redis.hpp.
+// table_size.hpp (--table-size-check), retention.hpp (--retention-check), output.hpp (the table and
+// the JSON); --store redis | tiered hands over to redis.hpp.
 #include <unistd.h>
 #include <idem/idem.hpp>
 
@@ -55,6 +55,7 @@
 #include "output.hpp"
 #include "pgbench.hpp"
 #include "postgres/sql.hpp"  // internal: only to check that the floor's copy of the SQL is current
+#include "retention.hpp"
 #include "seal_check.hpp"
 #include "table_size.hpp"
 #include "util.hpp"
@@ -168,8 +169,12 @@ int main(int argc, char** argv) {
                 "WARNING: synchronous_commit is not on: acknowledged claims can be lost in a crash, and "
                 "these figures are not the durable ones\n");
         }
-        std::printf("%u CPUs; %.1f s per case and side in %d alternating rounds; pool size = threads\n",
-                    std::thread::hardware_concurrency(), o.seconds, o.rounds);
+        if (o.retention_check.empty()) {
+            std::printf("%u CPUs; %.1f s per case and side in %d alternating rounds; pool size = threads\n",
+                        std::thread::hardware_concurrency(), o.seconds, o.rounds);
+        } else {
+            std::printf("%u CPUs\n", std::thread::hardware_concurrency());
+        }
         if (o.fingerprint_secret) std::printf("idem and async sides: keyed fingerprints (--fingerprint-secret)\n");
         std::fflush(stdout);
 
@@ -179,6 +184,10 @@ int main(int argc, char** argv) {
                              (static_cast<std::uint64_t>(::getpid()) << 32);
         Tables tables{admin, {}, o.keep_tables};
 
+        if (!o.retention_check.empty()) {
+            retention_check(o, admin, tables, prefix, fp, seed);  // writes its own --json
+            return 0;
+        }
         std::vector<Run> runs;
         std::optional<TableSizeResult> ts;
         std::optional<RssResult> rss;

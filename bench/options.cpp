@@ -65,6 +65,18 @@ Checks (when given, they run instead of the matrix):
                           (N-byte bodies, 1 thread, --rounds pairs), and seal() / open_sealed()
   --rss-check             RSS after 100k and after --rss-calls calls (default 1000000),
                           --rss-threads threads (default 4), half replays, half new keys
+  --retention-check LAYOUT
+                          retention under load on LAYOUT (plain or generations): new calls
+                          (execute_once, new keys) on --retention-threads threads (16) with
+                          ClaimOptions::retention --retention S (60) for --retention-duration S
+                          (1200), purge_expired() every --purge-every S (5; plain: DELETE in
+                          batches of 1000; generations: of --generation-length S, 15); every
+                          --sample-every S (10): table + index size, WAL per call, calls/s,
+                          p50/p99, rows purged; pg_waldump --stats=record over the window from
+                          --steady-after S (300) to the end (needs $IDEM_PG_BIN and $IDEM_PG_DATA,
+                          as scripts/with-postgres.sh sets them); then 45 s of purges alone, each
+                          one's WAL. --json FILE: every sample. bench/retention.sh runs both
+                          layouts at once and draws docs/retention.svg
 Other:
   --keep-tables           leave the bench_<pid>_* tables in place
   --store postgres        this matrix (the default); --store redis | tiered: RedisStore vs a raw-hiredis
@@ -197,6 +209,30 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--rss-threads") {
             o.rss_threads = static_cast<int>(to_int(value(), "--rss-threads"));
             if (o.rss_threads < 1) usage(2);
+        } else if (arg == "--retention-check") {
+            o.retention_check = value();
+            if (o.retention_check != "plain" && o.retention_check != "generations") usage(2);
+        } else if (arg == "--retention-duration") {
+            o.retention_duration = std::strtod(value().c_str(), nullptr);
+            if (!(o.retention_duration > 0)) usage(2);
+        } else if (arg == "--retention-threads") {
+            o.retention_threads = static_cast<int>(to_int(value(), "--retention-threads"));
+            if (o.retention_threads < 1) usage(2);
+        } else if (arg == "--retention") {
+            o.retention_seconds = static_cast<int>(to_int(value(), "--retention"));
+            if (o.retention_seconds < 1) usage(2);
+        } else if (arg == "--generation-length") {
+            o.generation_seconds = std::strtod(value().c_str(), nullptr);
+            if (!(o.generation_seconds >= 0.1)) usage(2);
+        } else if (arg == "--purge-every") {
+            o.purge_every = std::strtod(value().c_str(), nullptr);
+            if (!(o.purge_every > 0)) usage(2);
+        } else if (arg == "--sample-every") {
+            o.sample_every = std::strtod(value().c_str(), nullptr);
+            if (!(o.sample_every > 0)) usage(2);
+        } else if (arg == "--steady-after") {
+            o.steady_after = std::strtod(value().c_str(), nullptr);
+            if (!(o.steady_after >= 0)) usage(2);
         } else if (arg == "--only") {
             o.only = value();
             if (o.only != "idem" && o.only != "floor" && o.only != "ideal" && o.only != "ideal_threads" &&

@@ -51,6 +51,16 @@ struct Options {
     /// The idem and async sides' stores key fingerprints (PostgresOptions::fingerprint_secret with
     /// kBenchFingerprintSecret): the client CPU per call with keying, against a run without it.
     bool fingerprint_secret = false;
+    /// --retention-check LAYOUT (plain | generations): new calls with a short retention and a
+    /// purger for a while, sampled (bench/retention.hpp); empty: not run.
+    std::string retention_check;
+    double retention_duration = 1200;  ///< --retention-duration S: how long the calls run
+    int retention_threads = 16;        ///< --retention-threads N
+    int retention_seconds = 60;        ///< --retention S: ClaimOptions::retention of every call
+    double generation_seconds = 15;    ///< --generation-length S: generations' length
+    double purge_every = 5;            ///< --purge-every S: purge_expired() this often
+    double sample_every = 10;          ///< --sample-every S
+    double steady_after = 300;         ///< --steady-after S: the WAL statistics' window begins then
 };
 
 /// The secret --fingerprint-secret gives the stores (a fixed one: only its cost is measured).
