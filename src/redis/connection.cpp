@@ -10,6 +10,7 @@ extern "C" {
 #include <sys/time.h>
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -236,14 +237,12 @@ void Pool::Lease::discard() noexcept {
     pool_->discarded.fetch_add(1, std::memory_order_relaxed);
     conn_.reset();
     std::lock_guard lock(pool_->mutex_);
-    --pool_->open_count_;
-    pool_->returned_.notify_one();
+    pool_->free_place_locked();
 }
 
 Pool::Lease Pool::acquire() {
     std::unique_lock lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + wait_;
-    for (;;) {
+    if (waiters_.empty()) {
         if (!idle_.empty()) {
             auto conn = std::move(idle_.back());
             idle_.pop_back();
@@ -252,34 +251,63 @@ Pool::Lease Pool::acquire() {
         if (open_count_ < size_) {
             ++open_count_;
             lock.unlock();
-            try {
-                auto conn = open_();
-                opened.fetch_add(1, std::memory_order_relaxed);
-                return Lease(*this, std::move(conn));
-            } catch (...) {
-                lock.lock();
-                --open_count_;
-                returned_.notify_one();
-                throw;
-            }
+            return open_reserved();
         }
-        if (returned_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() && open_count_ >= size_) {
-            throw pool_timeout(fmt::format("idem: every one of the {} pooled Redis connections stayed busy for {} ms",
-                                           size_, wait_.count()));
-        }
+    }
+    Waiter me;
+    waiters_.push_back(&me);
+    const auto deadline = std::chrono::steady_clock::now() + wait_;
+    if (!me.served.wait_until(lock, deadline, [&] { return me.conn != nullptr || me.may_open; })) {
+        // Not served, so still queued (serving removes a waiter, under the mutex we hold).
+        waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &me));
+        throw pool_timeout(fmt::format("idem: every one of the {} pooled Redis connections stayed busy for {} ms",
+                                       size_, wait_.count()));
+    }
+    if (me.conn) return Lease(*this, std::move(me.conn));
+    lock.unlock();
+    return open_reserved();
+}
+
+Pool::Lease Pool::open_reserved() {
+    try {
+        auto conn = open_();
+        opened.fetch_add(1, std::memory_order_relaxed);
+        return Lease(*this, std::move(conn));
+    } catch (...) {
+        std::lock_guard lock(mutex_);
+        free_place_locked();
+        throw;
     }
 }
 
+void Pool::free_place_locked() noexcept {
+    if (waiters_.empty()) {
+        --open_count_;
+        return;
+    }
+    Waiter* next = waiters_.front();
+    waiters_.pop_front();
+    next->may_open = true;  // the place stays counted: it is theirs
+    next->served.notify_one();
+}
+
 void Pool::give_back(std::unique_ptr<Connection> conn) noexcept {
-    std::lock_guard lock(mutex_);
     if (!conn->reusable()) {
         discarded.fetch_add(1, std::memory_order_relaxed);
-        conn.reset();
-        --open_count_;
-    } else {
-        idle_.push_back(std::move(conn));
+        conn.reset();  // closed outside the lock
+        std::lock_guard lock(mutex_);
+        free_place_locked();
+        return;
     }
-    returned_.notify_one();
+    std::lock_guard lock(mutex_);
+    if (waiters_.empty()) {
+        idle_.push_back(std::move(conn));
+        return;
+    }
+    Waiter* next = waiters_.front();
+    waiters_.pop_front();
+    next->conn = std::move(conn);
+    next->served.notify_one();
 }
 
 void Pool::drop_idle() noexcept {
@@ -289,8 +317,13 @@ void Pool::drop_idle() noexcept {
         dropped.swap(idle_);
         open_count_ -= dropped.size();
         discarded.fetch_add(dropped.size(), std::memory_order_relaxed);
-        returned_.notify_all();
     }
+    // (closed here, outside the lock; nobody waits while connections are idle)
+}
+
+std::size_t Pool::waiting() const {
+    std::lock_guard lock(mutex_);
+    return waiters_.size();
 }
 
 }  // namespace idem::redis

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -102,8 +103,11 @@ private:
 };
 
 /// At most `size` connections, opened lazily by `open`; a caller waits up to `wait` for one (then
-/// pool_timeout). A connection that is not reusable() (broken, or owed an answer) is closed when
-/// given back.
+/// pool_timeout). Waiting callers are served first come, first served: a connection given back
+/// while someone waits goes to the longest waiter, and a new caller queues behind every waiter, so a
+/// thread that gives back and acquires again in a loop cannot starve the others. A connection that
+/// is not reusable() (broken, or owed an answer) is closed when given back, and its place goes to
+/// the longest waiter, who opens a new one.
 class Pool {
 public:
     using Opener = std::function<std::unique_ptr<Connection>()>;
@@ -133,19 +137,34 @@ public:
     [[nodiscard]] Lease acquire();
     /// Closes every idle connection (after a failure that suggests the server restarted).
     void drop_idle() noexcept;
+    /// Callers waiting in acquire() now.
+    [[nodiscard]] std::size_t waiting() const;
 
     std::atomic<std::uint64_t> opened{0};
     std::atomic<std::uint64_t> discarded{0};
 
 private:
+    // One caller blocked in acquire(), on its own stack; give_back serves it under the mutex (and
+    // notifies it there: it may return, destroying this, as soon as the mutex is free).
+    struct Waiter {
+        std::condition_variable served;
+        std::unique_ptr<Connection> conn;  // a connection handed over
+        bool may_open = false;             // or a place reserved for it to open one
+    };
+
     void give_back(std::unique_ptr<Connection> conn) noexcept;
+    // Opens a connection in a place already counted in open_count_; gives the place up on failure.
+    Lease open_reserved();
+    // A place is free (a connection closed, or an open failed): to the longest waiter, if any.
+    // Requires mutex_.
+    void free_place_locked() noexcept;
 
     std::size_t size_;
     std::chrono::milliseconds wait_;
     Opener open_;
-    std::mutex mutex_;
-    std::condition_variable returned_;
-    std::vector<std::unique_ptr<Connection>> idle_;
+    mutable std::mutex mutex_;
+    std::vector<std::unique_ptr<Connection>> idle_;  // empty whenever waiters_ is not
+    std::deque<Waiter*> waiters_;                    // oldest first
     std::size_t open_count_ = 0;
 };
 
