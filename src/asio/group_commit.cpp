@@ -51,8 +51,9 @@ std::vector<Member*> AsyncPostgresStore::Impl::next_group(std::deque<Member*>& q
     return group;
 }
 
-// Group commit on: a queue's group goes out while none of its kind is in flight, or when it is
-// full (the queue holds more than one transaction takes). Off: whenever a slot is free.
+// Group commit on: a queue's group goes out while no transaction is in flight (`in_flight`: claims
+// and saves), or when it is full (the queue holds more than one transaction takes). Off: whenever a
+// slot is free.
 template <class Member>
 bool AsyncPostgresStore::Impl::may_launch(const std::deque<Member*>& queue, std::size_t in_flight) const noexcept {
     if (queue.empty()) return false;
@@ -80,18 +81,23 @@ void AsyncPostgresStore::Impl::give_turn(std::deque<Member*>& queue) {
     net::post(strand, [h = std::move(*m->wake)]() mutable { std::move(h)(); });
 }
 
-// Saves first: a save ends its call (and frees its slot in the caller's own flight), a claim
-// starts one more. Group commit off: one member at a time, each alone.
+// Saves first — a save ends its call (and frees its slot in the caller's own flight), a claim
+// starts one more — except right after a save group: then claims that waited through it go first,
+// so a steady stream of saves (effects ending one after another) cannot hold claims back for
+// longer than one transaction. Group commit off: one member at a time, each alone, saves first.
 void AsyncPostgresStore::Impl::launch_groups() {
     while (transaction_slot_free()) {
-        if (may_launch(save_queue, saves_in_flight)) {
+        const std::size_t in_flight = claims_in_flight + saves_in_flight;
+        const bool save = may_launch(save_queue, in_flight);
+        const bool claim = may_launch(claim_queue, in_flight);
+        if (save && !(claim && claims_next)) {
             ++saves_in_flight;
             if (options.group_commit) {
                 net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
             } else {
                 give_turn(save_queue);
             }
-        } else if (may_launch(claim_queue, claims_in_flight)) {
+        } else if (claim) {
             ++claims_in_flight;
             if (options.group_commit) {
                 net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
@@ -101,6 +107,7 @@ void AsyncPostgresStore::Impl::launch_groups() {
         } else {
             break;
         }
+        claims_next = false;
     }
     publish_queued();
 }
@@ -224,6 +231,7 @@ net::awaitable<void> AsyncPostgresStore::Impl::run_save_group(std::vector<SaveMe
         }
     }
     --saves_in_flight;
+    claims_next = true;
     wake_all(group);
     schedule_launch();  // after the members' next requests (wake_all posted them first)
 }

@@ -261,14 +261,14 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     // pipelined behind a first on one connection only waits for that flush, then pays for its own.
     // And each transaction costs the server and the client a round trip and a commit whatever its
     // size. So the store grows the group it will send next rather than spreading requests over
-    // transactions: at most one claim transaction and one save transaction are in flight (one
-    // transaction in all with pool_size 1); a further one of the same kind goes out only with a
-    // full group (kLargestGroup rows, or kLargestSaveGroupBytes of results), and never more than
-    // pool_size in all. First attempts that arrive meanwhile queue; each time a transaction ends
-    // — after the calls it answered have run on, so that their next requests join — its kind's
-    // queue goes out as one transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of
-    // PostgresStore's batches and group commit), saves first. A lone request never waits: while
-    // no transaction is in flight and nothing queues it goes at once, alone, with exactly the
+    // transactions: one transaction is in flight at a time, claims or saves (two would each wait
+    // for a flush of their own with half the rows); a further one goes out only with a full group
+    // (kLargestGroup rows, or kLargestSaveGroupBytes of results), and never more than pool_size in
+    // all. First attempts that arrive meanwhile queue; each time a transaction ends — after the
+    // calls it answered have run on, so that their next requests join — a queue goes out as one
+    // transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's
+    // batches and group commit), saves first. A lone request never waits: while no transaction
+    // is in flight, nothing queues and no launch is due, it goes at once, alone, with exactly the
     // single-key statements. With PostgresOptions::group_commit off, at most pool_size
     // transactions are in flight and the queue's first member goes alone when one ends
     // (give_turn). Not on a Citus coordinator (the table's layout is not asked here): there every
@@ -295,14 +295,16 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     bool citus_seen = false;  // a connection found Citus installed: no groups
 
     bool launch_pending = false;  // a launch_groups() is posted (schedule_launch)
+    bool claims_next = false;     // a save group just ended: queued claims go before saves
 
     bool transaction_slot_free() const noexcept { return claims_in_flight + saves_in_flight < options.pool_size; }
     /// Group commit on: whether a request may go at once, alone (no transaction in flight, none
-    /// queued); off: whether a transaction slot is free and nobody queues for it.
+    /// queued, no launch due: the calls a transaction just answered join the next group); off: whether a transaction
+    /// slot is free and nobody queues for it.
     bool may_go_alone(bool claim) const noexcept {
         if (!options.group_commit)
             return transaction_slot_free() && (!claim || claim_queue.empty()) && save_queue.empty();
-        return claims_in_flight + saves_in_flight == 0 && claim_queue.empty() && save_queue.empty();
+        return claims_in_flight + saves_in_flight == 0 && claim_queue.empty() && save_queue.empty() && !launch_pending;
     }
     /// Whether the next group of `queue` may go out now (see "Group commit" above).
     template <class Member>
