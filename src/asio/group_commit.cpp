@@ -81,13 +81,15 @@ void AsyncPostgresStore::Impl::give_turn(std::deque<Member*>& queue) {
     net::post(strand, [h = std::move(*m->wake)]() mutable { std::move(h)(); });
 }
 
-// Saves first — a save ends its call (and frees its slot in the caller's own flight), a claim
-// starts one more — except right after a save group: then claims that waited through it go first,
-// so a steady stream of saves (effects ending one after another) cannot hold claims back for
-// longer than one transaction. Group commit off: one member at a time, each alone, saves first.
+// While nothing is in flight every queue goes, one group each (more only for a full group), so
+// that their commits reach the server together and share a flush; while a transaction is in
+// flight, only a full group. Order, for when slots run short: saves first — a save ends its call,
+// a claim starts one more — except right after a save group, so that effects ending one after
+// another cannot hold claims back for longer than one transaction. Group commit off: one member
+// at a time, each alone, saves first.
 void AsyncPostgresStore::Impl::launch_groups() {
+    const std::size_t in_flight = claims_in_flight + saves_in_flight;  // before this launch
     while (transaction_slot_free()) {
-        const std::size_t in_flight = claims_in_flight + saves_in_flight;
         const bool save = may_launch(save_queue, in_flight);
         const bool claim = may_launch(claim_queue, in_flight);
         if (save && !(claim && claims_next)) {

@@ -261,18 +261,19 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     // pipelined behind a first on one connection only waits for that flush, then pays for its own.
     // And each transaction costs the server and the client a round trip and a commit whatever its
     // size. So the store grows the group it will send next rather than spreading requests over
-    // transactions: one transaction is in flight at a time, claims or saves (two would each wait
-    // for a flush of their own with half the rows); a further one goes out only with a full group
-    // (kLargestGroup rows, or kLargestSaveGroupBytes of results), and never more than pool_size in
-    // all. First attempts that arrive meanwhile queue; each time a transaction ends — after the
-    // calls it answered have run on, so that their next requests join — a queue goes out as one
-    // transaction (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's
-    // batches and group commit), saves first. A lone request never waits: while no transaction
-    // is in flight, nothing queues and no launch is due, it goes at once, alone, with exactly the
-    // single-key statements. With PostgresOptions::group_commit off, at most pool_size
-    // transactions are in flight and the queue's first member goes alone when one ends
-    // (give_turn). Not on a Citus coordinator (the table's layout is not asked here): there every
-    // request goes alone.
+    // transactions. While a transaction is in flight, first attempts queue (a further transaction
+    // goes out only with a full group: kLargestGroup rows, or kLargestSaveGroupBytes of results;
+    // never more than pool_size in all). When nothing is in flight — after the calls the last
+    // transaction answered have run on, so that their next requests join — each queue goes out
+    // as one transaction, claims and saves at once so that their commits share a flush
+    // (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's batches and group
+    // commit). The calls then move in rounds, as perfect grouping does; two transactions of
+    // different phase would each wait for a flush of their own with half the rows. A lone request
+    // never waits: while no transaction is in flight, nothing queues and no launch is due, it goes
+    // at once, alone, with exactly the single-key statements. With PostgresOptions::group_commit
+    // off, at most pool_size transactions are in flight and the queue's first member goes alone
+    // when one ends (give_turn). Not on a Citus coordinator (the table's layout is not asked
+    // here): there every request goes alone.
     static constexpr std::size_t kLargestGroup = 256;
     static constexpr std::size_t kLargestSaveGroupBytes = 4u << 20;
     // (in an optional, constructed in place: Boost 1.81's any_completion_handler move assignment

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -556,6 +557,50 @@ TEST_CASE("async: calls a group answered ask again together, none alone", "[asio
     CHECK(groups.save_groups == 2);
     CHECK(groups.largest_save_group == kCallers);
     CHECK(after.round_trips - before.round_trips == 5);
+    CHECK(after.retries - before.retries == 0);
+}
+
+TEST_CASE("async: a claim and a save queued together go out together", "[asio][group_commit]") {
+    IDEM_NOT_ON_CITUS("every request goes alone on a Citus coordinator");
+    const std::string table = idem_test::unique_name("idem_async_both");
+    idem_test::DropTable drop(idem_test::database_url(), table);
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 8;
+    idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+    store.blocking().ensure_schema();
+    const auto before = store.stats();
+    std::map<std::string, int> runs;  // the effects, counted outside the library (all on the strand)
+    std::atomic<int> executed{0};
+    std::function<void(const std::string&, std::function<void()>)> call = [&](const std::string& name,
+                                                                              std::function<void()> during) {
+        idem::asio::async_execute_once(
+            store, key(table + "-" + name), fp("x"),
+            [&runs, name, during] {
+                ++runs[name];
+                if (during) during();
+                return idem::Response{201, name};
+            },
+            [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+            });
+    };
+    // a's claim goes alone; b's queues and goes when a's ends. a's effect starts d, whose claim
+    // queues behind b's group, then a's save queues; b's effect queues b's save. When b's group
+    // ends nothing is in flight and both queues wait: the saves (a, b) and the claim (d) go out
+    // at once, on two connections, rather than one after the other.
+    call("a", [&] { call("d", nullptr); });
+    call("b", nullptr);
+    io.run();
+    const auto after = store.stats();
+    REQUIRE(executed == 3);
+    CHECK(runs == std::map<std::string, int>{{"a", 1}, {"b", 1}, {"d", 1}});
+    const idem::GroupCommitStats groups = store.group_commit_stats();
+    CHECK(groups.claim_groups == 2);  // [b], [d]
+    CHECK(groups.save_groups >= 1);   // [a, b] (d's save goes alone or in a group as timing has it)
+    CHECK(groups.largest_save_group == 2);
+    CHECK(after.connections_opened - before.connections_opened == 2);
     CHECK(after.retries - before.retries == 0);
 }
 
