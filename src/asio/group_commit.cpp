@@ -81,7 +81,7 @@ void AsyncPostgresStore::Impl::give_turn(std::deque<Member*>& queue) {
     net::post(strand, [h = std::move(*m->wake)]() mutable { std::move(h)(); });
 }
 
-// While nothing is in flight every queue goes, one group each (more only for a full group), so
+// While nothing is in flight every queue goes, one group each (more only for full groups), so
 // that their commits reach the server together and share a flush; while a transaction is in
 // flight, only a full group. Order, for when slots run short: saves first — a save ends its call,
 // a claim starts one more — except right after a save group, so that effects ending one after
@@ -89,11 +89,14 @@ void AsyncPostgresStore::Impl::give_turn(std::deque<Member*>& queue) {
 // at a time, each alone, saves first.
 void AsyncPostgresStore::Impl::launch_groups() {
     const std::size_t in_flight = claims_in_flight + saves_in_flight;  // before this launch
+    bool saves_sent = false, claims_sent = false;
     while (transaction_slot_free()) {
-        const bool save = may_launch(save_queue, in_flight);
-        const bool claim = may_launch(claim_queue, in_flight);
+        // What a partial group of each queue waits for (may_launch: nothing, or it goes only full).
+        const bool save = may_launch(save_queue, saves_sent ? 1 : in_flight);
+        const bool claim = may_launch(claim_queue, claims_sent ? 1 : in_flight);
         if (save && !(claim && claims_next)) {
             ++saves_in_flight;
+            saves_sent = true;
             if (options.group_commit) {
                 net::co_spawn(strand, run_save_group(next_group(save_queue)), net::detached);
             } else {
@@ -101,6 +104,7 @@ void AsyncPostgresStore::Impl::launch_groups() {
             }
         } else if (claim) {
             ++claims_in_flight;
+            claims_sent = true;
             if (options.group_commit) {
                 net::co_spawn(strand, run_claim_group(next_group(claim_queue)), net::detached);
             } else {

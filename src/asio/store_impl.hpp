@@ -263,12 +263,13 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     // size. So the store grows the group it will send next rather than spreading requests over
     // transactions. While a transaction is in flight, first attempts queue (a further transaction
     // goes out only with a full group: kLargestGroup rows, or kLargestSaveGroupBytes of results;
-    // never more than pool_size in all). When nothing is in flight — after the calls the last
+    // none while pool_size transactions are in flight). When nothing is in flight — after the calls the last
     // transaction answered have run on, so that their next requests join — each queue goes out
     // as one transaction, claims and saves at once so that their commits share a flush
     // (pg::ClaimRowsPlan / pg::SaveRowsPlan, the statements of PostgresStore's batches and group
     // commit). The calls then move in rounds, as perfect grouping does; two transactions of
-    // different phase would each wait for a flush of their own with half the rows. A lone request
+    // different phase would each wait for a flush of their own with half the rows. A transaction
+    // slow for a reason of its own (a claim waiting on a row lock) holds the queues until it ends. A lone request
     // never waits: while no transaction is in flight, nothing queues and no launch is due, it goes
     // at once, alone, with exactly the single-key statements. With PostgresOptions::group_commit
     // off, at most pool_size transactions are in flight and the queue's first member goes alone
@@ -322,8 +323,9 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     /// else in the next group (group commit off: alone, when its turn comes, `turn`). Returns
     /// false for "alone".
     net::awaitable<bool> save_first(SaveMember& me);
-    /// Sends the queued members as groups (saves first) while a connection has no transaction;
-    /// group commit off: wakes them one at a time to go alone (give_turn).
+    /// Sends the queued members as groups when nothing is in flight, and full groups at any time,
+    /// within pool_size transactions; group commit off: wakes them one at a time to go alone
+    /// (give_turn).
     void launch_groups();
     template <class Member>
     void give_turn(std::deque<Member*>& queue);

@@ -13,6 +13,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -168,4 +169,64 @@ TEST_CASE("64 threads on 4 connections, each giving back and asking again: nobod
     for (auto& t : threads) t.join();
     CHECK(timeouts == 0);
     CHECK(pool.opened == 4);
+}
+
+TEST_CASE("discards, answers owed, failed opens, drop_idle and timeouts leave exactly size places", "[redis][pool]") {
+    constexpr std::size_t kSize = 3;
+    std::atomic<int> opens{0};
+    std::atomic<bool> fail_opens{true};
+    Pool pool(kSize, 5ms, [&]() -> std::unique_ptr<idem::redis::Connection> {
+        const int n = opens++;
+        if (fail_opens && n % 4 == 1) throw idem::store_unavailable("refused for the test");
+        return std::make_unique<idem::redis::Connection>(server().store_options());
+    });
+    constexpr int kThreads = 12;
+    std::atomic<int> timeouts{0}, failed{0}, ok{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            std::mt19937 rng(static_cast<unsigned>(t * 7919 + 1));
+            for (int i = 0; i < 400; ++i) {
+                try {
+                    auto lease = pool.acquire();
+                    ++ok;
+                    switch (rng() % 6) {
+                        case 0: lease.discard(); break;
+                        case 1: lease->append({"PING"}); break;  // given back owing an answer: closed
+                        case 2: pool.drop_idle(); break;
+                        case 3: {
+                            Pool::Lease moved(std::move(lease));  // moved-from lease gives nothing back
+                            (void)moved;
+                            break;
+                        }
+                        default: {
+                            lease->append({"PING"});
+                            (void)lease->read("PING");
+                        }
+                    }
+                } catch (const idem::pool_timeout&) {
+                    ++timeouts;
+                } catch (const idem::store_unavailable&) {
+                    ++failed;
+                }
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    INFO("ok " << ok << " timeouts " << timeouts << " failed opens " << failed << " opened " << pool.opened
+               << " discarded " << pool.discarded);
+    CHECK(pool.waiting() == 0);
+    fail_opens = false;
+    // Exactly kSize places: kSize leases at once, and one more times out.
+    std::vector<std::optional<Pool::Lease>> held;
+    for (std::size_t i = 0; i < kSize; ++i) REQUIRE_NOTHROW(held.emplace_back(pool.acquire()));
+    CHECK_THROWS_AS(pool.acquire(), idem::pool_timeout);
+    held.clear();
+    // Every connection opened and not closed is idle now: opened - discarded of them.
+    const auto alive = pool.opened.load() - pool.discarded.load();
+    CHECK(alive <= kSize);
+    pool.drop_idle();
+    CHECK(pool.opened.load() - pool.discarded.load() == 0);
+    CHECK(ok > 0);
+    CHECK(failed > 0);
 }
