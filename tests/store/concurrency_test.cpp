@@ -56,6 +56,7 @@ struct Tables : race::Tables {
         // default 5 s. These tests are about one effect per key, not about how long a caller waits.
         o.pool_wait = std::chrono::seconds(120);
         o.statement_timeout = std::chrono::seconds(60);
+        o.connect_timeout = std::chrono::seconds(60);  // 32 connections at once, same reason
         o.application_name = "idem_concurrency_test";
         return o;
     }

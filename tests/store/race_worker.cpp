@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
         // effect per key is the point, not how long a caller waits for a connection or an answer.
         options.pool_wait = std::chrono::seconds(120);
         options.statement_timeout = std::chrono::seconds(60);
+        options.connect_timeout = std::chrono::seconds(60);  // 32 connections at once, same reason
 #if defined(IDEM_CONCURRENCY_TIERED)
         idem::PostgresStore primary(conninfo, idem_test::env_options(options));
         primary.ensure_schema();  // every process at once: must be harmless
