@@ -27,6 +27,7 @@
 #include "idem/http/asio.hpp"
 #include "idem/http/beast.hpp"
 #include "idem/idem.hpp"
+#include "lease_keeper.hpp"
 #include "payment.hpp"
 
 #include <arpa/inet.h>
@@ -269,6 +270,7 @@ struct Service {
     payments::AsyncRateLimiter* limiter;  // null: no rate limit
     idem::http::Route route;              // the Idempotency-Key rules (make_route)
     milliseconds charge_start_budget;
+    milliseconds lease;  // a claim's; kept while the gateway call runs (LeaseKeeper)
     std::shared_ptr<idem::PrometheusObserver> metrics;
 
     asio::awaitable<idem::Response> handle(const payments::HttpRequest& req) const;
@@ -354,6 +356,10 @@ asio::awaitable<idem::Response> Service::post_payment(const payments::HttpReques
             std::string problem;
             const auto payment = payments::parse_payment_request(req.body(), problem);  // valid: fingerprinted
             std::string not_charged;
+            // The gateway call may outlast a short lease: keep the key while it runs, so that
+            // the reconciler takes over only a request that is gone.
+            const payments::LeaseKeeper keeping(co_await asio::this_coro::executor, store, ctx.key(), ctx.fence(),
+                                                lease, [](std::string_view line) { log(line); });
             try {
                 auto charging = gateway.charge({.account = *account,
                                                 .idempotency_key = ctx.key().value(),
@@ -540,6 +546,7 @@ int main(int argc, char** argv) {
                               limiter ? &*limiter : nullptr,
                               make_route(claim_options, options.lease),
                               kChargeStartBudget,
+                              options.lease,
                               metrics};
 
         payments::HttpListener listener(io.get_executor(), options.host, static_cast<unsigned short>(options.port),
