@@ -1,5 +1,6 @@
 #include "idem/cached_store.hpp"
 
+#include <optional>
 #include <utility>
 
 #include "idem/errors.hpp"
@@ -62,8 +63,19 @@ void CachedStore::keep(const Key& key, const Record& record, const std::vector<R
     for (std::size_t i = 0; i < tiers_.size(); ++i) tiers_[i]->insert(key, record, asked_at[i]);
 }
 
+// A hit answers a matching request (completed). A mismatch goes to the primary, which words it
+// as it always does: a sealing store drops the result of a mismatch, while the cache holds the
+// opened record, so answering it here would hand another request's plaintext to a reused key.
+std::optional<Claim> CachedStore::from_tiers(const Key& key, const Fingerprint& fp) {
+    const auto hit = find(key);
+    if (!hit) return std::nullopt;
+    Claim c = from_cache(*hit, primary_.key_fingerprint(fp));
+    if (c.status == ClaimStatus::mismatch) return std::nullopt;
+    return c;
+}
+
 Claim CachedStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {
-    if (const auto hit = find(key)) return from_cache(*hit, primary_.key_fingerprint(fp));
+    if (auto answer = from_tiers(key, fp)) return std::move(*answer);
     // Taken before the primary is asked, so no entry's expiry lies past what the database stated
     // (its read_at is later than this moment).
     const auto asked_at = now_of_tiers();
@@ -79,8 +91,8 @@ std::vector<Claim> CachedStore::claim_batch(std::span<const Key> keys, std::span
     std::vector<Key> miss_keys;
     std::vector<Fingerprint> miss_fps;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-        if (const auto hit = find(keys[i])) {
-            out[i] = from_cache(*hit, primary_.key_fingerprint(fps[i]));
+        if (auto answer = from_tiers(keys[i], fps[i])) {
+            out[i] = std::move(*answer);
         } else {
             misses.push_back(i);
             miss_keys.push_back(keys[i]);

@@ -118,8 +118,8 @@ TEMPLATE_TEST_CASE("a cached replay costs no round trip and replays the same byt
     CHECK(effects == 1);
 }
 
-TEMPLATE_TEST_CASE("a cache hit with another fingerprint is a mismatch; the right one still replays", "[cache]",
-                   MemoryBackend, PostgresBackend) {
+TEMPLATE_TEST_CASE("a cache hit with another fingerprint is the primary's mismatch; the right one still replays",
+                   "[cache]", MemoryBackend, PostgresBackend) {
     TestType backend;
     auto& primary = backend.make();
     idem::CachedStore store(primary, cache_options(1 << 20, 4));
@@ -127,11 +127,13 @@ TEMPLATE_TEST_CASE("a cache hit with another fingerprint is a mismatch; the righ
     complete(primary, key, "stored");
 
     REQUIRE(store.claim(key, kFp).status == ClaimStatus::completed);  // miss: cached now
-    const auto before = primary.stats().round_trips;
+    const auto claims = primary.stats().claims;
     const auto wrong = store.claim(key, kOtherFp);
     CHECK(wrong.status == ClaimStatus::mismatch);
     REQUIRE(wrong.existing);
     CHECK(wrong.existing->fingerprint == kFp);
+    CHECK(primary.stats().claims == claims + 1);  // asked of the primary, in its words
+    const auto before = primary.stats().round_trips;
     const auto right = store.claim(key, kFp);
     CHECK(right.status == ClaimStatus::completed);
     CHECK(right.existing->result == "stored");

@@ -369,3 +369,35 @@ TEST_CASE("sealed: a reused key on a record that does not open is mismatch on ev
     CHECK(charge(store, key, runs, 2000).outcome() == Outcome::mismatch);
     CHECK(runs == 1);
 }
+
+TEST_CASE("sealed: a CachedStore in front answers a mismatch without the result, as the store does",
+          "[sealing][postgres][cache]") {
+    // The cache holds opened records; a reused key must not get another request's plaintext from
+    // it, where the sealed store itself drops a mismatch's result.
+    Fixture f;
+    auto& store = f.store(sealing(ring({1})));
+    idem::CachedStore cached(store, idem::ReplayCacheOptions{});
+    const idem::Key key(idem_test::unique_name("seal"), "reused");
+    int runs = 0;
+    REQUIRE(charge(cached, key, runs).outcome() == Outcome::executed);
+    const idem::Claim replay = cached.claim(key, fp_of(1999));  // from the store: cached now
+    REQUIRE(replay.status == idem::ClaimStatus::completed);
+    REQUIRE(cached.cache().find(key));
+
+    const idem::Claim from_store = store.claim(key, fp_of(2000));
+    REQUIRE(from_store.status == idem::ClaimStatus::mismatch);
+    REQUIRE(from_store.existing);
+    CHECK_FALSE(from_store.existing->result);
+    const idem::Claim from_cache = cached.claim(key, fp_of(2000));
+    CHECK(from_cache.status == idem::ClaimStatus::mismatch);
+    REQUIRE(from_cache.existing);
+    CHECK_FALSE(from_cache.existing->result);
+    CHECK(charge(cached, key, runs, 2000).outcome() == Outcome::mismatch);
+    // The matching request still replays, from the cache.
+    const auto trips = store.stats().round_trips;
+    const auto again = charge(cached, key, runs);
+    REQUIRE(again.outcome() == Outcome::replayed);
+    CHECK(again.response().body == kBody);
+    CHECK(store.stats().round_trips == trips);
+    CHECK(runs == 1);
+}
