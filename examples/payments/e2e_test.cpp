@@ -4,11 +4,12 @@
 //   payments-e2e --server PATH --client PATH [--db CONNINFO]   (default: $IDEM_TEST_DATABASE_URL)
 //
 // Starts instances A and B (--lease-ms 300 --reconcile-every-ms 100 --gateway-latency-ms 50) and,
-// for the rate limit, C and D (--rate-limit-per-second 3), E (GET /metrics: its counters
-// against a known sequence of calls) and F (a gateway three times slower than the lease), then checks every rule of the
-// payments example through HTTP alone, using the fake gateway's ledger (GET /gateway/charges) as the witness of how
-// often a card was charged. Finally stops every instance with SIGTERM and expects exit status 0. Exit status: 0 if
-// every check passed, 1 otherwise (each failure is printed).
+// for the rate limit, C and D (--rate-limit-per-second 3), E (GET /metrics: its counters against
+// a known sequence of calls) and one whose gateway is three times slower than its lease, then
+// checks every rule of the payments example through HTTP alone, using the fake gateway's ledger
+// (GET /gateway/charges) as the witness of how often a card was charged. Finally stops every
+// instance with SIGTERM and expects exit status 0. Exit status: 0 if every check passed, 1
+// otherwise (each failure is printed).
 //
 //   payments-e2e --faults --server PATH [--db CONNINFO] [--bound-ms N] [--faults-ms N] [--keys N]
 //
@@ -807,12 +808,12 @@ int main(int argc, char** argv) {
 
     section("a payment slower than its lease keeps its key: 201 at once, one charge");
     {
-        // F: the gateway answers 3 s after the claim, three times the lease, with the reconciler
-        // looking every 100 ms: the request must keep its key until its own save.
+        // An instance whose gateway answers 3 s after the claim, three times the lease, with the
+        // reconciler looking every 100 ms: the request must keep its key until its own save.
         const auto slow_instance =
             start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--lease-ms", "1000",
                                       "--reconcile-every-ms", "100", "--gateway-latency-ms", "3000"});
-        check(slow_instance.has_value(), "instance F (lease 1 s, gateway 3 s) starts");
+        check(slow_instance.has_value(), "the slow instance (lease 1 s, gateway 3 s) starts");
         if (slow_instance) {
             servers.push_back(*slow_instance);
             const std::string key = fresh_key("slow");
