@@ -698,6 +698,22 @@ int main(int argc, char** argv) {
         check(max.status == 201, "a 255-byte key is accepted, got " + describe(max));
     }
 
+    section("GET /gateway/charges: 400 for a parameter the ledger could never hold, never 503");
+    {
+        const auto status_of = [&](const std::string& query) {
+            return send(A, "GET", "/gateway/charges?" + query, {}).status;
+        };
+        check(status_of("account=x") == 400, "no idempotency_key -> 400");
+        for (const char* bad : {"%FF", "a%00b", "%C3%28", "%ED%A0%80", "%F4%90%80%80", "%C0%AF"}) {
+            check(status_of(std::string("idempotency_key=") + bad) == 400,
+                  std::string("idempotency_key=") + bad + " -> 400");
+        }
+        check(status_of("idempotency_key=k&account=%FE") == 400, "account=%FE -> 400");
+        const Reply fine = send(A, "GET", "/gateway/charges?idempotency_key=caf%C3%A9%F0%9F%92%B3", {});
+        check(fine.status == 200 && fine.body.find("\"count\":0") != std::string::npos,
+              "a UTF-8 key no one used -> 200, count 0: " + describe(fine));
+    }
+
     section("400: invalid bodies do not consume the key; the corrected request then succeeds");
     const std::string k1 = fresh_key("body");
     std::string k1_body;

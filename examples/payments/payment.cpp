@@ -226,6 +226,42 @@ idem::Response charge_response(const Charge& charge) {
     return idem::Response{captured ? 201 : 402, std::move(body), {{"Content-Type", "application/json"}}};
 }
 
+bool storable_text(std::string_view text) noexcept {
+    for (std::size_t i = 0; i < text.size();) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        if (c == 0) return false;
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        // The length of the sequence and the range of its second byte (RFC 3629's table).
+        std::size_t n = 0;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) {
+            n = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            n = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return false;
+        }
+        if (text.size() - i < n) return false;
+        const auto second = static_cast<unsigned char>(text[i + 1]);
+        if (second < lo || second > hi) return false;
+        for (std::size_t k = 2; k < n; ++k) {
+            const auto next = static_cast<unsigned char>(text[i + k]);
+            if (next < 0x80 || next > 0xBF) return false;
+        }
+        i += n;
+    }
+    return true;
+}
+
 void append_json_string(std::string& out, std::string_view text) {
     static constexpr char hex[] = "0123456789abcdef";
     out += '"';

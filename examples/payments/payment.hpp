@@ -64,6 +64,10 @@ struct Charge {
 /// {"error": code} or {"error": code, "detail": detail}, JSON-escaped.
 [[nodiscard]] std::string error_body(std::string_view code, std::string_view detail = {});
 
+/// Whether `text` can be a PostgreSQL text value as it is: well-formed UTF-8 (no overlong forms,
+/// surrogates or code points past U+10FFFF) without NUL, which libpq would cut the value at.
+[[nodiscard]] bool storable_text(std::string_view text) noexcept;
+
 /// Appends `text` to `out` as a JSON string literal (quotes included).
 void append_json_string(std::string& out, std::string_view text);
 

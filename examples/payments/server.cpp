@@ -383,9 +383,16 @@ asio::awaitable<idem::Response> Service::post_payment(const payments::HttpReques
 asio::awaitable<idem::Response> Service::get_charges(std::string_view query) const {
     const auto key = query_param(query, "idempotency_key");
     if (!key) co_return reply(400, payments::error_body("missing_parameter", "idempotency_key"));
+    const auto account = query_param(query, "account");
+    // (the database would refuse such a value on every retry: a 503 would never end)
+    if (!payments::storable_text(*key))
+        co_return reply(400, payments::error_body("invalid_parameter", "idempotency_key"));
+    if (account && !payments::storable_text(*account)) {
+        co_return reply(400, payments::error_body("invalid_parameter", "account"));
+    }
     std::optional<std::vector<payments::Charge>> charges;
     try {
-        auto finding = gateway.find(*key, query_param(query, "account"));
+        auto finding = gateway.find(*key, account);
         charges = co_await std::move(finding);
     } catch (const payments::DbError& e) {
         log("ledger: ", e.what());
