@@ -350,16 +350,19 @@ asio::awaitable<idem::Response> Service::post_payment(const payments::HttpReques
     const auto deadline = Clock::now() + charge_start_budget;
     const idem::http::Request request = idem::http::beast::view(req);  // views into req
     const std::string scope = payments::payment_scope(*account);
+    const auto executor = co_await asio::this_coro::executor;
+    // The gateway call and the save may outlast a short lease: the key is kept from the effect
+    // until async_respond has saved (this frame's end), or until the gateway call has certainly
+    // ended — by then a request still busy is treated as gone (lease_keeper.hpp).
+    std::optional<payments::LeaseKeeper> keeping;
     co_return co_await idem::http::async_respond(
         store, request, scope, route,
         [&](idem::asio::AsyncContext& ctx) -> asio::awaitable<idem::Response> {
             std::string problem;
             const auto payment = payments::parse_payment_request(req.body(), problem);  // valid: fingerprinted
             std::string not_charged;
-            // The gateway call may outlast a short lease: keep the key while it runs, so that
-            // the reconciler takes over only a request that is gone.
-            const payments::LeaseKeeper keeping(co_await asio::this_coro::executor, store, ctx.key(), ctx.fence(),
-                                                lease, [](std::string_view line) { log(line); });
+            keeping.emplace(executor, store, ctx.key(), ctx.fence(), lease, deadline + kGatewayTimeout,
+                            [](std::string_view line) { log(line); });
             try {
                 auto charging = gateway.charge({.account = *account,
                                                 .idempotency_key = ctx.key().value(),
