@@ -22,11 +22,12 @@ namespace idem::detail {
 }
 
 /// Whether the store's answer to a claim may be kept: completed, or a mismatch on a completed
-/// record. In-progress records never are (in_progress, waiting and resume mode always ask the
-/// store); the cache itself refuses a record without a result or without read_at.
+/// record whose result came with it (a sealing store drops a mismatch's result). In-progress
+/// records never are (in_progress, waiting and resume mode always ask the store); the cache
+/// itself also refuses a record without read_at.
 [[nodiscard]] inline bool cacheable(const Claim& c) {
     return (c.status == ClaimStatus::completed || c.status == ClaimStatus::mismatch) && c.existing &&
-           c.existing->state == RecordState::completed;
+           c.existing->state == RecordState::completed && c.existing->result;
 }
 
 }  // namespace idem::detail

@@ -49,7 +49,8 @@ struct ReplayCacheOptions {
 
 /// Counters since the cache was made (summed over the shards; not one atomic snapshot).
 struct ReplayCacheStats {
-    std::uint64_t hits = 0;       ///< finds answered from the cache
+    /// Finds that returned a record (CachedStore still asks the store when the request does not match it).
+    std::uint64_t hits = 0;
     std::uint64_t misses = 0;     ///< not there, or expired (expired entries are dropped)
     std::uint64_t inserts = 0;    ///< records kept
     std::uint64_t evictions = 0;  ///< dropped to make room (least recently used)

@@ -384,6 +384,7 @@ TEST_CASE("sealed: a CachedStore in front answers a mismatch without the result,
     REQUIRE(replay.status == idem::ClaimStatus::completed);
     REQUIRE(cached.cache().find(key));
 
+    const auto rejected = cached.cache().stats().rejected;
     const idem::Claim from_store = store.claim(key, fp_of(2000));
     REQUIRE(from_store.status == idem::ClaimStatus::mismatch);
     REQUIRE(from_store.existing);
@@ -393,6 +394,7 @@ TEST_CASE("sealed: a CachedStore in front answers a mismatch without the result,
     REQUIRE(from_cache.existing);
     CHECK_FALSE(from_cache.existing->result);
     CHECK(charge(cached, key, runs, 2000).outcome() == Outcome::mismatch);
+    CHECK(cached.cache().stats().rejected == rejected);  // a result-less mismatch is not offered to it
     // The matching request still replays, from the cache.
     const auto trips = store.stats().round_trips;
     const auto again = charge(cached, key, runs);
