@@ -3,7 +3,7 @@
 //
 //   payments-e2e --server PATH --client PATH [--db CONNINFO]   (default: $IDEM_TEST_DATABASE_URL)
 //
-// Starts instances A and B (--lease-ms 300 --reconcile-every-ms 100 --gateway-latency-ms 50) and,
+// Starts instances A and B (--lease-ms 2000 --reconcile-every-ms 100 --gateway-latency-ms 50) and,
 // for the rate limit, C and D (--rate-limit-per-second 3), E (GET /metrics: its counters against
 // a known sequence of calls) and one whose gateway is three times slower than its lease, then
 // checks every rule of the payments example through HTTP alone, using the fake gateway's ledger
@@ -636,11 +636,14 @@ int main(int argc, char** argv) {
     const std::string acct = "acct_e2e_" + run;
 
     section(
-        "starting instances A, B (lease 300 ms, gateway 50 ms) and C, D (rate limit 3/s) on "
+        "starting instances A, B (lease 2 s, gateway 50 ms) and C, D (rate limit 3/s) on "
         "one database");
     // A and B: a 50 ms gateway, so that the simultaneous requests really overlap a running charge.
+    // A lease of 2 s: short enough that the reconciler settles a tok_timeout within seconds, long
+    // enough that a busy machine's stalls never let it take over a request still running (whose
+    // heartbeat renews the lease every 500 ms).
     const std::vector<std::string> common{"--listen", "127.0.0.1:0",          "--db", db,          "--lease-ms",
-                                          "300",      "--reconcile-every-ms", "100",  "--threads", "64"};
+                                          "2000",     "--reconcile-every-ms", "100",  "--threads", "64"};
     std::vector<Server> servers;
     for (int i = 0; i < 4; ++i) {
         auto args = common;
@@ -824,19 +827,21 @@ int main(int argc, char** argv) {
 
     section("a payment slower than its lease keeps its key: 201 at once, one charge");
     {
-        // An instance whose gateway answers 3 s after the claim, three times the lease, with the
+        // An instance whose gateway answers 4 s after the claim, twice the lease, with the
         // reconciler looking every 100 ms: the request must keep its key until its own save.
+        // (A charge starts within 5 s of the request or not at all: 4 s is the slowest gateway
+        // that still charges.)
         const auto slow_instance =
-            start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--lease-ms", "1000",
-                                      "--reconcile-every-ms", "100", "--gateway-latency-ms", "3000"});
-        check(slow_instance.has_value(), "the slow instance (lease 1 s, gateway 3 s) starts");
+            start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", db, "--lease-ms", "2000",
+                                      "--reconcile-every-ms", "100", "--gateway-latency-ms", "4000"});
+        check(slow_instance.has_value(), "the slow instance (lease 2 s, gateway 4 s) starts");
         if (slow_instance) {
             servers.push_back(*slow_instance);
             const std::string key = fresh_key("slow");
             const std::string body = payment_body(11, 4300, "tok_ok");
             const Reply first = pay(slow_instance->url, acct, key, body);
             check(first.status == 201 && !first.replayed(),
-                  "a payment 3 s long with a 1 s lease -> 201 at once, got " + describe(first));
+                  "a payment 4 s long with a 2 s lease -> 201 at once, got " + describe(first));
             check(gateway_count(A, key) == 1, "the gateway holds one charge");
             const Reply again = pay(A, acct, key, body);
             check(again.status == 201 && again.replayed() && again.body == first.body,
@@ -901,10 +906,21 @@ int main(int argc, char** argv) {
     section("429: per-account rate limit across instances, key not consumed");
     {
         const std::string limited = acct + "_rl";
-        std::vector<std::pair<std::string, Reply>> sent;
-        for (int i = 0; i < 10; ++i) {
-            const std::string key = fresh_key("rl");
-            sent.emplace_back(key, pay(i % 2 == 0 ? C : D, limited, key, payment_body(20 + i, 100, "tok_ok")));
+        // All at once (a latch), so that they fall in one or two of the limiter's 1 s windows
+        // however long each takes on a busy machine.
+        std::vector<std::pair<std::string, Reply>> sent(10);
+        {
+            std::latch go(10);
+            std::vector<std::thread> threads;
+            for (int i = 0; i < 10; ++i) {
+                sent[static_cast<std::size_t>(i)].first = fresh_key("rl");
+                threads.emplace_back([&, i] {
+                    auto& [key, reply] = sent[static_cast<std::size_t>(i)];
+                    go.arrive_and_wait();
+                    reply = pay(i % 2 == 0 ? C : D, limited, key, payment_body(20 + i, 100, "tok_ok"));
+                });
+            }
+            for (auto& t : threads) t.join();
         }
         int ok = 0, limited_count = 0;
         std::string rejected_key;
