@@ -37,7 +37,6 @@ namespace payments {
 class LeaseKeeper {
 public:
     using Log = std::function<void(std::string_view)>;
-
     using Clock = std::chrono::steady_clock;
 
     /// Extends (key, fence)'s lease to `lease` from now every `lease / 4`, on `executor`, until

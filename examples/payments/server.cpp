@@ -270,7 +270,7 @@ struct Service {
     payments::AsyncRateLimiter* limiter;  // null: no rate limit
     idem::http::Route route;              // the Idempotency-Key rules (make_route)
     milliseconds charge_start_budget;
-    milliseconds lease;  // a claim's; kept while the gateway call runs (LeaseKeeper)
+    milliseconds lease;  // a claim's; kept from the gateway call until the save (LeaseKeeper)
     std::shared_ptr<idem::PrometheusObserver> metrics;
 
     asio::awaitable<idem::Response> handle(const payments::HttpRequest& req) const;
@@ -388,8 +388,9 @@ asio::awaitable<idem::Response> Service::get_charges(std::string_view query) con
     if (!key) co_return reply(400, payments::error_body("missing_parameter", "idempotency_key"));
     const auto account = query_param(query, "account");
     // (the database would refuse such a value on every retry: a 503 would never end)
-    if (!payments::storable_text(*key))
+    if (!payments::storable_text(*key)) {
         co_return reply(400, payments::error_body("invalid_parameter", "idempotency_key"));
+    }
     if (account && !payments::storable_text(*account)) {
         co_return reply(400, payments::error_body("invalid_parameter", "account"));
     }

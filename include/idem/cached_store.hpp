@@ -9,15 +9,17 @@
 //                                      std::make_shared<idem::RedisReplayCache>(redis_options)}};
 //
 // * claim(): a cached completed record of the key whose fingerprint matches (checked on every hit,
-//   by the same rule and with the same FingerprintSecret as the primary: key_fingerprint()) answers
-//   completed at once, with no round trip to the primary. One whose fingerprint does not match is
-//   asked of the primary, which answers mismatch in its own words (a sealing store drops the
-//   result of a mismatch; the cache holds opened records). The tiers are asked in order; a hit in a tier that states
-//   the time left (idem/replay_tier.hpp) is copied into the tiers in front of it. On a miss in every tier — or a tier's
-//   error or timeout, which is a miss — the primary is asked, and a completed (or mismatch-on-completed) answer is kept
-//   in every tier for the retention it has left. So an answer always is one the primary gives or gave for that record.
-//   In-progress records are never kept, so in_progress answers, waiting and resume mode always go to the primary.
-//   claim_batch() does the same per key (the misses go to the primary in one claim_batch call).
+//   by the same rule and with the same FingerprintSecret as the primary: key_fingerprint())
+//   answers completed at once, with no round trip to the primary. One whose fingerprint does not
+//   match is asked of the primary, which answers mismatch in its own words (a sealing store drops
+//   the result of a mismatch; the cache holds opened records). The tiers are asked in order; a hit
+//   in a tier that states the time left (idem/replay_tier.hpp) is copied into the tiers in front
+//   of it. On a miss in every tier — or a tier's error or timeout, which is a miss — the primary
+//   is asked, and a completed (or mismatch-on-completed) answer is kept in every tier for the
+//   retention it has left. So an answer always is one the primary gives or gave for that record.
+//   In-progress records are never kept, so in_progress answers, waiting and resume mode always go
+//   to the primary. claim_batch() does the same per key (the misses go to the primary in one
+//   claim_batch call).
 // * Every other member forwards to the primary unchanged (save, release, read, listing, purge,
 //   stats — stats() are the primary's: a hit adds nothing to them; cache().stats() counts hits).
 //   A save does not fill the cache: the first replay of the key does.
