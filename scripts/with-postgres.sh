@@ -20,7 +20,9 @@
 # (drop the runuser prefix when already running as that user).
 #
 # If IDEM_TEST_DATABASE_URL is already set, nothing is started: COMMAND is just run.
-# Environment knobs: IDEM_PG_BIN, IDEM_PG_TMPDIR (parent of the temp dir, default /tmp).
+# Environment knobs: IDEM_PG_BIN, IDEM_PG_TMPDIR (parent of the temp dir, default /tmp),
+# IDEM_PG_SHARED_BUFFERS (the server's shared_buffers, default 256MB; e.g. 4GB for a benchmark
+# whose keys should fit in PostgreSQL's own cache).
 set -euo pipefail
 
 log() { echo "with-postgres: $*" >&2; }
@@ -38,6 +40,11 @@ if [[ -n "${IDEM_TEST_DATABASE_URL:-}" ]]; then
 fi
 
 export IDEM_PG_BIN="${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}"
+shared_buffers="${IDEM_PG_SHARED_BUFFERS:-256MB}"
+if [[ ! "$shared_buffers" =~ ^[0-9]+(kB|MB|GB)$ ]]; then
+    log "IDEM_PG_SHARED_BUFFERS must be a size like 256MB or 4GB, not '$shared_buffers'"
+    exit 2
+fi
 for tool in initdb pg_ctl postgres; do
     if [[ ! -x "$IDEM_PG_BIN/$tool" ]]; then
         log "$IDEM_PG_BIN/$tool not found; run scripts/install-deps.sh (needs postgresql-15)"
@@ -153,7 +160,7 @@ listen_addresses = ''
 unix_socket_directories = '$tmpdir'
 port = $1
 max_connections = 300
-shared_buffers = 256MB
+shared_buffers = $shared_buffers
 fsync = on
 synchronous_commit = on
 log_min_messages = warning
