@@ -217,9 +217,9 @@ TEST_CASE("a blocking effect on a thread pool: a deadline passing during the cal
             201, co_await run_blocking(pool, Clock::now() + 10s, [&] { return provider.charge(k, 3s); })};
     };
     idem::asio::AsyncOptions options;
-    // Passes while the provider sleeps; long enough for the claim before it on a loaded machine
-    // under ASan (the first connection is opened by this call).
-    options.deadline = 1s;
+    // Passes while the provider sleeps (3 s); long enough for the claim before it on a loaded
+    // machine under ASan (the first connection is opened by this call).
+    options.deadline = 2s;
     auto r =
         idem::asio::async_execute_once(*f.store, key(k), idem::fingerprint(k), effect, options, net::use_future).get();
     CHECK(r.outcome() == idem::Outcome::executed);  // the call ran to its end and its charge is saved
