@@ -196,7 +196,8 @@ asio::awaitable<Charge> AsyncGateway::charge(ChargeRequest request) {
     }
     // Never start a charge once the claim may be considered stale by a reconciler (which would
     // release a key whose charge is still on its way): exec checks the deadline once it holds a
-    // connection, right before sending.
+    // connection, right before sending, and the database refuses the charge past it by its own
+    // clock (gateway_charge).
     const ledger::ChargeStatement statement = ledger::charge_statement(request);
     std::optional<PgResultPtr> result;
     try {
@@ -208,6 +209,7 @@ asio::awaitable<Charge> AsyncGateway::charge(ChargeRequest request) {
         // Unreachable, or the gateway answered with an error (rolled back): nothing charged.
         throw GatewayNotCharged(std::string("gateway did not charge: ") + e.what());
     }
+    if (ledger::charge_refused(result->get())) throw GatewayNotCharged("gateway refused a charge that came too late");
     if (request.payment->card == "tok_timeout") {
         // The charge is recorded, but its answer never reaches us.
         throw GatewayTimeout("gateway timed out (tok_timeout): the charge may have been made");

@@ -1185,6 +1185,78 @@ END $$)SQL");
         check(gateway_count(A, refused_key) == 1, "one charge for it");
     }
 
+    section("a charge still committing when its key is due for release: one charge");
+    {
+        // The gateway's commit takes 12 s (a deferred trigger sleeps in it), past the 8 s after
+        // which a key with no charge is released. The reconciler must not take "no row yet" for
+        // "no charge": the key stays in progress until the commit has ended, then replays the
+        // charge. A second request at the same time finds the trigger's lock taken and commits at
+        // once, so a release would show as a second charge.
+        constexpr long kSlowCommit = 770003;
+        Sql sql(db);
+        sql.query(R"SQL(CREATE OR REPLACE FUNCTION payments_e2e_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_try_advisory_lock(770003) THEN
+        PERFORM pg_sleep(12);
+        PERFORM pg_advisory_unlock(770003);
+    END IF;
+    RETURN NULL;
+END $$)SQL");
+        sql.query(
+            "CREATE CONSTRAINT TRIGGER payments_e2e_slow_commit AFTER INSERT ON gateway_charges "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.order_id = 770003) "
+            "EXECUTE FUNCTION payments_e2e_slow_commit()");
+        const std::string key = fresh_key("slow-commit");
+        const std::string body = payment_body(kSlowCommit, 100, "tok_ok");
+        Reply first;
+        std::thread paying([&] { first = pay(A, acct, key, body); });
+        bool sleeping = false;
+        for (const auto until = Clock::now() + 10s; !sleeping && Clock::now() < until;) {
+            sleeping = !sql.query(
+                               "SELECT 1 FROM pg_stat_activity WHERE application_name = 'payments-gateway' "
+                               "AND wait_event = 'PgSleep'")
+                            .empty();
+            if (!sleeping) std::this_thread::sleep_for(20ms);
+        }
+        check(sleeping, "the charge's commit is under way");
+        // Retries until the key is settled: 409 while in progress, then the charge replayed.
+        Reply settled;
+        int in_progress = 0;
+        for (const auto until = Clock::now() + 60s; Clock::now() < until;) {
+            settled = pay(A, acct, key, body);
+            if (settled.status != 409) break;
+            ++in_progress;
+            std::this_thread::sleep_for(250ms);
+        }
+        paying.join();
+        check(in_progress > 0, "the key stays in progress while the charge commits");
+        check(settled.status == 201 && settled.replayed(),
+              "then its retry replays the one charge (not a new one), got " + describe(settled) + " after " +
+                  std::to_string(in_progress) + " answers 409; the first request got " + describe(first));
+        check(gateway_count(A, key) == 1, "one charge for it");
+        sql.query("DROP TRIGGER payments_e2e_slow_commit ON gateway_charges");
+        sql.query("DROP FUNCTION payments_e2e_slow_commit()");
+    }
+
+    section("a charge that reaches the gateway after its deadline is refused by the database");
+    {
+        // gateway_charge compares the request's deadline with the database's clock, after taking
+        // the key's lock: a charge sent in time but run late (its backend stalled) is not made.
+        const std::string key = fresh_key("late-charge");
+        Sql sql(db);
+        const auto late = sql.query(
+            "SELECT count(*) FROM gateway_charge($1, $2, 770004, 100, 'BRL', 'tok_ok', 'captured', "
+            "clock_timestamp() - interval '1 second')",
+            {acct, key});
+        check(late.size() == 1 && late[0][0] == "0", "a charge past its deadline: no row returned");
+        const auto in_time = sql.query(
+            "SELECT count(*) FROM gateway_charge($1, $2, 770004, 100, 'BRL', 'tok_ok', 'captured', "
+            "clock_timestamp() + interval '1 minute')",
+            {acct, key});
+        check(in_time.size() == 1 && in_time[0][0] == "1", "the same charge in time: made");
+        check(gateway_count(A, key) == 1, "the ledger holds the one charge made in time");
+    }
+
     section("a client that stops reading is disconnected (--threads 1)");
     {
         // H serves one connection at a time. A client pipelines requests and never reads their

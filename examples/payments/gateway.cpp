@@ -20,14 +20,13 @@ const std::string kChargeColumns =
 
 // Prepared on every pooled connection when it is opened.
 const std::pair<const char*, std::string> kStatements[] = {
-    {"gw_charge",
-     "INSERT INTO gateway_charges (account, idempotency_key, order_id, amount_cents, "
-     "currency, card, "
-     "status) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, " +
-         std::string(kCreatedAt)},
+    // gateway_charge and gateway_settled: kSchema. $8, the instant after which the charge is
+    // refused, is in microseconds since the Unix epoch.
+    {"gw_charge", "SELECT * FROM gateway_charge($1, $2, $3, $4, $5, $6, $7, to_timestamp($8::float8 / 1e6))"},
     {"gw_find", "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 ORDER BY id"},
     {"gw_find_account",
      "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 AND account = $2 ORDER BY id"},
+    {"gw_settled", "SELECT * FROM gateway_settled($1, $2)"},
     // How long ago an instant (microseconds since the Unix epoch) was, by the database's clock.
     {"gw_age_ms",
      "SELECT floor(extract(epoch FROM clock_timestamp() - to_timestamp($1::float8 / 1e6)) * 1000)::bigint"},
@@ -55,6 +54,36 @@ CREATE TABLE IF NOT EXISTS gateway_charges (
     created_at      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS gateway_charges_key ON gateway_charges (idempotency_key, account);
+-- A charge holds the lock of its (account, key) until its commit has ended, and is refused once the
+-- database's clock is past its not_after: a charge whose backend stalls (stopped, or slow to
+-- commit) is either over before gateway_settled can look, or refused.
+CREATE OR REPLACE FUNCTION gateway_charge(p_account text, p_key text, p_order_id bigint, p_amount_cents bigint,
+                                          p_currency text, p_card text, p_status text, p_not_after timestamptz)
+RETURNS TABLE (charge_id bigint, charge_created_at text) LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext(p_account), hashtext(p_key));
+    IF clock_timestamp() > p_not_after THEN
+        RETURN;  -- too late: no row, nothing charged
+    END IF;
+    RETURN QUERY
+    INSERT INTO gateway_charges AS c (account, idempotency_key, order_id, amount_cents, currency, card, status)
+    VALUES (p_account, p_key, p_order_id, p_amount_cents, p_currency, p_card, p_status)
+    RETURNING c.id, to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+END $$;
+-- The charges for (account, key), read only when no charge for it is in flight (its lock is free):
+-- SQLSTATE 55P03 otherwise. The query after the lock sees every charge committed before it.
+CREATE OR REPLACE FUNCTION gateway_settled(p_key text, p_account text)
+RETURNS TABLE (id bigint, account text, idempotency_key text, order_id bigint, amount_cents bigint,
+               currency text, card text, status text, created_at text) LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext(p_account), hashtext(p_key)) THEN
+        RAISE EXCEPTION 'a charge for this key is in flight' USING ERRCODE = '55P03';
+    END IF;
+    RETURN QUERY
+    SELECT c.id, c.account, c.idempotency_key, c.order_id, c.amount_cents, c.currency, c.card, c.status,
+           to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+    FROM gateway_charges c WHERE c.idempotency_key = p_key AND c.account = p_account ORDER BY c.id;
+END $$;
 CREATE UNLOGGED TABLE IF NOT EXISTS payments_rate_limit (
     account      text   NOT NULL,
     window_start bigint NOT NULL,
@@ -124,11 +153,17 @@ namespace ledger {
 ChargeStatement charge_statement(const ChargeRequest& request) {
     const PaymentRequest& payment = *request.payment;
     const bool captured = payment.card == "tok_ok" || payment.card == "tok_timeout";
-    return ChargeStatement{
-        {std::string(request.account), std::string(request.idempotency_key), std::to_string(payment.order_id),
-         std::to_string(payment.amount_cents), payment.currency, payment.card, captured ? "captured" : "declined"},
-        captured};
+    // The deadline as an instant on this machine's wall clock, for the database to compare with its own.
+    const auto not_after =
+        std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                               request.deadline - std::chrono::steady_clock::now());
+    return ChargeStatement{{std::string(request.account), std::string(request.idempotency_key),
+                            std::to_string(payment.order_id), std::to_string(payment.amount_cents), payment.currency,
+                            payment.card, captured ? "captured" : "declined", age_param(not_after)},
+                           captured};
 }
+
+bool charge_refused(const PGresult* result) { return PQntuples(result) == 0; }
 
 Charge charge_made(const ChargeRequest& request, bool captured, const PGresult* result) {
     const PaymentRequest& payment = *request.payment;
@@ -311,6 +346,7 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
         }
         throw GatewayTimeout(std::string("gateway connection lost during the charge: ") + e.what());
     }
+    if (ledger::charge_refused(result.get())) throw GatewayNotCharged("gateway refused a charge that came too late");
     if (request.payment->card == "tok_timeout") {
         // The charge is recorded, but its answer never reaches us.
         throw GatewayTimeout("gateway timed out (tok_timeout): the charge may have been made");
@@ -324,6 +360,18 @@ std::vector<Charge> FakeGateway::find(std::string_view idempotency_key, std::opt
         account ? exec_prepared(conn.get(), "gw_find_account", {std::string(idempotency_key), std::string(*account)})
                 : exec_prepared(conn.get(), "gw_find", {std::string(idempotency_key)});
     return ledger::charges_of(result.get());
+}
+
+std::optional<std::vector<Charge>> FakeGateway::settled(std::string_view idempotency_key, std::string_view account) {
+    PgPool::Lease conn = pool_.acquire();
+    const std::string key(idempotency_key);
+    const std::string acct(account);
+    const char* values[] = {key.c_str(), acct.c_str()};
+    PgResult result(PQexecPrepared(conn.get(), "gw_settled", 2, values, nullptr, nullptr, 0), &PQclear);
+    if (result && PQresultStatus(result.get()) == PGRES_TUPLES_OK) return ledger::charges_of(result.get());
+    const char* state = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
+    if (state != nullptr && std::string_view(state) == "55P03") return std::nullopt;  // a charge in flight
+    throw DbError(ledger::failure(conn.get(), "gw_settled", result.get()));
 }
 
 std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system_clock::time_point instant) {

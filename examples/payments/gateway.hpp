@@ -121,6 +121,9 @@ struct ChargeStatement {
     bool captured = false;
 };
 [[nodiscard]] ChargeStatement charge_statement(const ChargeRequest& request);
+/// Whether gw_charge refused the charge (it came after the request's deadline by the database's
+/// clock): no row, nothing charged.
+[[nodiscard]] bool charge_refused(const PGresult* result);
 /// The charge gw_charge made (its result: id, created_at).
 [[nodiscard]] Charge charge_made(const ChargeRequest& request, bool captured, const PGresult* result);
 /// Every row of a gw_find / gw_find_account result.
@@ -138,7 +141,8 @@ struct ChargeRequest {
     std::string_view account;
     std::string_view idempotency_key;
     const PaymentRequest* payment = nullptr;
-    /// The charge is not sent after this instant (GatewayNotCharged instead).
+    /// The charge is not sent after this instant, nor made once the database's clock is past it
+    /// (GatewayNotCharged instead).
     std::chrono::steady_clock::time_point deadline;
 };
 
@@ -153,6 +157,12 @@ public:
 
     /// Ledger rows for a key, oldest first; `account` narrows to one account. Throws DbError.
     [[nodiscard]] std::vector<Charge> find(std::string_view idempotency_key, std::optional<std::string_view> account);
+    /// The ledger rows for (account, key) when no charge for them is in flight (a charge holds its
+    /// key's lock until its commit has ended); nullopt while one is. What the reconciler decides on:
+    /// "no row" is then final for every charge that started before the request's deadline.
+    /// Throws DbError.
+    [[nodiscard]] std::optional<std::vector<Charge>> settled(std::string_view idempotency_key,
+                                                             std::string_view account);
     /// How long ago `instant` (a time the database stamped, such as a record's created_at) was, by
     /// the database's own clock — never this machine's, which may run ahead. Throws DbError.
     [[nodiscard]] std::chrono::milliseconds age_by_database_clock(std::chrono::system_clock::time_point instant);

@@ -430,8 +430,9 @@ asio::awaitable<idem::Response> Service::get_charges(std::string_view query) con
 //   a charge for (account, key)  → save the response that charge deserves (201 or 402) — the same
 //     bytes the request itself would have saved;
 //   no charge, and too late for one to still appear (a request never starts a charge later than
-//     kChargeStartBudget after it arrived, and the gateway answers within kGatewayTimeout)
-//     → release the key: the client's retry runs the payment;
+//     kChargeStartBudget after it arrived, the gateway refuses one that reaches it later by the
+//     database's clock, and one in flight holds its key's lock until its commit has ended, which
+//     the ledger lookup waits for) → release the key: the client's retry runs the payment;
 //   no charge yet, but one could still be on its way → leave it; it is listed again later.
 class ReconcilerThread {
 public:
@@ -461,7 +462,11 @@ private:
     static void resolve(payments::FakeGateway& gateway, idem::Reconciliation& r) {
         const auto account = payments::account_of_scope(r.key().scope());
         if (!account) return;
-        const auto charges = gateway.find(r.key().value(), *account);  // throws: left for later
+        // Read only when no charge for the key is in flight: a charge whose commit is still under
+        // way would otherwise look like none (and the key be released for a second one).
+        const auto settled = gateway.settled(r.key().value(), *account);  // throws: left for later
+        if (!settled) return;                                             // a charge in flight: looked at again later
+        const std::vector<payments::Charge>& charges = *settled;
         if (!charges.empty()) {
             if (charges.size() > 1) {
                 log("reconciler: ALERT: ", charges.size(), " gateway charges for key '", r.key().value(),
