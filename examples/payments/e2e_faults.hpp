@@ -1,0 +1,39 @@
+// payments-e2e --faults: convergence after the database connections were killed under load
+// (CTest payments_e2e_faults). See run_faults.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace e2e {
+
+// The instances' settings in this scenario (those of the reported failure).
+constexpr std::chrono::milliseconds kFaultsLease{1000};
+constexpr std::chrono::milliseconds kFaultsReconcileEvery{200};
+// payments-server releases a key that has no charge this long after its claim (README.md,
+// "Reconciliation"); the README's bound after the last fault is this + lease + 2 reconciler
+// periods.
+constexpr std::chrono::milliseconds kReleaseAfter{8000};
+// The test's clients retry every 100..250 ms.
+constexpr std::chrono::milliseconds kRetryMin{100};
+constexpr std::chrono::milliseconds kRetryMax{250};
+// Scheduling delay allowed on a loaded 2-core machine, on top of the README's bound.
+constexpr std::chrono::milliseconds kSchedulingSlack{2000};
+
+struct FaultOptions {
+    std::chrono::milliseconds faults{5000};  // how long backends are terminated
+    // Every key has its 201 this long after the last fault at the latest.
+    std::chrono::milliseconds bound =
+        kReleaseAfter + kFaultsLease + 2 * kFaultsReconcileEvery + kRetryMax + kSchedulingSlack;
+    int keys = 40;
+};
+
+/// Two instances (lease 1 s, reconciler every 200 ms) while another session keeps terminating
+/// their database backends (idem's and the gateway's): `keys` payments start one after the other
+/// during the faults, each retried by its own client until it gets a 201. Then every key must
+/// have its 201 within `bound` of the last fault and replay it byte for byte, and the gateway's
+/// ledger (read with SQL, outside the servers) must hold exactly one charge per key. New payments
+/// right after the faults, and after one more fault in a quiet moment, must be paid at once.
+int run_faults(const std::string& server_exe, const std::string& db, const FaultOptions& fo);
+
+}  // namespace e2e
