@@ -174,8 +174,9 @@ TEST_CASE(
     "waiting on the open transaction's row lock",
     "[lifecycle][transaction]") {
     PostgresBackend backend;
-    // A long lock_timeout and one attempt: a duplicate that waited on the lock would take 3 s.
-    auto& store = backend.make_pg(knobs(8, "idem_lifecycle_test", 3000ms, 1));
+    // A long lock_timeout (under the 5 s statement_timeout) and one attempt: a duplicate that
+    // waited on the lock would take 4.5 s.
+    auto& store = backend.make_pg(knobs(8, "idem_lifecycle_test", 4500ms, 1));
     const auto scope = fresh_scope("txnowait");
     const auto fp = idem::fingerprint("POST /orders"s, 4200);
     // Set through TransactionOptions, or through the deprecated ClaimOptions field (still honoured).
@@ -234,13 +235,13 @@ TEST_CASE(
     REQUIRE(first_error.empty());
     REQUIRE(first);
     CHECK(first->outcome() == Outcome::executed);
-    CHECK(winner_lock_timeout == "3s");
+    CHECK(winner_lock_timeout == "4500ms");
     for (int t = 0; t < kDuplicates; ++t) {
         REQUIRE(dups[static_cast<std::size_t>(t)]);
         CHECK(dups[static_cast<std::size_t>(t)]->outcome() == Outcome::in_progress);
         CHECK(dups[static_cast<std::size_t>(t)]->retry_after().count() > 0);
         INFO("duplicate " << t << " answered after " << took[static_cast<std::size_t>(t)] << " ms");
-        CHECK(took[static_cast<std::size_t>(t)] < 2000.0);  // not the 3 s lock_timeout
+        CHECK(took[static_cast<std::size_t>(t)] < 3000.0);  // not the 4.5 s lock_timeout
     }
     CHECK(runs == 1);
     // After the commit, a call that waits for locks replays. (One with a 1 ms lock_wait may still

@@ -428,9 +428,11 @@ TEST_CASE("generations: configuration errors are config_error, never an outage",
     }
     SECTION("out of generations: claims fail with config_error until maintenance runs") {
         Tables gen(url);
-        idem::PostgresStore store(url, gen_options(gen.idem, 2, 1));
+        // Two ahead: once purge_expired() has made them again, the claim after it has at least two
+        // generation lengths to start in, whatever the machine's stalls.
+        idem::PostgresStore store(url, gen_options(gen.idem, 2, 2));
         store.ensure_schema();
-        std::this_thread::sleep_for(kLength * 3);  // past the current generation and the one ahead
+        std::this_thread::sleep_for(kLength * 4);  // past the current generation and the two ahead
         const idem::Key key(idem_test::unique_name("late"), "k");
         CHECK_THROWS_AS((void)store.claim(key, idem::fingerprint("x"s)), idem::config_error);
         store.purge_expired();
