@@ -6,11 +6,11 @@
 //
 // Starts instances A and B (--lease-ms 2000 --reconcile-every-ms 100 --gateway-latency-ms 50) and,
 // for the rate limit, C and D (--rate-limit-per-second 3), E (GET /metrics: its counters against
-// a known sequence of calls) and one whose gateway is three times slower than its lease, then
-// checks every rule of the payments example through HTTP alone, using the fake gateway's ledger
-// (GET /gateway/charges) as the witness of how often a card was charged. Finally stops every
-// instance with SIGTERM and expects exit status 0. Exit status: 0 if every check passed, 1
-// otherwise (each failure is printed).
+// a known sequence of calls) and others for single sections (a gateway slower than the lease, a
+// commit that waits, one connection at a time), then checks every rule of the payments example
+// through HTTP, using the fake gateway's ledger (GET /gateway/charges) as the witness of how often
+// a card was charged. Finally stops every instance with SIGTERM and expects exit status 0. Exit
+// status: 0 if every check passed, 1 otherwise (each failure is printed).
 //
 //   payments-e2e --faults --server PATH [--db CONNINFO] [--bound-ms N] [--faults-ms N] [--keys N]
 //
