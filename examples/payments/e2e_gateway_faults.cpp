@@ -6,11 +6,13 @@
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "e2e_support.hpp"
+#include "gateway.hpp"
 
 namespace e2e {
 
@@ -81,17 +83,20 @@ END $$)SQL");
 
     section("a charge still committing when its key is due for release: one charge");
     {
-        // The gateway's commit takes 12 s (a deferred trigger sleeps in it), past the 8 s after
-        // which a key with no charge is released. The reconciler must not take "no row yet" for
-        // "no charge": the key stays in progress until the commit has ended, then replays the
-        // charge. A second request at the same time finds the trigger's lock taken and commits at
-        // once, so a release would show as a second charge.
+        // The gateway's commit waits (a deferred trigger waits for a lock this test holds) until
+        // the key's claim is 10 s old, past the 8 s after which a key with no charge is released.
+        // The reconciler must not take "no row yet" for "no charge": the key stays in progress
+        // until the commit has ended, then replays the charge. A second request meanwhile finds the
+        // trigger's own lock taken and commits at once, so a release would show as a second charge.
         constexpr long kSlowCommit = 770003;
         Sql sql(db);
+        Sql holder(db);
+        holder.query("SELECT pg_advisory_lock(770004)");
         sql.query(R"SQL(CREATE OR REPLACE FUNCTION payments_e2e_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_try_advisory_lock(770003) THEN
-        PERFORM pg_sleep(12);
+        PERFORM pg_advisory_lock(770004);
+        PERFORM pg_advisory_unlock(770004);
         PERFORM pg_advisory_unlock(770003);
     END IF;
     RETURN NULL;
@@ -104,35 +109,48 @@ END $$)SQL");
         const std::string body = payment_body(kSlowCommit, 100, "tok_ok");
         Reply first;
         std::thread paying([&] { first = pay(A, acct, key, body); });
-        bool sleeping = false;
-        for (const auto until = Clock::now() + 10s; !sleeping && Clock::now() < until;) {
-            sleeping = !sql.query(
-                               "SELECT 1 FROM pg_stat_activity WHERE application_name = 'payments-gateway' "
-                               "AND wait_event = 'PgSleep'")
-                            .empty();
-            if (!sleeping) std::this_thread::sleep_for(20ms);
+        bool committing = false;
+        for (const auto until = Clock::now() + 10s; !committing && Clock::now() < until;) {
+            committing = !sql.query(
+                                 "SELECT 1 FROM pg_stat_activity WHERE application_name = 'payments-gateway' "
+                                 "AND wait_event_type = 'Lock' AND wait_event = 'advisory'")
+                              .empty();
+            if (!committing) std::this_thread::sleep_for(20ms);
         }
-        check(sleeping, "the charge's commit is under way");
-        // Retries until the key is settled: 409 while in progress, then the charge replayed.
+        check(committing, "the charge's commit is under way");
+        // Retries until the key is settled: 409 while in progress, then the charge replayed. The
+        // commit is let go once the claim is 10 s old by the database's clock.
         Reply settled;
         int in_progress = 0;
+        bool let_go = false;
         for (const auto until = Clock::now() + 60s; Clock::now() < until;) {
             settled = pay(A, acct, key, body);
             if (settled.status != 409) break;
             ++in_progress;
+            if (!let_go) {
+                const auto age = sql.query(
+                    "SELECT extract(epoch FROM clock_timestamp() - created_at) > 10 FROM idem_keys WHERE key = $1",
+                    {key});
+                if (!age.empty() && age[0][0] == "t") {
+                    holder.query("SELECT pg_advisory_unlock(770004)");
+                    let_go = true;
+                }
+            }
             std::this_thread::sleep_for(250ms);
         }
+        if (!let_go) holder.query("SELECT pg_advisory_unlock(770004)");
         paying.join();
-        check(in_progress > 0, "the key stays in progress while the charge commits");
+        check(let_go, "the key stays in progress 10 s after its claim while its charge commits, got " +
+                          describe(settled) + " after " + std::to_string(in_progress) + " answers 409");
         check(settled.status == 201 && settled.replayed(),
-              "then its retry replays the one charge (not a new one), got " + describe(settled) + " after " +
-                  std::to_string(in_progress) + " answers 409; the first request got " + describe(first));
+              "then its retry replays the one charge (not a new one), got " + describe(settled) +
+                  "; the first request got " + describe(first));
         check(gateway_count(A, key) == 1, "one charge for it");
         sql.query("DROP TRIGGER payments_e2e_slow_commit ON gateway_charges");
         sql.query("DROP FUNCTION payments_e2e_slow_commit()");
     }
 
-    section("a charge that reaches the gateway after its deadline is refused by the database");
+    section("the gateway's rules: a charge past its deadline is refused, the ledger read only when settled");
     {
         // gateway_charge compares the request's deadline with the database's clock, after taking
         // the key's lock: a charge sent in time but run late (its backend stalled) is not made.
@@ -149,6 +167,51 @@ END $$)SQL");
             {acct, key});
         check(in_time.size() == 1 && in_time[0][0] == "1", "the same charge in time: made");
         check(gateway_count(A, key) == 1, "the ledger holds the one charge made in time");
+
+        // The deadline a charge carries: the request's, on the database's clock.
+        const payments::PaymentRequest payment{770004, 100, "BRL", "tok_ok"};
+        const auto expected_us = [](std::chrono::system_clock::duration from_now) {
+            return std::chrono::duration_cast<std::chrono::microseconds>(
+                       (std::chrono::system_clock::now() + from_now).time_since_epoch())
+                .count();
+        };
+        for (const auto offset : {std::chrono::microseconds(0), std::chrono::microseconds(-7'000'000)}) {
+            const payments::ChargeRequest request{
+                .account = acct, .idempotency_key = key, .payment = &payment, .deadline = Clock::now() + 3s};
+            const auto params = payments::ledger::charge_statement(request, offset).params;
+            const long long carried = params.size() == 8 ? std::stoll(params[7]) : 0;
+            const long long wanted = expected_us(3s + offset);
+            check(std::llabs(carried - wanted) < 500'000,
+                  "a charge 3 s before its deadline, the clocks " + std::to_string(offset.count()) +
+                      " us apart: it carries the deadline on the database's clock (off by " +
+                      std::to_string(carried - wanted) + " us)");
+        }
+
+        // gateway_settled reads the ledger only while no charge for the key holds its lock, and
+        // only under READ COMMITTED (a snapshot older than its lock could miss a charge).
+        Sql holder(db);
+        holder.query("SELECT pg_advisory_lock(hashtext($1), hashtext($2))", {acct, key});
+        std::string in_flight;
+        try {
+            (void)sql.query("SELECT * FROM gateway_settled($1, $2)", {key, acct});
+        } catch (const std::exception& e) {
+            in_flight = e.what();
+        }
+        check(in_flight.find("in flight") != std::string::npos,
+              "a charge in flight: gateway_settled refuses to read (55P03), got '" + in_flight + "'");
+        holder.query("SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", {acct, key});
+        check(sql.query("SELECT * FROM gateway_settled($1, $2)", {key, acct}).size() == 1,
+              "none in flight: gateway_settled reads the one charge");
+        std::string isolation;
+        try {
+            sql.query("SET default_transaction_isolation = 'repeatable read'");
+            (void)sql.query("SELECT * FROM gateway_settled($1, $2)", {key, acct});
+        } catch (const std::exception& e) {
+            isolation = e.what();
+        }
+        sql.query("RESET default_transaction_isolation");
+        check(isolation.find("READ COMMITTED") != std::string::npos,
+              "under REPEATABLE READ gateway_settled refuses to read, got '" + isolation + "'");
     }
 
     section("a client that stops reading is disconnected (--threads 1)");

@@ -27,6 +27,8 @@ const std::pair<const char*, std::string> kStatements[] = {
     {"gw_find_account",
      "SELECT " + kChargeColumns + " FROM gateway_charges WHERE idempotency_key = $1 AND account = $2 ORDER BY id"},
     {"gw_settled", "SELECT * FROM gateway_settled($1, $2)"},
+    // The database's clock, in microseconds since the Unix epoch.
+    {"gw_clock_us", "SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint"},
     // How long ago an instant (microseconds since the Unix epoch) was, by the database's clock.
     {"gw_age_ms",
      "SELECT floor(extract(epoch FROM clock_timestamp() - to_timestamp($1::float8 / 1e6)) * 1000)::bigint"},
@@ -53,7 +55,12 @@ CREATE TABLE IF NOT EXISTS gateway_charges (
     status          text        NOT NULL CHECK (status IN ('captured', 'declined')),
     created_at      timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX IF NOT EXISTS gateway_charges_key ON gateway_charges (idempotency_key, account);
+-- (CREATE INDEX IF NOT EXISTS would take the table's lock, behind every charge in flight, first.)
+DO $$ BEGIN
+    IF to_regclass('gateway_charges_key') IS NULL THEN
+        CREATE INDEX gateway_charges_key ON gateway_charges (idempotency_key, account);
+    END IF;
+END $$;
 -- A charge holds the lock of its (account, key) until its commit has ended, and is refused once the
 -- database's clock is past its not_after: a charge whose backend stalls (stopped, or slow to
 -- commit) is either over before gateway_settled can look, or refused.
@@ -71,11 +78,16 @@ BEGIN
     RETURNING c.id, to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
 END $$;
 -- The charges for (account, key), read only when no charge for it is in flight (its lock is free):
--- SQLSTATE 55P03 otherwise. The query after the lock sees every charge committed before it.
+-- SQLSTATE 55P03 otherwise. The query after the lock sees every charge committed before it — under
+-- READ COMMITTED only (a snapshot from the statement's start would miss one that committed since).
 CREATE OR REPLACE FUNCTION gateway_settled(p_key text, p_account text)
 RETURNS TABLE (id bigint, account text, idempotency_key text, order_id bigint, amount_cents bigint,
                currency text, card text, status text, created_at text) LANGUAGE plpgsql AS $$
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'gateway_settled needs READ COMMITTED, not %', current_setting('transaction_isolation')
+            USING ERRCODE = '0A000';
+    END IF;
     IF NOT pg_try_advisory_xact_lock(hashtext(p_account), hashtext(p_key)) THEN
         RAISE EXCEPTION 'a charge for this key is in flight' USING ERRCODE = '55P03';
     END IF;
@@ -150,13 +162,13 @@ bool idle_connection_alive(PGconn* conn) {
 
 namespace ledger {
 
-ChargeStatement charge_statement(const ChargeRequest& request) {
+ChargeStatement charge_statement(const ChargeRequest& request, std::chrono::microseconds clock_offset) {
     const PaymentRequest& payment = *request.payment;
     const bool captured = payment.card == "tok_ok" || payment.card == "tok_timeout";
-    // The deadline as an instant on this machine's wall clock, for the database to compare with its own.
-    const auto not_after =
-        std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                               request.deadline - std::chrono::steady_clock::now());
+    // The deadline as an instant on the database's clock, which gateway_charge compares with its own.
+    const auto not_after = std::chrono::system_clock::now() + clock_offset +
+                           std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                               request.deadline - std::chrono::steady_clock::now());
     return ChargeStatement{{std::string(request.account), std::string(request.idempotency_key),
                             std::to_string(payment.order_id), std::to_string(payment.amount_cents), payment.currency,
                             payment.card, captured ? "captured" : "declined", age_param(not_after)},
@@ -229,7 +241,9 @@ PgPool::Lease::~Lease() {
 }
 
 PGconn* open_gateway_connection(const std::string& conninfo, std::chrono::milliseconds statement_timeout) {
-    const std::string options = "-c statement_timeout=" + std::to_string(statement_timeout.count());
+    // READ COMMITTED whatever the database's default: gateway_settled relies on it.
+    const std::string options = "-c statement_timeout=" + std::to_string(statement_timeout.count()) +
+                                " -c default_transaction_isolation=read\\ committed";
     const char* keys[] = {"dbname", "options", "application_name", "connect_timeout", nullptr};
     const char* values[] = {conninfo.c_str(), options.c_str(), "payments-gateway", "5", nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, 1);
@@ -335,7 +349,7 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
         throw GatewayNotCharged("gateway call not started: the claim is too old");
     }
 
-    const ledger::ChargeStatement statement = ledger::charge_statement(request);
+    const ledger::ChargeStatement statement = ledger::charge_statement(request, clock_offset_);
     PgResult result(nullptr, &PQclear);
     try {
         result = exec_prepared(conn->get(), "gw_charge", statement.params);
@@ -372,6 +386,17 @@ std::optional<std::vector<Charge>> FakeGateway::settled(std::string_view idempot
     const char* state = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
     if (state != nullptr && std::string_view(state) == "55P03") return std::nullopt;  // a charge in flight
     throw DbError(ledger::failure(conn.get(), "gw_settled", result.get()));
+}
+
+std::chrono::microseconds FakeGateway::measure_clock_offset() {
+    PgPool::Lease conn = pool_.acquire();
+    const auto sent = std::chrono::system_clock::now();
+    PgResult result = exec_prepared(conn.get(), "gw_clock_us", {});
+    const auto received = std::chrono::system_clock::now();
+    const std::chrono::microseconds database(to_int64(PQgetvalue(result.get(), 0, 0)));
+    const auto midway =
+        std::chrono::duration_cast<std::chrono::microseconds>((sent + (received - sent) / 2).time_since_epoch());
+    return database - midway;
 }
 
 std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system_clock::time_point instant) {

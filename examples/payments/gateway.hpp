@@ -120,7 +120,9 @@ struct ChargeStatement {
     std::vector<std::string> params;
     bool captured = false;
 };
-[[nodiscard]] ChargeStatement charge_statement(const ChargeRequest& request);
+/// `clock_offset`: the database's clock minus this machine's (FakeGateway::measure_clock_offset),
+/// to state the request's deadline on the database's clock.
+[[nodiscard]] ChargeStatement charge_statement(const ChargeRequest& request, std::chrono::microseconds clock_offset);
 /// Whether gw_charge refused the charge (it came after the request's deadline by the database's
 /// clock): no row, nothing charged.
 [[nodiscard]] bool charge_refused(const PGresult* result);
@@ -163,6 +165,11 @@ public:
     /// Throws DbError.
     [[nodiscard]] std::optional<std::vector<Charge>> settled(std::string_view idempotency_key,
                                                              std::string_view account);
+    /// The database's clock minus this machine's wall clock, measured with one statement (its
+    /// round trip halved). Throws DbError.
+    [[nodiscard]] std::chrono::microseconds measure_clock_offset();
+    /// The offset charge() states the request's deadline with (default 0).
+    void set_clock_offset(std::chrono::microseconds offset) { clock_offset_ = offset; }
     /// How long ago `instant` (a time the database stamped, such as a record's created_at) was, by
     /// the database's own clock — never this machine's, which may run ahead. Throws DbError.
     [[nodiscard]] std::chrono::milliseconds age_by_database_clock(std::chrono::system_clock::time_point instant);
@@ -170,6 +177,7 @@ public:
 private:
     PgPool& pool_;
     std::chrono::milliseconds latency_;
+    std::chrono::microseconds clock_offset_{0};
 };
 
 /// Fixed one-second windows per account, counted in the shared database (an UNLOGGED table), so the

@@ -431,8 +431,9 @@ asio::awaitable<idem::Response> Service::get_charges(std::string_view query) con
 //     bytes the request itself would have saved;
 //   no charge, and too late for one to still appear (a request never starts a charge later than
 //     kChargeStartBudget after it arrived, the gateway refuses one that reaches it later by the
-//     database's clock, and one in flight holds its key's lock until its commit has ended, which
-//     the ledger lookup waits for) → release the key: the client's retry runs the payment;
+//     database's clock, and one in flight holds its key's lock until its commit has ended: the
+//     ledger is read only while that lock is free, after the age) → release the key: the client's
+//     retry runs the payment;
 //   no charge yet, but one could still be on its way → leave it; it is listed again later.
 class ReconcilerThread {
 public:
@@ -462,6 +463,12 @@ private:
     static void resolve(payments::FakeGateway& gateway, idem::Reconciliation& r) {
         const auto account = payments::account_of_scope(r.key().scope());
         if (!account) return;
+        // The age first, then the ledger: once the claim is old enough by the database's clock, no
+        // charge can start any more (gateway_charge refuses it), so a ledger read after that, with
+        // no charge in flight, is final however long this thread stalls in between. (Aged by the
+        // database's clock, which stamped created_at: a server whose clock runs ahead would
+        // release a key whose charge may still be in flight — a double charge.)
+        const bool too_late = gateway.age_by_database_clock(r.record().created_at) > kReleaseAfter;
         // Read only when no charge for the key is in flight: a charge whose commit is still under
         // way would otherwise look like none (and the key be released for a second one).
         const auto settled = gateway.settled(r.key().value(), *account);  // throws: left for later
@@ -476,9 +483,7 @@ private:
             log("reconciler: key '", r.key().value(), "' of account ", *account, " was charged: saving ",
                 response.status, " (pay_", charges.front().id, ")");
             r.save(response);
-        } else if (gateway.age_by_database_clock(r.record().created_at) > kReleaseAfter) {
-            // (aged by the database's clock, which stamped created_at: a server whose clock runs
-            // ahead would release a key whose charge may still be in flight — a double charge)
+        } else if (too_late) {
             log("reconciler: key '", r.key().value(), "' of account ", *account, " was never charged: releasing");
             r.release();
         }
@@ -547,11 +552,19 @@ int main(int argc, char** argv) {
         payments::PgPool reconciler_pool(options.db, 2, kGatewayTimeout);
         payments::ensure_app_schema(reconciler_pool);
         payments::FakeGateway reconciler_gateway(reconciler_pool, options.gateway_latency);
+        // Charges state their deadline on the database's clock (gateway_charge refuses one past it).
+        const auto clock_offset = reconciler_gateway.measure_clock_offset();
+        reconciler_gateway.set_clock_offset(clock_offset);
+        if (clock_offset > 1s || clock_offset < -1s) {
+            log("warning: this machine's clock differs from the database's by ",
+                std::chrono::duration_cast<milliseconds>(clock_offset).count(),
+                " ms; charge deadlines are corrected for it (run NTP)");
+        }
         std::optional<payments::RateLimiter> purger;
         if (options.rate_limit_per_second > 0) purger.emplace(reconciler_pool, options.rate_limit_per_second);
 
         payments::AsyncPgPool pool(io.get_executor(), options.db, options.gateway_pool, kGatewayTimeout);
-        payments::AsyncGateway gateway(pool, options.gateway_latency);
+        payments::AsyncGateway gateway(pool, options.gateway_latency, clock_offset);
         std::optional<payments::AsyncRateLimiter> limiter;
         if (options.rate_limit_per_second > 0) limiter.emplace(pool, options.rate_limit_per_second);
 
