@@ -198,7 +198,7 @@ asio::awaitable<Charge> AsyncGateway::charge(ChargeRequest request) {
     // release a key whose charge is still on its way): exec checks the deadline once it holds a
     // connection, right before sending, and the database refuses the charge past it by its own
     // clock (gateway_charge).
-    const ledger::ChargeStatement statement = ledger::charge_statement(request, clock_offset_);
+    const ledger::ChargeStatement statement = ledger::charge_statement(request, clock_);
     std::optional<PgResultPtr> result;
     try {
         auto sending = pool_.exec("gw_charge", statement.params, PGRES_TUPLES_OK, request.deadline);

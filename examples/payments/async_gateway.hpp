@@ -75,9 +75,9 @@ private:
 /// FakeGateway (gateway.hpp) on an AsyncPgPool: the same charges, the same outcomes.
 class AsyncGateway {
 public:
-    /// `clock_offset`: the database's clock minus this machine's (FakeGateway::measure_clock_offset).
-    AsyncGateway(AsyncPgPool& pool, std::chrono::milliseconds latency, std::chrono::microseconds clock_offset)
-        : pool_(pool), latency_(latency), clock_offset_(clock_offset) {}
+    /// `clock` must outlive the gateway.
+    AsyncGateway(AsyncPgPool& pool, std::chrono::milliseconds latency, const DatabaseClock& clock)
+        : pool_(pool), latency_(latency), clock_(clock) {}
 
     /// As FakeGateway::charge: the ledger row, or GatewayTimeout (outcome unknown) or
     /// GatewayNotCharged (certainly nothing charged). `request` must outlive the call.
@@ -88,7 +88,7 @@ public:
 private:
     AsyncPgPool& pool_;
     std::chrono::milliseconds latency_;
-    std::chrono::microseconds clock_offset_;
+    const DatabaseClock& clock_;
 };
 
 /// RateLimiter::allow (gateway.hpp) on an AsyncPgPool; the same windows in the same table.

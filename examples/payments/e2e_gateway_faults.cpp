@@ -86,8 +86,8 @@ END $$)SQL");
         // The gateway's commit waits (a deferred trigger waits for a lock this test holds) until
         // the key's claim is 10 s old, past the 8 s after which a key with no charge is released.
         // The reconciler must not take "no row yet" for "no charge": the key stays in progress
-        // until the commit has ended, then replays the charge. A second request meanwhile finds the
-        // trigger's own lock taken and commits at once, so a release would show as a second charge.
+        // until the commit has ended, then replays the charge. A release would show as a retry
+        // answered otherwise than 409 before the commit was let go.
         constexpr long kSlowCommit = 770003;
         Sql sql(db);
         Sql holder(db);
@@ -168,23 +168,60 @@ END $$)SQL");
         check(in_time.size() == 1 && in_time[0][0] == "1", "the same charge in time: made");
         check(gateway_count(A, key) == 1, "the ledger holds the one charge made in time");
 
-        // The deadline a charge carries: the request's, on the database's clock.
+        // The deadline a charge carries: the request's, on the database's clock (here: this
+        // machine's wall clock, then one 7 s behind it).
         const payments::PaymentRequest payment{770004, 100, "BRL", "tok_ok"};
-        const auto expected_us = [](std::chrono::system_clock::duration from_now) {
-            return std::chrono::duration_cast<std::chrono::microseconds>(
-                       (std::chrono::system_clock::now() + from_now).time_since_epoch())
-                .count();
-        };
         for (const auto offset : {std::chrono::microseconds(0), std::chrono::microseconds(-7'000'000)}) {
+            const auto now_us = [](std::chrono::system_clock::duration from_now) {
+                return std::chrono::duration_cast<std::chrono::microseconds>(
+                           (std::chrono::system_clock::now() + from_now).time_since_epoch())
+                    .count();
+            };
+            payments::DatabaseClock clock;
+            const auto sampled = Clock::now();
+            (void)clock.update(now_us(offset), sampled, sampled);
             const payments::ChargeRequest request{
                 .account = acct, .idempotency_key = key, .payment = &payment, .deadline = Clock::now() + 3s};
-            const auto params = payments::ledger::charge_statement(request, offset).params;
+            const auto params = payments::ledger::charge_statement(request, clock).params;
             const long long carried = params.size() == 8 ? std::stoll(params[7]) : 0;
-            const long long wanted = expected_us(3s + offset);
+            const long long wanted = now_us(3s + offset);
             check(std::llabs(carried - wanted) < 500'000,
                   "a charge 3 s before its deadline, the clocks " + std::to_string(offset.count()) +
                       " us apart: it carries the deadline on the database's clock (off by " +
                       std::to_string(carried - wanted) + " us)");
+        }
+
+        // The clock is read after the key's lock is taken: a charge that waited for the lock past
+        // its deadline is refused, however early it was sent.
+        {
+            const std::string waited_key = fresh_key("late-after-lock");
+            Sql holder(db);
+            holder.query("SELECT pg_advisory_lock(hashtext($1), hashtext($2))", {acct, waited_key});
+            std::vector<std::vector<std::string>> waited;
+            std::thread charging([&] {
+                Sql charger(db);
+                waited = charger.query(
+                    "SELECT count(*) FROM gateway_charge($1, $2, 770004, 100, 'BRL', 'tok_ok', 'captured', "
+                    "clock_timestamp() + interval '1 second')",
+                    {acct, waited_key});
+            });
+            // Its deadline was fixed when the call began: let it go 1.5 s after it is seen waiting.
+            bool waiting = false;
+            for (const auto until = Clock::now() + 20s; !waiting && Clock::now() < until;) {
+                waiting = !holder
+                               .query(
+                                   "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                                   "wait_event = 'advisory' AND query LIKE '%gateway_charge(%'")
+                               .empty();
+                if (!waiting) std::this_thread::sleep_for(20ms);
+            }
+            check(waiting, "the charge waits for the key's lock");
+            std::this_thread::sleep_for(1500ms);
+            holder.query("SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", {acct, waited_key});
+            charging.join();
+            check(waited.size() == 1 && waited[0][0] == "0",
+                  "a charge sent 1 s before its deadline that got the key's lock 2 s later: refused");
+            check(gateway_count(A, waited_key) == 0, "no charge for it in the ledger");
         }
 
         // gateway_settled reads the ledger only while no charge for the key holds its lock, and

@@ -162,17 +162,14 @@ bool idle_connection_alive(PGconn* conn) {
 
 namespace ledger {
 
-ChargeStatement charge_statement(const ChargeRequest& request, std::chrono::microseconds clock_offset) {
+ChargeStatement charge_statement(const ChargeRequest& request, const DatabaseClock& clock) {
     const PaymentRequest& payment = *request.payment;
     const bool captured = payment.card == "tok_ok" || payment.card == "tok_timeout";
-    // The deadline as an instant on the database's clock, which gateway_charge compares with its own.
-    const auto not_after = std::chrono::system_clock::now() + clock_offset +
-                           std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                               request.deadline - std::chrono::steady_clock::now());
-    return ChargeStatement{{std::string(request.account), std::string(request.idempotency_key),
-                            std::to_string(payment.order_id), std::to_string(payment.amount_cents), payment.currency,
-                            payment.card, captured ? "captured" : "declined", age_param(not_after)},
-                           captured};
+    return ChargeStatement{
+        {std::string(request.account), std::string(request.idempotency_key), std::to_string(payment.order_id),
+         std::to_string(payment.amount_cents), payment.currency, payment.card, captured ? "captured" : "declined",
+         std::to_string(clock.at(request.deadline))},
+        captured};
 }
 
 bool charge_refused(const PGresult* result) { return PQntuples(result) == 0; }
@@ -220,6 +217,30 @@ std::string failure(PGconn* conn, const char* name, const PGresult* result) {
 }
 
 }  // namespace ledger
+
+// ----------------------------------------------------------------------------------------------
+// DatabaseClock
+
+namespace {
+std::int64_t steady_us(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
+std::int64_t DatabaseClock::at(std::chrono::steady_clock::time_point instant) const noexcept {
+    return base_us_.load(std::memory_order_acquire) + steady_us(instant);
+}
+
+std::optional<std::chrono::microseconds> DatabaseClock::update(
+    std::int64_t database_us, std::chrono::steady_clock::time_point sent,
+    std::chrono::steady_clock::time_point received) noexcept {
+    const bool first = !known_.load(std::memory_order_acquire);
+    if (!first && received - sent > std::chrono::milliseconds(50)) return std::nullopt;
+    const std::int64_t base = database_us - steady_us(sent + (received - sent) / 2);
+    const std::int64_t before = base_us_.exchange(base, std::memory_order_acq_rel);
+    known_.store(true, std::memory_order_release);
+    return std::chrono::microseconds(first ? 0 : base - before);
+}
 
 // ----------------------------------------------------------------------------------------------
 // PgPool
@@ -349,7 +370,7 @@ Charge FakeGateway::charge(const ChargeRequest& request) {
         throw GatewayNotCharged("gateway call not started: the claim is too old");
     }
 
-    const ledger::ChargeStatement statement = ledger::charge_statement(request, clock_offset_);
+    const ledger::ChargeStatement statement = ledger::charge_statement(request, clock_);
     PgResult result(nullptr, &PQclear);
     try {
         result = exec_prepared(conn->get(), "gw_charge", statement.params);
@@ -388,15 +409,12 @@ std::optional<std::vector<Charge>> FakeGateway::settled(std::string_view idempot
     throw DbError(ledger::failure(conn.get(), "gw_settled", result.get()));
 }
 
-std::chrono::microseconds FakeGateway::measure_clock_offset() {
+std::optional<std::chrono::microseconds> FakeGateway::sample_clock(DatabaseClock& clock) {
     PgPool::Lease conn = pool_.acquire();
-    const auto sent = std::chrono::system_clock::now();
+    const auto sent = std::chrono::steady_clock::now();
     PgResult result = exec_prepared(conn.get(), "gw_clock_us", {});
-    const auto received = std::chrono::system_clock::now();
-    const std::chrono::microseconds database(to_int64(PQgetvalue(result.get(), 0, 0)));
-    const auto midway =
-        std::chrono::duration_cast<std::chrono::microseconds>((sent + (received - sent) / 2).time_since_epoch());
-    return database - midway;
+    const auto received = std::chrono::steady_clock::now();
+    return clock.update(to_int64(PQgetvalue(result.get(), 0, 0)), sent, received);
 }
 
 std::chrono::milliseconds FakeGateway::age_by_database_clock(std::chrono::system_clock::time_point instant) {

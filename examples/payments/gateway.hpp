@@ -15,6 +15,7 @@
 #include "payment.hpp"
 
 #include <libpq-fe.h>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -112,6 +113,26 @@ void ensure_app_schema(PgPool& pool);
 
 struct ChargeRequest;
 
+/// The database's clock as seen from this machine's steady clock: charges state their deadline on
+/// it (gateway_charge refuses a charge past it by its own clock). Anchored to the steady clock, so
+/// a step of this machine's wall clock changes nothing; sampled again from time to time
+/// (FakeGateway::sample_clock), so a drift or a step of either clock is followed. Thread-safe.
+class DatabaseClock {
+public:
+    /// The database's time at `instant`, in microseconds since the Unix epoch.
+    [[nodiscard]] std::int64_t at(std::chrono::steady_clock::time_point instant) const noexcept;
+    /// A sample: the database read `database_us` between `sent` and `received` (steady clock).
+    /// Taken if it is the first or its round trip is under 50 ms (the error is at most half of
+    /// it); returns how far the estimate moved, or nullopt if the sample was not taken.
+    std::optional<std::chrono::microseconds> update(std::int64_t database_us,
+                                                    std::chrono::steady_clock::time_point sent,
+                                                    std::chrono::steady_clock::time_point received) noexcept;
+
+private:
+    std::atomic<std::int64_t> base_us_{0};  // the database's time minus the steady clock's, in µs
+    std::atomic<bool> known_{false};
+};
+
 /// The prepared statements and row formats shared by FakeGateway and AsyncGateway
 /// (async_gateway.hpp): both write and read the same ledger the same way.
 namespace ledger {
@@ -120,9 +141,8 @@ struct ChargeStatement {
     std::vector<std::string> params;
     bool captured = false;
 };
-/// `clock_offset`: the database's clock minus this machine's (FakeGateway::measure_clock_offset),
-/// to state the request's deadline on the database's clock.
-[[nodiscard]] ChargeStatement charge_statement(const ChargeRequest& request, std::chrono::microseconds clock_offset);
+/// `clock`: where the database's clock is, to state the request's deadline on it.
+[[nodiscard]] ChargeStatement charge_statement(const ChargeRequest& request, const DatabaseClock& clock);
 /// Whether gw_charge refused the charge (it came after the request's deadline by the database's
 /// clock): no row, nothing charged.
 [[nodiscard]] bool charge_refused(const PGresult* result);
@@ -150,7 +170,9 @@ struct ChargeRequest {
 
 class FakeGateway {
 public:
-    FakeGateway(PgPool& pool, std::chrono::milliseconds latency) : pool_(pool), latency_(latency) {}
+    /// `clock` must outlive the gateway.
+    FakeGateway(PgPool& pool, std::chrono::milliseconds latency, const DatabaseClock& clock)
+        : pool_(pool), latency_(latency), clock_(clock) {}
 
     /// Charges the card; the idempotency key is passed on (and recorded), as a real processor's
     /// API would take it. Returns the ledger row for "captured" and "declined".
@@ -165,11 +187,9 @@ public:
     /// Throws DbError.
     [[nodiscard]] std::optional<std::vector<Charge>> settled(std::string_view idempotency_key,
                                                              std::string_view account);
-    /// The database's clock minus this machine's wall clock, measured with one statement (its
-    /// round trip halved). Throws DbError.
-    [[nodiscard]] std::chrono::microseconds measure_clock_offset();
-    /// The offset charge() states the request's deadline with (default 0).
-    void set_clock_offset(std::chrono::microseconds offset) { clock_offset_ = offset; }
+    /// Reads the database's clock once and gives `clock` the sample (DatabaseClock::update's
+    /// answer). Throws DbError.
+    std::optional<std::chrono::microseconds> sample_clock(DatabaseClock& clock);
     /// How long ago `instant` (a time the database stamped, such as a record's created_at) was, by
     /// the database's own clock — never this machine's, which may run ahead. Throws DbError.
     [[nodiscard]] std::chrono::milliseconds age_by_database_clock(std::chrono::system_clock::time_point instant);
@@ -177,7 +197,7 @@ public:
 private:
     PgPool& pool_;
     std::chrono::milliseconds latency_;
-    std::chrono::microseconds clock_offset_{0};
+    const DatabaseClock& clock_;
 };
 
 /// Fixed one-second windows per account, counted in the shared database (an UNLOGGED table), so the

@@ -437,10 +437,12 @@ asio::awaitable<idem::Response> Service::get_charges(std::string_view query) con
 //   no charge yet, but one could still be on its way → leave it; it is listed again later.
 class ReconcilerThread {
 public:
-    ReconcilerThread(idem::IdempotencyStore& store, payments::FakeGateway& gateway, payments::RateLimiter* limiter,
-                     milliseconds every, milliseconds lease)
+    ReconcilerThread(idem::IdempotencyStore& store, payments::FakeGateway& gateway, payments::DatabaseClock& clock,
+                     payments::RateLimiter* limiter, milliseconds every, milliseconds lease)
         : reconciler_(
               store, [&gateway](idem::Reconciliation& r) { resolve(gateway, r); }, make_options(lease)),
+          gateway_(gateway),
+          clock_(clock),
           limiter_(limiter),
           every_(every) {}
 
@@ -493,7 +495,21 @@ private:
         std::mutex mutex;
         std::condition_variable_any wake;
         auto next_purge = Clock::now();
+        auto next_clock = Clock::now() + 5s;
         while (!stop.stop_requested()) {
+            if (Clock::now() >= next_clock) {
+                next_clock = Clock::now() + 5s;
+                try {
+                    const auto moved = gateway_.sample_clock(clock_);
+                    if (moved && (*moved > 1s || *moved < -1s)) {
+                        log("reconciler: the database's clock moved by ",
+                            std::chrono::duration_cast<milliseconds>(*moved).count(),
+                            " ms against this machine's; charge deadlines follow it");
+                    }
+                } catch (const std::exception& e) {
+                    log("reconciler: reading the database's clock: ", e.what());
+                }
+            }
             try {
                 const auto sweep = reconciler_.run_once();
                 if (sweep.failed > 0) log("reconciler: ", sweep.failed, " key(s) could not be settled this time");
@@ -514,6 +530,8 @@ private:
     }
 
     idem::Reconciler reconciler_;
+    payments::FakeGateway& gateway_;
+    payments::DatabaseClock& clock_;
     payments::RateLimiter* limiter_;
     milliseconds every_;
     std::jthread thread_;
@@ -551,20 +569,16 @@ int main(int argc, char** argv) {
         // The reconciler's blocking connections (and the schema); requests use the asynchronous pool.
         payments::PgPool reconciler_pool(options.db, 2, kGatewayTimeout);
         payments::ensure_app_schema(reconciler_pool);
-        payments::FakeGateway reconciler_gateway(reconciler_pool, options.gateway_latency);
-        // Charges state their deadline on the database's clock (gateway_charge refuses one past it).
-        const auto clock_offset = reconciler_gateway.measure_clock_offset();
-        reconciler_gateway.set_clock_offset(clock_offset);
-        if (clock_offset > 1s || clock_offset < -1s) {
-            log("warning: this machine's clock differs from the database's by ",
-                std::chrono::duration_cast<milliseconds>(clock_offset).count(),
-                " ms; charge deadlines are corrected for it (run NTP)");
-        }
+        // Charges state their deadline on the database's clock (gateway_charge refuses one past
+        // it): read it now, and again from the reconciler thread every few seconds.
+        payments::DatabaseClock database_clock;
+        payments::FakeGateway reconciler_gateway(reconciler_pool, options.gateway_latency, database_clock);
+        (void)reconciler_gateway.sample_clock(database_clock);
         std::optional<payments::RateLimiter> purger;
         if (options.rate_limit_per_second > 0) purger.emplace(reconciler_pool, options.rate_limit_per_second);
 
         payments::AsyncPgPool pool(io.get_executor(), options.db, options.gateway_pool, kGatewayTimeout);
-        payments::AsyncGateway gateway(pool, options.gateway_latency, clock_offset);
+        payments::AsyncGateway gateway(pool, options.gateway_latency, database_clock);
         std::optional<payments::AsyncRateLimiter> limiter;
         if (options.rate_limit_per_second > 0) limiter.emplace(pool, options.rate_limit_per_second);
 
@@ -599,7 +613,7 @@ int main(int argc, char** argv) {
             options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
         std::cout << "listening on http://" << url_host << ":" << port << std::endl;
 
-        ReconcilerThread reconciler(store.blocking(), reconciler_gateway, purger ? &*purger : nullptr,
+        ReconcilerThread reconciler(store.blocking(), reconciler_gateway, database_clock, purger ? &*purger : nullptr,
                                     options.reconcile_every, options.lease);
         reconciler.start();
 
