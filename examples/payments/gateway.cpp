@@ -111,6 +111,20 @@ std::string pg_message(PGconn* conn) {
     return message;
 }
 
+// The `options` of `conninfo` (if any), then `ours`: a connection made with the result keeps the
+// user's settings (a search_path, say) and ours win where both set one. Passing `options` as a
+// separate keyword replaces the conninfo's own, hence the merge.
+std::string with_conninfo_options(const std::string& conninfo, const std::string& ours) {
+    std::string user;
+    if (PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), nullptr)) {
+        for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
+            if (std::string_view(o->keyword) == "options" && o->val != nullptr) user = o->val;
+        }
+        PQconninfoFree(opts);
+    }
+    return user.empty() ? ours : user + " " + ours;
+}
+
 std::int64_t to_int64(const char* text) {
     std::int64_t value = 0;
     const std::string_view view(text);
@@ -263,8 +277,9 @@ PgPool::Lease::~Lease() {
 
 PGconn* open_gateway_connection(const std::string& conninfo, std::chrono::milliseconds statement_timeout) {
     // READ COMMITTED whatever the database's default: gateway_settled relies on it.
-    const std::string options = "-c statement_timeout=" + std::to_string(statement_timeout.count()) +
-                                " -c default_transaction_isolation=read\\ committed";
+    const std::string options =
+        with_conninfo_options(conninfo, "-c statement_timeout=" + std::to_string(statement_timeout.count()) +
+                                            " -c default_transaction_isolation=read\\ committed");
     const char* keys[] = {"dbname", "options", "application_name", "connect_timeout", nullptr};
     const char* values[] = {conninfo.c_str(), options.c_str(), "payments-gateway", "5", nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, 1);
@@ -338,8 +353,9 @@ void PgPool::give_back(PGconn* conn) noexcept {
 
 void PgPool::exec_script(std::string_view sql) {
     // Its own connection: the pooled ones prepare statements on tables this script creates.
+    const std::string options = with_conninfo_options(conninfo_, "-c client_min_messages=warning");
     const char* keys[] = {"dbname", "application_name", "connect_timeout", "options", nullptr};
-    const char* values[] = {conninfo_.c_str(), "payments-setup", "5", "-c client_min_messages=warning", nullptr};
+    const char* values[] = {conninfo_.c_str(), "payments-setup", "5", options.c_str(), nullptr};
     std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdbParams(keys, values, 1), &PQfinish);
     if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
         throw DbError("payments: cannot connect to the database: " + pg_message(conn.get()));
