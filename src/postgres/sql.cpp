@@ -105,8 +105,12 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
     const std::string claimable_rows = generation ? fmt::format("WHERE {}(u.s, u.k) ", claimable) : std::string();
     // Read by primary key; also sent right after the claim (same Sync) as a statement of its own,
     // so it takes a new snapshot and sees the row that made the claim conflict.
-    defs[kSelect] = {
-        "idem_select", fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2", record, T), {text, text}};
+    // With generations a key has at most one row (a re-claim moves it): newest generation first,
+    // stopping at the key, as the claimable function looks.
+    defs[kSelect] = {"idem_select",
+                     fmt::format("SELECT {} FROM {} WHERE scope = $1 AND key = $2{}", record, T,
+                                 generation ? " ORDER BY generation DESC LIMIT 1" : ""),
+                     {text, text}};
     // Batches: one statement for many keys (arrays in, rows out), so a batch costs two statements
     // however large it is. The client sorts the arrays by key: concurrent batches lock in one order.
     defs[kClaimBatchInsert] = {
@@ -130,11 +134,17 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
                     "{}{} RETURNING fence",
                     T, claimable_rows, conflict),
         {text_array, text_array, bytea_array, int2_array, int8_array, int8_array, int8_array}};
-    defs[kSelectBatch] = {"idem_select_batch",
-                          fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
-                                      "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
-                                      record, T),
-                          {text_array, text_array}};
+    // With generations, each key is looked up as idem_select does (newest first, stopping at it).
+    defs[kSelectBatch] = {
+        "idem_select_batch",
+        generation ? fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
+                                 "CROSS JOIN LATERAL (SELECT * FROM {} AS x WHERE x.scope = u.s AND x.key = u.k "
+                                 "ORDER BY x.generation DESC LIMIT 1) AS t",
+                                 record, T)
+                   : fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
+                                 "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
+                                 record, T),
+        {text_array, text_array}};
     defs[kSaveBatch] = {"idem_save_batch",
                         fmt::format("UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
                                     "FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[]) AS u(s, k, f, r) "
@@ -316,7 +326,9 @@ std::vector<std::string> schema_statements(const TableName& t, Generation genera
         // advisory locks share it. plpgsql, VOLATILE: each statement gets a fresh snapshot under
         // READ COMMITTED, so the lookup runs after the lock is granted and its plan is cached.
         // Under a stricter isolation (a server's default_transaction_isolation) the lookup would
-        // see the transaction's older snapshot: refused.
+        // see the transaction's older snapshot: refused. The lookup probes the generations newest
+        // first and stops at the key (an ordered Append under LIMIT 1): a retry of a recent key
+        // reads one generation's index, not every one; a new key still reads them all.
         out.push_back(fmt::format(R"(CREATE OR REPLACE FUNCTION {0}(claim_scope text, claim_key text)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
@@ -325,7 +337,8 @@ BEGIN
             current_setting('transaction_isolation') USING ERRCODE = '0A000';
     END IF;
     PERFORM pg_advisory_xact_lock({1}, hashtext(claim_scope || chr(31) || claim_key));
-    RETURN NOT EXISTS (SELECT 1 FROM {2} WHERE scope = claim_scope AND key = claim_key);
+    PERFORM FROM {2} WHERE scope = claim_scope AND key = claim_key ORDER BY generation DESC LIMIT 1;
+    RETURN NOT FOUND;
 END
 $fn$)",
                                   claimable_function(t), lock_class(t), t.qualified));

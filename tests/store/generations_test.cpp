@@ -314,6 +314,80 @@ TEST_CASE("generations: a claim waits for a claim of its key in an older generat
     CHECK(admin.scalar("SELECT count(*) FROM " + tables.idem + " WHERE scope = $1", {key.scope()}) == 1);
 }
 
+TEST_CASE("generations: a replay of a key in the newest live generation reads no older generation", "[generations]") {
+    // A retry usually comes soon after its claim: its key is in the current generation, and the
+    // claim's lookups (the claimable function, then the read) stop there, newest first. Counted
+    // with PostgreSQL's index statistics: an older generation's index is never scanned.
+    const auto url = race::require_db();
+    Tables tables(url);
+    PgConn admin(url);
+    std::vector<std::string> generations;  // every partition's start, oldest first
+    {
+        idem::PostgresStore maker(url, gen_options(tables.idem, 1, 20));
+        maker.ensure_schema();
+    }
+    const auto starts = [&] {
+        std::vector<std::string> out;
+        const auto r = admin.exec(
+            "SELECT substring(c.relname FROM '_g([0-9]+)$')::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = "
+            "i.inhrelid WHERE i.inhparent = $1::regclass ORDER BY 1",
+            {tables.idem});
+        for (int i = 0; i < PQntuples(r.get()); ++i) out.emplace_back(PQgetvalue(r.get(), i, 0));
+        return out;
+    };
+    generations = starts();
+    REQUIRE(generations.size() >= 3);
+    // Wait until the oldest generation has ended by the database's clock: the next one is current.
+    const std::string current = generations[1];
+    for (int i = 0; i < 100 && admin.scalar("SELECT ((extract(epoch FROM now()) * 1000)::bigint >= $1::bigint)::int",
+                                            {current}) == 0;
+         ++i) {
+        std::this_thread::sleep_for(50ms);
+    }
+    const std::string scope = idem_test::unique_name("newest");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    std::string fp_hex = "\\x";
+    fp_hex += fp.hex();
+    // "old" in the ended generation, "new" in the current one, both completed (written directly:
+    // an INSERT scans no index).
+    for (const auto& [key, generation] : {std::pair{"old"s, generations[0]}, std::pair{"new"s, current}}) {
+        admin.exec("INSERT INTO " + tables.idem +
+                       " (scope, key, state, fingerprint, fingerprint_alg, fence, attempt, result, created_at, "
+                       "lease_until, completed_at, expires_at, generation) VALUES ($1, $2, 'completed', $3::bytea, 1, "
+                       "1, 1, 'stored'::bytea, now(), now(), now(), now() + interval '1 hour', $4::bigint)",
+                   {scope, key, fp_hex, generation});
+    }
+    // Index scans per generation so far (statistics of ended sessions; ours scans none).
+    const auto scans = [&](const std::string& generation) {
+        return admin.scalar("SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes WHERE relname = $1",
+                            {tables.idem + "_g" + generation});
+    };
+    const long long old_before = scans(generations[0]), new_before = scans(current);
+    constexpr int kReplays = 20;
+    {
+        idem::PostgresStore store(url, gen_options(tables.idem, 1, 20));
+        for (int i = 0; i < kReplays; ++i) {
+            const auto c = store.claim(idem::Key(scope, "new"), fp);
+            REQUIRE(c.status == idem::ClaimStatus::completed);
+            REQUIRE(c.existing);
+            CHECK(c.existing->result == "stored");
+        }
+        // Batches (their statements): the claimable function, then the batch's read.
+        const idem::Key keys[] = {idem::Key(scope, "new")};
+        const idem::Fingerprint fps[] = {fp};
+        for (int i = 0; i < kReplays; ++i) {
+            const auto c = store.claim_batch(keys, fps);
+            REQUIRE(c.size() == 1);
+            CHECK(c[0].status == idem::ClaimStatus::completed);
+            CHECK((c[0].existing && c[0].existing->result == "stored"));
+        }
+    }  // its session ends: PostgreSQL publishes the session's statistics
+    // Each replay scans the current generation at least once (the claimable function's lookup).
+    for (int i = 0; i < 300 && scans(current) - new_before < 2 * kReplays; ++i) std::this_thread::sleep_for(50ms);
+    REQUIRE(scans(current) - new_before >= 2 * kReplays);
+    CHECK(scans(generations[0]) - old_before == 0);
+}
+
 TEST_CASE("generations: negative control, a lookup without the key's lock lets the newer generation win",
           "[generations]") {
     // The same steps as above on a table whose claimable function looks the key up without
