@@ -61,6 +61,9 @@ Checks (when given, they run instead of the matrix):
                           for both layouts: the plain table and generations of 6 h (the rows
                           spread over the current and 3 older generations); ratios full / empty,
                           target <= 1.25 each; warns about sequential scans
+  --prewarm               with --table-size-check: read every table, partition and index of the
+                          check into shared_buffers (pg_prewarm) before measuring, so that the
+                          figures are those of a cache that holds them (warns if it cannot)
   --seal-check N          client CPU per new call and replay with sealed responses off and on
                           (N-byte bodies, 1 thread, --rounds pairs), and seal() / open_sealed()
   --rss-check             RSS after 100k and after --rss-calls calls (default 1000000),
@@ -195,6 +198,8 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--table-size-check") {
             o.table_size_check = to_int(value(), "--table-size-check");
             if (o.table_size_check < 1) usage(2);
+        } else if (arg == "--prewarm") {
+            o.table_size_prewarm = true;
         } else if (arg == "--seal-check") {
             o.seal_check = to_int(value(), "--seal-check");
             if (o.seal_check < 0) usage(2);
@@ -253,6 +258,10 @@ Options parse(int argc, char** argv) {
             std::fprintf(stderr, "idem-bench: unknown argument '%s'\n", arg.c_str());
             usage(2);
         }
+    }
+    if (o.table_size_prewarm && o.table_size_check == 0) {
+        std::fprintf(stderr, "idem-bench: --prewarm goes with --table-size-check\n");
+        usage(2);
     }
     if (pool_cap > 0) {
         for (std::size_t i = 0; i < o.threads.size(); ++i) {

@@ -33,6 +33,7 @@ struct Options {
     bool keep_tables = false;
     bool expect_round_trips = false;
     std::int64_t table_size_check = 0;
+    bool table_size_prewarm = false;  ///< --prewarm: the check's tables read into shared_buffers first
     bool rss_check = false;
     std::int64_t seal_check = 0;  ///< --seal-check N: the sealing check with N-byte bodies
     std::int64_t rss_calls = 1'000'000;

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cases.hpp"
 #include "floor.hpp"
 #include "phase.hpp"
 #include "sides.hpp"
@@ -82,6 +83,22 @@ struct TableOp {
     }
 };
 
+// A replay sent by the floor (FloorClient: the library's statements over raw libpq), timed as
+// TableOp times the library's.
+struct FloorReplayOp {
+    FloorClient& client;
+    std::string_view fp;
+    TableSizeFigures& f;
+
+    bool operator()(int, Rng& rng) const {
+        const std::string key = md5_key(rng.below(static_cast<std::uint64_t>(f.rows)));
+        const auto t0 = Clock::now();
+        const auto answer = client.claim(kScope, key, fp, 1, 1, kLeaseMs, kRetentionS);
+        f.floor_replay.record(static_cast<std::uint64_t>(std::chrono::nanoseconds(Clock::now() - t0).count()));
+        return answer == FloorClient::Answer::completed;
+    }
+};
+
 // Loads `rows` completed md5 keys into the generational table `table`: a quarter into each of
 // kOlder generations made here (named as the library names them, created, loaded, then attached
 // — attaching builds their indexes) and the rest into the current one, which ensure_schema() made.
@@ -124,6 +141,21 @@ std::string total_size(Admin& admin, const std::string& table) {
         {quote_ident(table)});
 }
 
+// Reads `table`, its partitions and all their indexes into shared_buffers (pg_prewarm, mode
+// "buffer"); returns the bytes read. Throws if the extension cannot be created.
+long long prewarm_relations(Admin& admin, const std::string& table) {
+    admin.exec("CREATE EXTENSION IF NOT EXISTS pg_prewarm");
+    const std::string blocks = admin.exec(
+        "WITH t AS (SELECT $1::regclass AS relid UNION SELECT relid FROM pg_partition_tree($1::regclass)), "
+        "r AS (SELECT relid FROM t UNION SELECT indexrelid FROM pg_index WHERE indrelid IN (SELECT relid FROM t)) "
+        "SELECT coalesce(sum(pg_prewarm(r.relid, 'buffer')), 0) FROM r JOIN pg_class c ON c.oid = r.relid "
+        "WHERE c.relkind IN ('r', 'i')",
+        {quote_ident(table)});
+    return std::stoll(blocks) * std::stoll(admin.exec("SELECT current_setting('block_size')"));
+}
+
+double mb(long long bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
 double per_call_us(std::uint64_t ns, std::uint64_t calls) {
     return calls ? static_cast<double>(ns) / 1000.0 / static_cast<double>(calls) : 0;
 }
@@ -136,7 +168,10 @@ double TableSizeFigures::replay_cpu_us() const { return per_call_us(replay_cpu_n
 TableSizeRatios table_size_ratios(const TableSizeLayout& l) {
     return {l.full.claim.percentile_us(0.5) / l.empty.claim.percentile_us(0.5),
             l.full.replay.percentile_us(0.5) / l.empty.replay.percentile_us(0.5),
-            l.full.claim_cpu_us() / l.empty.claim_cpu_us(), l.full.replay_cpu_us() / l.empty.replay_cpu_us()};
+            l.full.claim_cpu_us() / l.empty.claim_cpu_us(), l.full.replay_cpu_us() / l.empty.replay_cpu_us(),
+            l.empty.floor_replay.count() > 0
+                ? l.full.floor_replay.percentile_us(0.5) / l.empty.floor_replay.percentile_us(0.5)
+                : 0.0};
 }
 
 TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
@@ -146,6 +181,7 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
     struct Setup {
         std::string table[2];  // empty, full
         std::unique_ptr<idem::PostgresStore> store[2];
+        std::unique_ptr<FloorClient> floor[2];  // the plain layout only
     };
     Setup setups[2];
     for (int g = 0; g < 2; ++g) {
@@ -182,6 +218,21 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
             if (gen) options.generations = idem::PostgresOptions::Generations{kLength, 2};
             setups[g].store[full] = std::make_unique<idem::PostgresStore>(o.db, options);
             prewarm(*setups[g].store[full], 1);
+            if (!gen) setups[g].floor[full] = std::make_unique<FloorClient>(o.db, name);
+        }
+    }
+    if (o.table_size_prewarm) {
+        const long long buffers =
+            std::stoll(admin.exec("SELECT setting::bigint * current_setting('block_size')::bigint FROM pg_settings "
+                                  "WHERE name = 'shared_buffers'"));
+        long long& total = r.prewarmed_bytes;
+        for (const Setup& s : setups) {
+            for (const std::string& table : s.table) total += prewarm_relations(admin, table);
+        }
+        std::fprintf(stderr, "table-size check: read %.0f MB into shared_buffers (%.0f MB)\n", mb(total), mb(buffers));
+        if (total > buffers * 9 / 10) {
+            std::printf("  WARNING: --prewarm: the tables (%.0f MB) do not fit in shared_buffers (%.0f MB)\n",
+                        mb(total), mb(buffers));
         }
     }
     long long seq_before[2][2];
@@ -194,13 +245,20 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
     std::uint64_t unexpected = 0;
     for (int round = 0; round < o.rounds; ++round) {
         for (int g = 0; g < 2; ++g) {
-            for (const bool replay : {false, true}) {
+            for (const int kind : {0, 1, 2}) {  // claims, replays, the floor's replays
+                if (kind == 2 && !setups[g].floor[0]) continue;
                 for (int half = 0; half < 2; ++half) {
                     const int full = (half == 0) == (round % 2 == 0) ? 1 : 0;  // ABBA
                     TableSizeLayout& l = r.layouts[static_cast<std::size_t>(g)];
-                    TableOp op{*setups[g].store[full], fp, replay, full ? l.full : l.empty};
+                    TableSizeFigures& f = full ? l.full : l.empty;
                     seed += 0x632BE59BD9B4E019ull;
-                    unexpected += run_phase(admin, 1, per_round, seed, op, none).unexpected;
+                    if (kind == 2) {
+                        FloorReplayOp op{*setups[g].floor[full], fp.bytes(), f};
+                        unexpected += run_phase(admin, 1, per_round, seed, op, none).unexpected;
+                    } else {
+                        TableOp op{*setups[g].store[full], fp, kind == 1, f};
+                        unexpected += run_phase(admin, 1, per_round, seed, op, none).unexpected;
+                    }
                 }
             }
         }
@@ -214,17 +272,23 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
 
     std::printf(
         "table-size check (1 thread, %d x %.1f s per table and case, alternating; claim = new key, then its "
-        "save; replay = a preloaded completed key; the claim alone timed; cpu = the calling thread's):\n",
-        o.rounds, per_round);
-    std::printf("  %-12s %-22s %10s %10s %10s %10s %9s %9s %8s %8s %5s\n", "layout", "table", "claim p50", "claim p99",
-                "replay p50", "replay p99", "cpu claim", "cpu rpl", "claims", "replays", "seq");
+        "save; replay = a preloaded completed key; the claim alone timed; cpu = the calling thread's; floor rpl = "
+        "the same replays over raw libpq; %s):\n",
+        o.rounds, per_round,
+        r.prewarmed_bytes > 0 ? fmt::format("{:.0f} MB read into shared_buffers first", mb(r.prewarmed_bytes)).c_str()
+                              : "no prewarm");
+    std::printf("  %-12s %-22s %10s %10s %10s %10s %9s %9s %8s %8s %5s %10s\n", "layout", "table", "claim p50",
+                "claim p99", "replay p50", "replay p99", "cpu claim", "cpu rpl", "claims", "replays", "seq",
+                "floor rpl");
     for (const TableSizeLayout& l : r.layouts) {
         for (const TableSizeFigures* f : {&l.empty, &l.full}) {
-            std::printf("  %-12s %-22s %10.0f %10.0f %10.0f %10.0f %9.1f %9.1f %8llu %8llu %5lld\n", l.name.c_str(),
-                        fmt::format("{} rows, {}", f->rows, f->size).c_str(), f->claim.percentile_us(0.5),
-                        f->claim.percentile_us(0.99), f->replay.percentile_us(0.5), f->replay.percentile_us(0.99),
-                        f->claim_cpu_us(), f->replay_cpu_us(), static_cast<unsigned long long>(f->claim.count()),
-                        static_cast<unsigned long long>(f->replay.count()), f->seq_scans);
+            std::printf(
+                "  %-12s %-22s %10.0f %10.0f %10.0f %10.0f %9.1f %9.1f %8llu %8llu %5lld %10s\n", l.name.c_str(),
+                fmt::format("{} rows, {}", f->rows, f->size).c_str(), f->claim.percentile_us(0.5),
+                f->claim.percentile_us(0.99), f->replay.percentile_us(0.5), f->replay.percentile_us(0.99),
+                f->claim_cpu_us(), f->replay_cpu_us(), static_cast<unsigned long long>(f->claim.count()),
+                static_cast<unsigned long long>(f->replay.count()), f->seq_scans,
+                f->floor_replay.count() > 0 ? fmt::format("{:.0f}", f->floor_replay.percentile_us(0.5)).c_str() : "-");
         }
     }
     const auto verdict = [](double v) { return v <= kTableSizeTarget ? "met" : "MISSED"; };
@@ -235,6 +299,10 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
             "cpu replay %.3f %s; load %.0f s\n",
             l.name.c_str(), kTableSizeTarget, q.claim_p50, verdict(q.claim_p50), q.replay_p50, verdict(q.replay_p50),
             q.claim_cpu, verdict(q.claim_cpu), q.replay_cpu, verdict(q.replay_cpu), l.load_seconds);
+        if (q.floor_replay_p50 > 0) {
+            std::printf("  %s, the floor's replay p50 (no library), full / empty: %.3f\n", l.name.c_str(),
+                        q.floor_replay_p50);
+        }
     }
     const TableSizeLayout& plain = r.layouts[0];
     const TableSizeLayout& gen = r.layouts[1];

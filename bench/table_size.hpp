@@ -21,6 +21,9 @@ struct TableSizeFigures {
     std::int64_t rows = 0;  ///< completed keys loaded before the check
     std::string size;       ///< table + indexes after the load (every partition), pretty-printed
     Histogram claim, replay;
+    /// The plain layout only: the same replays sent by a FloorClient (the library's statements over
+    /// raw libpq): how much of a replay's growth with the table is PostgreSQL's own.
+    Histogram floor_replay;
     std::uint64_t claim_cpu_ns = 0, claim_calls = 0, replay_cpu_ns = 0, replay_calls = 0;
     long long seq_scans = 0;  ///< sequential scans of the table (any partition) during the check
     [[nodiscard]] double claim_cpu_us() const;
@@ -36,12 +39,14 @@ struct TableSizeLayout {
 
 struct TableSizeResult {
     std::int64_t rows = 0;
+    long long prewarmed_bytes = 0;  ///< read into shared_buffers before measuring (--prewarm), else 0
     std::vector<TableSizeLayout> layouts;
 };
 
 /// The ratios full / empty a layout is held to (each <= kTableSizeTarget).
 struct TableSizeRatios {
     double claim_p50 = 0, replay_p50 = 0, claim_cpu = 0, replay_cpu = 0;
+    double floor_replay_p50 = 0;  ///< 0: no floor figures (generations)
 };
 TableSizeRatios table_size_ratios(const TableSizeLayout& l);
 inline constexpr double kTableSizeTarget = 1.25;
