@@ -192,12 +192,14 @@ void write_json(const std::string& path, const Options& o, const std::string& se
             return fmt::format(
                 "{{\"rows\": {}, \"size\": \"{}\", \"claim_p50_us\": {}, \"claim_p99_us\": {}, "
                 "\"replay_p50_us\": {}, \"replay_p99_us\": {}, \"claim_cpu_us\": {}, \"replay_cpu_us\": {}, "
-                "\"claims\": {}, \"replays\": {}, \"seq_scans\": {}, \"floor_replay_p50_us\": {}}}",
+                "\"claims\": {}, \"replays\": {}, \"seq_scans\": {}, \"floor_replay_p50_us\": {}, "
+                "\"recent_replay_p50_us\": {}}}",
                 f.rows, f.size, json_number(f.claim.percentile_us(0.5)), json_number(f.claim.percentile_us(0.99)),
                 json_number(f.replay.percentile_us(0.5)), json_number(f.replay.percentile_us(0.99)),
                 json_number(f.claim_cpu_us()), json_number(f.replay_cpu_us()), f.claim.count(), f.replay.count(),
                 f.seq_scans,
-                f.floor_replay.count() > 0 ? json_number(f.floor_replay.percentile_us(0.5)) : std::string("null"));
+                f.floor_replay.count() > 0 ? json_number(f.floor_replay.percentile_us(0.5)) : std::string("null"),
+                json_number(f.recent_replay.percentile_us(0.5)));
         };
         s += fmt::format("  \"table_size_check\": {{\"rows\": {}, \"target\": {}, \"prewarmed_mb\": {}, \"layouts\": [",
                          ts->rows, json_number(kTableSizeTarget),
@@ -208,11 +210,12 @@ void write_json(const std::string& path, const Options& o, const std::string& se
             s += fmt::format(
                 "{}\n    {{\"layout\": \"{}\", \"shape\": \"{}\", \"load_seconds\": {}, \"empty\": {}, "
                 "\"full\": {}, \"ratio_claim_p50\": {}, \"ratio_replay_p50\": {}, \"ratio_claim_cpu\": {}, "
-                "\"ratio_replay_cpu\": {}, \"ratio_floor_replay_p50\": {}}}",
+                "\"ratio_replay_cpu\": {}, \"ratio_floor_replay_p50\": {}, \"ratio_recent_replay_p50\": {}}}",
                 i ? "," : "", l.name, l.shape, json_number(l.load_seconds), figures(l.empty), figures(l.full),
                 json_number(q.claim_p50), json_number(q.replay_p50), json_number(q.claim_cpu),
                 json_number(q.replay_cpu),
-                q.floor_replay_p50 > 0 ? json_number(q.floor_replay_p50) : std::string("null"));
+                q.floor_replay_p50 > 0 ? json_number(q.floor_replay_p50) : std::string("null"),
+                json_number(q.recent_replay_p50));
         }
         s += "\n  ]},\n";
     }

@@ -52,23 +52,32 @@ std::string md5_key(std::uint64_t i) {
     return out;
 }
 
-// One call: a claim of a new key (then its save) or of a preloaded completed key (a replay). The
-// claim alone is timed and its thread CPU time counted.
+// One call: a claim of a new key (then its save), of a preloaded completed key (a replay), or of
+// one of the last quarter preloaded (a recent replay: in the generational layout, the keys of the
+// current generation). The claim alone is timed and its thread CPU time counted.
 struct TableOp {
+    enum class Kind { claim, replay, recent };
     idem::PostgresStore& store;
     const idem::Fingerprint& fp;
-    bool replay;
+    Kind kind;
     TableSizeFigures& f;
 
     bool operator()(int, Rng& rng) const {
-        const idem::Key key(kScope,
-                            replay ? md5_key(rng.below(static_cast<std::uint64_t>(f.rows))) : random_hex_key(rng));
+        const auto rows = static_cast<std::uint64_t>(f.rows);
+        const std::uint64_t recent_first = rows - rows / 4;
+        const idem::Key key(kScope, kind == Kind::claim    ? random_hex_key(rng)
+                                    : kind == Kind::replay ? md5_key(rng.below(rows))
+                                                           : md5_key(recent_first + rng.below(rows - recent_first)));
         const auto cpu0 = thread_cpu_ns();
         const auto t0 = Clock::now();
         const idem::Claim c = store.claim(key, fp);
         const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(Clock::now() - t0).count());
         const auto cpu = thread_cpu_ns() - cpu0;
-        if (replay) {
+        if (kind == Kind::recent) {
+            f.recent_replay.record(ns);
+            return c.status == idem::ClaimStatus::completed;
+        }
+        if (kind == Kind::replay) {
             f.replay.record(ns);
             f.replay_cpu_ns += cpu;
             ++f.replay_calls;
@@ -168,10 +177,12 @@ double TableSizeFigures::replay_cpu_us() const { return per_call_us(replay_cpu_n
 TableSizeRatios table_size_ratios(const TableSizeLayout& l) {
     return {l.full.claim.percentile_us(0.5) / l.empty.claim.percentile_us(0.5),
             l.full.replay.percentile_us(0.5) / l.empty.replay.percentile_us(0.5),
-            l.full.claim_cpu_us() / l.empty.claim_cpu_us(), l.full.replay_cpu_us() / l.empty.replay_cpu_us(),
+            l.full.claim_cpu_us() / l.empty.claim_cpu_us(),
+            l.full.replay_cpu_us() / l.empty.replay_cpu_us(),
             l.empty.floor_replay.count() > 0
                 ? l.full.floor_replay.percentile_us(0.5) / l.empty.floor_replay.percentile_us(0.5)
-                : 0.0};
+                : 0.0,
+            l.full.recent_replay.percentile_us(0.5) / l.empty.recent_replay.percentile_us(0.5)};
 }
 
 TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables, const std::string& prefix,
@@ -245,18 +256,21 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
     std::uint64_t unexpected = 0;
     for (int round = 0; round < o.rounds; ++round) {
         for (int g = 0; g < 2; ++g) {
-            for (const int kind : {0, 1, 2}) {  // claims, replays, the floor's replays
-                if (kind == 2 && !setups[g].floor[0]) continue;
+            for (const int kind : {0, 1, 2, 3}) {  // claims, replays, recent replays, the floor's replays
+                if (kind == 3 && !setups[g].floor[0]) continue;
                 for (int half = 0; half < 2; ++half) {
                     const int full = (half == 0) == (round % 2 == 0) ? 1 : 0;  // ABBA
                     TableSizeLayout& l = r.layouts[static_cast<std::size_t>(g)];
                     TableSizeFigures& f = full ? l.full : l.empty;
                     seed += 0x632BE59BD9B4E019ull;
-                    if (kind == 2) {
+                    if (kind == 3) {
                         FloorReplayOp op{*setups[g].floor[full], fp.bytes(), f};
                         unexpected += run_phase(admin, 1, per_round, seed, op, none).unexpected;
                     } else {
-                        TableOp op{*setups[g].store[full], fp, kind == 1, f};
+                        const auto k = kind == 0   ? TableOp::Kind::claim
+                                       : kind == 1 ? TableOp::Kind::replay
+                                                   : TableOp::Kind::recent;
+                        TableOp op{*setups[g].store[full], fp, k, f};
                         unexpected += run_phase(admin, 1, per_round, seed, op, none).unexpected;
                     }
                 }
@@ -272,22 +286,24 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
 
     std::printf(
         "table-size check (1 thread, %d x %.1f s per table and case, alternating; claim = new key, then its "
-        "save; replay = a preloaded completed key; the claim alone timed; cpu = the calling thread's; floor rpl = "
-        "the same replays over raw libpq; %s):\n",
+        "save; replay = a preloaded completed key; recent = one of the last quarter loaded (generations: the "
+        "current one's); the claim alone timed; cpu = the calling thread's; floor rpl = the same replays over raw "
+        "libpq; %s):\n",
         o.rounds, per_round,
         r.prewarmed_bytes > 0 ? fmt::format("{:.0f} MB read into shared_buffers first", mb(r.prewarmed_bytes)).c_str()
                               : "no prewarm");
-    std::printf("  %-12s %-22s %10s %10s %10s %10s %9s %9s %8s %8s %5s %10s\n", "layout", "table", "claim p50",
-                "claim p99", "replay p50", "replay p99", "cpu claim", "cpu rpl", "claims", "replays", "seq",
-                "floor rpl");
+    std::printf("  %-12s %-22s %10s %10s %10s %10s %10s %9s %9s %8s %8s %5s %10s\n", "layout", "table", "claim p50",
+                "claim p99", "replay p50", "replay p99", "recent p50", "cpu claim", "cpu rpl", "claims", "replays",
+                "seq", "floor rpl");
     for (const TableSizeLayout& l : r.layouts) {
         for (const TableSizeFigures* f : {&l.empty, &l.full}) {
             std::printf(
-                "  %-12s %-22s %10.0f %10.0f %10.0f %10.0f %9.1f %9.1f %8llu %8llu %5lld %10s\n", l.name.c_str(),
+                "  %-12s %-22s %10.0f %10.0f %10.0f %10.0f %10.0f %9.1f %9.1f %8llu %8llu %5lld %10s\n", l.name.c_str(),
                 fmt::format("{} rows, {}", f->rows, f->size).c_str(), f->claim.percentile_us(0.5),
                 f->claim.percentile_us(0.99), f->replay.percentile_us(0.5), f->replay.percentile_us(0.99),
-                f->claim_cpu_us(), f->replay_cpu_us(), static_cast<unsigned long long>(f->claim.count()),
-                static_cast<unsigned long long>(f->replay.count()), f->seq_scans,
+                f->recent_replay.percentile_us(0.5), f->claim_cpu_us(), f->replay_cpu_us(),
+                static_cast<unsigned long long>(f->claim.count()), static_cast<unsigned long long>(f->replay.count()),
+                f->seq_scans,
                 f->floor_replay.count() > 0 ? fmt::format("{:.0f}", f->floor_replay.percentile_us(0.5)).c_str() : "-");
         }
     }
@@ -299,6 +315,7 @@ TableSizeResult table_size_check(const Options& o, Admin& admin, Tables& tables,
             "cpu replay %.3f %s; load %.0f s\n",
             l.name.c_str(), kTableSizeTarget, q.claim_p50, verdict(q.claim_p50), q.replay_p50, verdict(q.replay_p50),
             q.claim_cpu, verdict(q.claim_cpu), q.replay_cpu, verdict(q.replay_cpu), l.load_seconds);
+        std::printf("  %s, recent replays' p50, full / empty: %.3f\n", l.name.c_str(), q.recent_replay_p50);
         if (q.floor_replay_p50 > 0) {
             std::printf("  %s, the floor's replay p50 (no library), full / empty: %.3f\n", l.name.c_str(),
                         q.floor_replay_p50);

@@ -24,6 +24,9 @@ struct TableSizeFigures {
     /// The plain layout only: the same replays sent by a FloorClient (the library's statements over
     /// raw libpq): how much of a replay's growth with the table is PostgreSQL's own.
     Histogram floor_replay;
+    /// Replays of the last quarter of the keys loaded (generations: the current generation's), as
+    /// a retry that comes soon after its claim would be.
+    Histogram recent_replay;
     std::uint64_t claim_cpu_ns = 0, claim_calls = 0, replay_cpu_ns = 0, replay_calls = 0;
     long long seq_scans = 0;  ///< sequential scans of the table (any partition) during the check
     [[nodiscard]] double claim_cpu_us() const;
@@ -47,6 +50,7 @@ struct TableSizeResult {
 struct TableSizeRatios {
     double claim_p50 = 0, replay_p50 = 0, claim_cpu = 0, replay_cpu = 0;
     double floor_replay_p50 = 0;  ///< 0: no floor figures (generations)
+    double recent_replay_p50 = 0;
 };
 TableSizeRatios table_size_ratios(const TableSizeLayout& l);
 inline constexpr double kTableSizeTarget = 1.25;
