@@ -134,17 +134,14 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
                     "{}{} RETURNING fence",
                     T, claimable_rows, conflict),
         {text_array, text_array, bytea_array, int2_array, int8_array, int8_array, int8_array}};
-    // With generations, each key is looked up as idem_select does (newest first, stopping at it).
-    defs[kSelectBatch] = {
-        "idem_select_batch",
-        generation ? fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
-                                 "CROSS JOIN LATERAL (SELECT * FROM {} AS x WHERE x.scope = u.s AND x.key = u.k "
-                                 "ORDER BY x.generation DESC LIMIT 1) AS t",
-                                 record, T)
-                   : fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
-                                 "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
-                                 record, T),
-        {text_array, text_array}};
+    // The JOIN probes every generation for each key. A per-key LIMIT (a correlated LATERAL) would
+    // stop earlier, but Citus refuses it, and this shape must run everywhere: it is what a batch
+    // falls back to when the table's layout is not known.
+    defs[kSelectBatch] = {"idem_select_batch",
+                          fmt::format("SELECT {}, t.scope, t.key FROM unnest($1::text[], $2::text[]) AS u(s, k) "
+                                      "JOIN {} AS t ON t.scope = u.s AND t.key = u.k",
+                                      record, T),
+                          {text_array, text_array}};
     defs[kSaveBatch] = {"idem_save_batch",
                         fmt::format("UPDATE {} AS t SET state = 'completed', result = u.r, completed_at = now() "
                                     "FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[]) AS u(s, k, f, r) "
