@@ -14,15 +14,37 @@ void quiet_notices(PGconn* conn) noexcept {
 
 namespace {
 
-// Merges our session settings into the user's own `options` (if the conninfo has any).
-std::string session_options(const ConnectSettings& settings) {
+// The user's own `options`: the conninfo's, else libpq's default (PGOPTIONS, or the options of the
+// PGSERVICE entry). Passing `options` as a keyword replaces those defaults, hence the lookup. A
+// service named inside the conninfo is not read here: its options are the conninfo's to repeat.
+std::string user_options(const std::string& conninfo) {
     std::string user;
-    if (PQconninfoOption* opts = PQconninfoParse(settings.conninfo.c_str(), nullptr)) {
+    bool given = false, service = false;
+    if (PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), nullptr)) {
         for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
-            if (std::strcmp(o->keyword, "options") == 0 && o->val != nullptr) user = o->val;
+            if (o->val == nullptr) continue;
+            if (std::strcmp(o->keyword, "options") == 0) {
+                user = o->val;
+                given = true;
+            } else if (std::strcmp(o->keyword, "service") == 0) {
+                service = true;
+            }
         }
         PQconninfoFree(opts);
     }
+    if (given || service) return user;
+    if (PQconninfoOption* defaults = PQconndefaults()) {
+        for (PQconninfoOption* o = defaults; o->keyword != nullptr; ++o) {
+            if (std::strcmp(o->keyword, "options") == 0 && o->val != nullptr) user = o->val;
+        }
+        PQconninfoFree(defaults);
+    }
+    return user;
+}
+
+// Merges our session settings after the user's own options (later -c settings win).
+std::string session_options(const ConnectSettings& settings) {
+    const std::string user = user_options(settings.conninfo);
     // enable_seqscan=off: every statement idem prepares is a primary-key lookup. A table ANALYZEd
     // while (nearly) empty makes the cached generic plans of those lookups sequential scans, and
     // they stay cached while the table grows — until the next ANALYZE, each claim reads the whole

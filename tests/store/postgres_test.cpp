@@ -5,10 +5,12 @@
 #include "threads.hpp"
 
 #include <unistd.h>
+
 #include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <latch>
 #include <map>
@@ -360,6 +362,45 @@ TEST_CASE("a schema-qualified table works; an invalid table name is a config_err
     idem::PostgresOptions zero;
     zero.pool_size = 0;
     CHECK_THROWS_AS(idem::PostgresStore(url, zero), idem::config_error);
+}
+
+TEST_CASE("PGOPTIONS reaches the store's connections as it reaches ensure_schema's", "[postgres][schema]") {
+    // libpq's environment default for `options`: a search_path there puts the table in that schema
+    // (ensure_schema), and every claim must find it there.
+    const auto url = require_db();
+    if (url.rfind("postgres", 0) == 0) {
+        WARN("IDEM_TEST_DATABASE_URL is a URI: no options to leave out; skipping");
+        return;
+    }
+    PgConn admin(url);
+    const auto schema = idem_test::unique_name("idem_env");
+    admin.exec("CREATE SCHEMA " + schema);
+    struct Cleanup {
+        PgConn& admin;
+        std::string schema;
+        ~Cleanup() {
+            ::unsetenv("PGOPTIONS");
+            try {
+                admin.exec("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
+            } catch (...) {
+            }
+        }
+    } cleanup{admin, schema};
+    ::setenv("PGOPTIONS", ("-c search_path=" + schema).c_str(), 1);
+    idem::PostgresOptions options;
+    options.table = idem_test::unique_name("env_keys");
+    options.pool_size = 2;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    int runs = 0;
+    auto effect = [&] {
+        ++runs;
+        return ok("env");
+    };
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() == Outcome::executed);
+    CHECK(idem::execute_once(store, idem::Key("s", "k"), fp_of(1), effect).outcome() == Outcome::replayed);
+    CHECK(runs == 1);
+    CHECK(admin.scalar("SELECT count(*) FROM " + schema + "." + options.table + " WHERE key = 'k'") == 1);
 }
 
 TEST_CASE("an unreachable database: store_unavailable, and the effect is not called", "[postgres][unavailable]") {
