@@ -151,24 +151,32 @@ int main(int argc, char** argv) {
         check(rc == 2 && out.find("loopback") != std::string::npos, "--listen 0.0.0.0 is refused: " + out);
     }
 
-    section("the --db conninfo's own options reach every connection, the gateway's too");
-    {
-        // A search_path given in the conninfo: idem's table, the ledger and the gateway's functions
-        // must all live in (and be used from) that schema, none of them in public.
-        const std::string schema = "e2e_options_" + r.id;
+    section("the user's libpq options reach every connection, the gateway's too");
+    // A search_path given in the --db conninfo, then in PGOPTIONS: idem's table, the ledger and the
+    // gateway's functions must all live in (and be used from) that schema, none of them in public.
+    for (const bool from_env : {false, true}) {
+        const std::string schema = "e2e_options_" + std::string(from_env ? "env_" : "") + r.id;
+        const std::string how = from_env ? "PGOPTIONS" : "the conninfo";
         Sql sql(db);
         sql.query("CREATE SCHEMA " + schema);
         const bool url = db.starts_with("postgres://") || db.starts_with("postgresql://");
-        const std::string conninfo =
-            url ? db + (db.find('?') == std::string::npos ? "?" : "&") + "options=-c%20search_path%3D" + schema
-                : db + " options='-c search_path=" + schema + "'";
+        std::string conninfo = db;
+        if (from_env) {
+            ::setenv("PGOPTIONS", ("-c search_path=" + schema).c_str(), 1);  // for the instance started now
+        } else if (url) {
+            conninfo +=
+                (db.find('?') == std::string::npos ? "?" : "&") + std::string("options=-c%20search_path%3D") + schema;
+        } else {
+            conninfo += " options='-c search_path=" + schema + "'";
+        }
         auto s =
             start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", conninfo, "--reconcile-every-ms", "3600000"});
-        check(s.has_value(), "an instance starts with options in its conninfo");
+        ::unsetenv("PGOPTIONS");
+        check(s.has_value(), "an instance starts with options in " + how);
         if (s) {
-            const std::string key = r.fresh_key("conninfo-options");
+            const std::string key = r.fresh_key(from_env ? "env-options" : "conninfo-options");
             const Reply paid = pay(s->url, r.acct, key, payment_body(4401, 1500, "tok_ok"));
-            check(paid.status == 201, "the payment is made: " + describe(paid));
+            check(paid.status == 201, how + ": the payment is made: " + describe(paid));
             // The key's rows in schema.table ("none": no such table).
             const auto in_schema = [&](const std::string& table) -> std::string {
                 if (sql.query("SELECT to_regclass($1) IS NULL", {schema + "." + table})[0][0] == "t") return "none";
@@ -177,12 +185,12 @@ int main(int argc, char** argv) {
                                  {key})[0][0];
             };
             const std::string charges = in_schema("gateway_charges"), keys = in_schema("idem_keys");
-            check(charges == "1", "the charge is in " + schema + ".gateway_charges: " + charges);
-            check(keys == "1", "the key is in " + schema + ".idem_keys: " + keys);
+            check(charges == "1", how + ": the charge is in " + schema + ".gateway_charges: " + charges);
+            check(keys == "1", how + ": the key is in " + schema + ".idem_keys: " + keys);
             check(
                 sql.query("SELECT count(*) FROM public.gateway_charges WHERE idempotency_key = $1", {key})[0][0] == "0",
-                "no charge for it in public.gateway_charges");
-            check(stop_server(*s) == 0, "the instance exits cleanly");
+                how + ": no charge for it in public.gateway_charges");
+            check(stop_server(*s) == 0, how + ": the instance exits cleanly");
         }
         sql.query("SET client_min_messages = warning");  // no NOTICE per dropped object
         sql.query("DROP SCHEMA " + schema + " CASCADE");

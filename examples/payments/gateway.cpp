@@ -111,16 +111,28 @@ std::string pg_message(PGconn* conn) {
     return message;
 }
 
-// The `options` of `conninfo` (if any), then `ours`: a connection made with the result keeps the
-// user's settings (a search_path, say) and ours win where both set one. Passing `options` as a
-// separate keyword replaces the conninfo's own, hence the merge.
+// The user's `options` — the conninfo's, else libpq's default (PGOPTIONS, the PGSERVICE entry's) —
+// then `ours`: a connection made with the result keeps the user's settings (a search_path, say)
+// and ours win where both set one. Passing `options` as a separate keyword replaces the user's,
+// hence the merge (as idem's own connections do).
 std::string with_conninfo_options(const std::string& conninfo, const std::string& ours) {
     std::string user;
+    bool given = false;
     if (PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), nullptr)) {
         for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
-            if (std::string_view(o->keyword) == "options" && o->val != nullptr) user = o->val;
+            const std::string_view keyword(o->keyword);
+            if (o->val != nullptr && (keyword == "options" || keyword == "service")) given = true;
+            if (keyword == "options" && o->val != nullptr) user = o->val;
         }
         PQconninfoFree(opts);
+    }
+    if (!given) {
+        if (PQconninfoOption* defaults = PQconndefaults()) {
+            for (PQconninfoOption* o = defaults; o->keyword != nullptr; ++o) {
+                if (std::string_view(o->keyword) == "options" && o->val != nullptr) user = o->val;
+            }
+            PQconninfoFree(defaults);
+        }
     }
     return user.empty() ? ours : user + " " + ours;
 }
