@@ -1,6 +1,7 @@
 #include "connect.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "sqlstate.hpp"
@@ -16,7 +17,9 @@ namespace {
 
 // The user's own `options`: the conninfo's, else libpq's default (PGOPTIONS, or the options of the
 // PGSERVICE entry). Passing `options` as a keyword replaces those defaults, hence the lookup. A
-// service named inside the conninfo is not read here: its options are the conninfo's to repeat.
+// service named inside the conninfo is not read here (no libpq call does): PGOPTIONS stands in for
+// it, which is what libpq uses when that entry sets no options; its own options are the
+// conninfo's to repeat.
 std::string user_options(const std::string& conninfo) {
     std::string user;
     bool given = false, service = false;
@@ -32,7 +35,11 @@ std::string user_options(const std::string& conninfo) {
         }
         PQconninfoFree(opts);
     }
-    if (given || service) return user;
+    if (given) return user;
+    if (service) {
+        const char* env = std::getenv("PGOPTIONS");
+        return env != nullptr ? env : "";
+    }
     if (PQconninfoOption* defaults = PQconndefaults()) {
         for (PQconninfoOption* o = defaults; o->keyword != nullptr; ++o) {
             if (std::strcmp(o->keyword, "options") == 0 && o->val != nullptr) user = o->val;
