@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -161,6 +162,8 @@ int main(int argc, char** argv) {
         sql.query("CREATE SCHEMA " + schema);
         const bool url = db.starts_with("postgres://") || db.starts_with("postgresql://");
         std::string conninfo = db;
+        const char* old_env = std::getenv("PGOPTIONS");
+        const std::optional<std::string> old_options = old_env ? std::optional<std::string>(old_env) : std::nullopt;
         if (from_env) {
             ::setenv("PGOPTIONS", ("-c search_path=" + schema).c_str(), 1);  // for the instance started now
         } else if (url) {
@@ -171,7 +174,11 @@ int main(int argc, char** argv) {
         }
         auto s =
             start_server(server_exe, {"--listen", "127.0.0.1:0", "--db", conninfo, "--reconcile-every-ms", "3600000"});
-        ::unsetenv("PGOPTIONS");
+        if (old_options) {
+            ::setenv("PGOPTIONS", old_options->c_str(), 1);
+        } else {
+            ::unsetenv("PGOPTIONS");
+        }
         check(s.has_value(), "an instance starts with options in " + how);
         if (s) {
             const std::string key = r.fresh_key(from_env ? "env-options" : "conninfo-options");

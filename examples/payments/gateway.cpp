@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <charconv>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>
@@ -117,16 +118,25 @@ std::string pg_message(PGconn* conn) {
 // hence the merge (as idem's own connections do).
 std::string with_conninfo_options(const std::string& conninfo, const std::string& ours) {
     std::string user;
-    bool given = false;
+    bool given = false, service = false;
     if (PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), nullptr)) {
         for (PQconninfoOption* o = opts; o->keyword != nullptr; ++o) {
+            if (o->val == nullptr) continue;
             const std::string_view keyword(o->keyword);
-            if (o->val != nullptr && (keyword == "options" || keyword == "service")) given = true;
-            if (keyword == "options" && o->val != nullptr) user = o->val;
+            if (keyword == "options") {
+                user = o->val;
+                given = true;
+            } else if (keyword == "service") {
+                service = true;
+            }
         }
         PQconninfoFree(opts);
     }
-    if (!given) {
+    if (!given && service) {
+        // A service named in the conninfo is not read here; PGOPTIONS is what libpq uses when
+        // that entry sets no options.
+        if (const char* env = std::getenv("PGOPTIONS")) user = env;
+    } else if (!given) {
         if (PQconninfoOption* defaults = PQconndefaults()) {
             for (PQconninfoOption* o = defaults; o->keyword != nullptr; ++o) {
                 if (std::string_view(o->keyword) == "options" && o->val != nullptr) user = o->val;
