@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -68,6 +69,23 @@ void AsyncConnection::watch_socket() {
     socket_.assign(copy);
 }
 
+// Asio re-arms a descriptor's events on every wait, and keeps write interest once a write wait
+// added it: a writable socket (almost always) would then wake the event loop once more on every
+// read wait, for nothing. So after writing waits have ended and while no wait is pending (release()
+// would abort one), the descriptor is registered afresh, for reading only.
+void AsyncConnection::forget_write_interest() noexcept {
+    if (!write_interest_ || reading_ || writing_ || broken_ || !socket_.is_open()) return;
+    write_interest_ = false;
+    boost::system::error_code ec;
+    const int fd = socket_.release();
+    socket_.assign(fd, ec);
+    if (ec) {
+        ::close(fd);  // not ours to watch any more: the connection is failed
+        fail(std::make_exception_ptr(
+            pg::connection_broken("idem: cannot watch the PostgreSQL socket: " + ec.message())));
+    }
+}
+
 net::awaitable<void> AsyncConnection::open() {
     const pg::ConnectParams params(settings_);
     conn_.reset(PQconnectStartParams(params.keys(), params.values(), 1));
@@ -98,6 +116,7 @@ net::awaitable<void> AsyncConnection::open() {
             }
         });
         boost::system::error_code ec;
+        if (poll != PGRES_POLLING_READING) write_interest_ = true;
         co_await socket_.async_wait(
             poll == PGRES_POLLING_READING ? net::posix::stream_descriptor::wait_read
                                           : net::posix::stream_descriptor::wait_write,
@@ -110,6 +129,7 @@ net::awaitable<void> AsyncConnection::open() {
         poll = PQconnectPoll(conn_.get());
     }
     pg::configure_connected(conn_.get());
+    forget_write_interest();
     // All statements prepared, and "is Citus installed?" asked, in one round trip.
     std::vector<bool> sync_after;
     for (const auto& def : defs_) {
@@ -235,6 +255,7 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
             break;
         }
         boost::system::error_code ec;
+        write_interest_ = true;
         co_await socket_.async_wait(net::posix::stream_descriptor::wait_write,
                                     net::redirect_error(net::use_awaitable, ec));
         if (ec && !broken_) {
@@ -242,6 +263,7 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
         }
     }
     writing_ = false;
+    forget_write_interest();
 }
 
 // The reader and the deadline are plain handler chains, not coroutines: each busy period of a
@@ -250,6 +272,7 @@ void AsyncConnection::read_more() {
     drain();  // what libpq has already read (a send or flush reads when the socket is full)
     if (broken_ || fifo_.empty()) {
         reading_ = false;
+        forget_write_interest();
         return;
     }
     // (the handler holds the connection alive while the wait is pending)

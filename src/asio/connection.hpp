@@ -72,6 +72,7 @@ private:
     };
 
     void watch_socket();
+    void forget_write_interest() noexcept;  // while no wait is pending: watch the socket for reading only
     void send(const pg::Step& step);
     void enqueue(std::vector<bool> sync_after, pg::Clock::time_point deadline, Handler handler);
     void flush();
@@ -96,8 +97,9 @@ private:
     bool reading_ = false;
     bool writing_ = false;
     bool timing_ = false;
-    bool citus_ = false;   // socket_ holds our duplicate of libpq's descriptor (watch_socket)
-    bool opened_ = false;  // open() succeeded
+    bool write_interest_ = false;  // a write wait left socket_ registered for writing too
+    bool citus_ = false;           // socket_ holds our duplicate of libpq's descriptor (watch_socket)
+    bool opened_ = false;          // open() succeeded
     std::shared_ptr<PoolGauges> gauges_;
     PoolGauges::Part counted_;  // this connection's share of gauges_ now
 };

@@ -1,6 +1,7 @@
-// tests/asio/async_pool_test.cpp — AsyncPostgresStore::pool_stats() and its idem_pool_* series:
-// open, in use (open - idle) and waiting requests, under real load on a real PostgreSQL (claims
-// held by a table lock) and while a connection is being opened (a server that never answers).
+// tests/asio/async_pool_test.cpp — AsyncPostgresStore's connections: pool_stats() and its
+// idem_pool_* series (open, in use (open - idle) and waiting requests, under real load on a real
+// PostgreSQL (claims held by a table lock) and while a connection is being opened (a server that
+// never answers)), and what an idle connection asks of the event loop.
 #include "idem/asio.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
@@ -16,10 +17,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/epoll.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,4 +201,70 @@ TEST_CASE("async pool_stats: a connection being opened is open and not idle; its
     CHECK(s.waited >= 1);  // the read's wait, ended by the failed connection
     CHECK(s.waits_within.back() == s.waited);
     store.reset();
+}
+
+namespace {
+
+/// Every descriptor that an epoll instance of this process watches and that is a socket, with the
+/// events it is registered for (/proc/self/fdinfo of each epoll descriptor).
+std::vector<std::pair<int, unsigned>> watched_sockets() {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<int, unsigned>> out;
+    for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        if (fs::read_symlink(entry.path(), ec).string() != "anon_inode:[eventpoll]") continue;
+        std::ifstream info("/proc/self/fdinfo/" + entry.path().filename().string());
+        for (std::string text; std::getline(info, text);) {
+            // "tfd:       12 events:       19 data: ..."
+            std::istringstream in(text);
+            std::string tag, events_tag;
+            int fd = -1;
+            unsigned events = 0;
+            if (!(in >> tag >> fd >> events_tag >> std::hex >> events) || tag != "tfd:") continue;
+            const auto target = fs::read_symlink("/proc/self/fd/" + std::to_string(fd), ec).string();
+            if (target.rfind("socket:", 0) == 0) out.emplace_back(fd, events);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("async: an idle connection is watched for reading only, after connecting and after large writes",
+          "[asio][pool]") {
+    // The event loop re-arms a descriptor's events on every wait; one still registered for
+    // writing, and writable, wakes the loop once more on every round trip, for nothing. Connecting
+    // waits for writability, and so does a request larger than the socket takes at once.
+    const std::string table = idem_test::unique_name("idem_async_watch");
+    net::io_context io;
+    idem::PostgresOptions o;
+    o.table = table;
+    o.pool_size = 2;
+    {
+        idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+        store.blocking().ensure_schema();
+        const std::string big(4u << 20, 'x');  // larger than a socket's buffer
+        int executed = 0;
+        for (int i = 0; i < 6; ++i) {
+            idem::asio::async_execute_once(
+                store, idem::Key("async-watch", "k" + std::to_string(i)), idem::fingerprint("x"),
+                [&, i] {
+                    return idem::Response{200, i % 2 == 0 ? big : std::string("small")};
+                },
+                [&](std::exception_ptr e, idem::Result<idem::Response> r) {
+                    if (!e && r.outcome() == idem::Outcome::executed) ++executed;
+                });
+        }
+        io.run();
+        REQUIRE(executed == 6);
+        const auto watched = watched_sockets();
+        REQUIRE(!watched.empty());
+        REQUIRE(watched.size() == store.pool_stats().open);  // (nothing else here uses a socket)
+        for (const auto& [fd, events] : watched) {
+            INFO("descriptor " << fd << ", events 0x" << std::hex << events);
+            CHECK((events & EPOLLIN) != 0);
+            CHECK((events & EPOLLOUT) == 0);
+        }
+    }
+    PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
 }
