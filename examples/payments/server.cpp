@@ -29,6 +29,8 @@
 #include "idem/idem.hpp"
 #include "lease_keeper.hpp"
 #include "payment.hpp"
+#include "reconciler_thread.hpp"
+#include "server_log.hpp"
 
 #include <arpa/inet.h>
 #include <signal.h>
@@ -38,17 +40,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <charconv>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <string_view>
-#include <thread>
 
 namespace {
 
@@ -56,16 +54,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::mutex g_log_mutex;
-std::string g_log_prefix = "payments-server";
-
-template <class... Parts>
-void log(const Parts&... parts) {
-    std::lock_guard lock(g_log_mutex);
-    std::cerr << g_log_prefix << ": ";
-    (std::cerr << ... << parts);
-    std::cerr << std::endl;
-}
+using payments::log;
 
 // -------------------------------------------------------------------------------------------
 // options
@@ -420,123 +409,6 @@ asio::awaitable<idem::Response> Service::get_charges(std::string_view query) con
     co_return reply(200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
-// ----------------------------------------------------------------------------------------
-// reconciler
-
-// Settles keys left in progress: a claim whose lease passed belongs to a request that crashed, hung
-// or met an unknown gateway outcome. idem::Reconciler lists them (this service's scope prefix only)
-// and takes each one over with a fence of its own, so several instances never settle the same key
-// at once and a late original attempt gets lease_lost. The gateway's ledger says what happened:
-//   a charge for (account, key)  → save the response that charge deserves (201 or 402) — the same
-//     bytes the request itself would have saved;
-//   no charge, and too late for one to still appear (a request never starts a charge later than
-//     kChargeStartBudget after it arrived, the gateway refuses one that reaches it later by the
-//     database's clock, and one in flight holds its key's lock until its commit has ended: the
-//     ledger is read only while that lock is free, after the age) → release the key: the client's
-//     retry runs the payment;
-//   no charge yet, but one could still be on its way → leave it; it is listed again later.
-class ReconcilerThread {
-public:
-    ReconcilerThread(idem::IdempotencyStore& store, payments::FakeGateway& gateway, payments::DatabaseClock& clock,
-                     payments::RateLimiter* limiter, milliseconds every, milliseconds lease)
-        : reconciler_(
-              store, [&gateway](idem::Reconciliation& r) { resolve(gateway, r); }, make_options(lease)),
-          gateway_(gateway),
-          clock_(clock),
-          limiter_(limiter),
-          every_(every) {}
-
-    void start() {
-        thread_ = std::jthread([this](std::stop_token stop) { run(stop); });
-    }
-    void stop() {
-        thread_.request_stop();
-        if (thread_.joinable()) thread_.join();
-    }
-
-private:
-    static idem::ReconcilerOptions make_options(milliseconds lease) {
-        idem::ReconcilerOptions options;
-        options.scopes = idem::ScopeFilter::prefix(std::string(payments::payment_scope_prefix()));
-        options.lease = lease;  // a key left undecided is looked at again after this
-        return options;
-    }
-
-    static void resolve(payments::FakeGateway& gateway, idem::Reconciliation& r) {
-        const auto account = payments::account_of_scope(r.key().scope());
-        if (!account) return;
-        // The age first, then the ledger: once the claim is old enough by the database's clock, no
-        // charge can start any more (gateway_charge refuses it), so a ledger read after that, with
-        // no charge in flight, is final however long this thread stalls in between. (Aged by the
-        // database's clock, which stamped created_at: a server whose clock runs ahead would
-        // release a key whose charge may still be in flight — a double charge.)
-        const bool too_late = gateway.age_by_database_clock(r.record().created_at) > kReleaseAfter;
-        // Read only when no charge for the key is in flight: a charge whose commit is still under
-        // way would otherwise look like none (and the key be released for a second one).
-        const auto settled = gateway.settled(r.key().value(), *account);  // throws: left for later
-        if (!settled) return;                                             // a charge in flight: looked at again later
-        const std::vector<payments::Charge>& charges = *settled;
-        if (!charges.empty()) {
-            if (charges.size() > 1) {
-                log("reconciler: ALERT: ", charges.size(), " gateway charges for key '", r.key().value(),
-                    "' of account ", *account);
-            }
-            const idem::Response response = payments::charge_response(charges.front());
-            log("reconciler: key '", r.key().value(), "' of account ", *account, " was charged: saving ",
-                response.status, " (pay_", charges.front().id, ")");
-            r.save(response);
-        } else if (too_late) {
-            log("reconciler: key '", r.key().value(), "' of account ", *account, " was never charged: releasing");
-            r.release();
-        }
-    }
-
-    void run(const std::stop_token& stop) {
-        std::mutex mutex;
-        std::condition_variable_any wake;
-        auto next_purge = Clock::now();
-        auto next_clock = Clock::now() + 5s;
-        while (!stop.stop_requested()) {
-            if (Clock::now() >= next_clock) {
-                next_clock = Clock::now() + 5s;
-                try {
-                    const auto moved = gateway_.sample_clock(clock_);
-                    if (moved && (*moved > 1s || *moved < -1s)) {
-                        log("reconciler: the database's clock moved by ",
-                            std::chrono::duration_cast<milliseconds>(*moved).count(),
-                            " ms against this machine's; charge deadlines follow it");
-                    }
-                } catch (const std::exception& e) {
-                    log("reconciler: reading the database's clock: ", e.what());
-                }
-            }
-            try {
-                const auto sweep = reconciler_.run_once();
-                if (sweep.failed > 0) log("reconciler: ", sweep.failed, " key(s) could not be settled this time");
-            } catch (const std::exception& e) {
-                log("reconciler: ", e.what());
-            }
-            if (limiter_ != nullptr && Clock::now() >= next_purge) {
-                next_purge = Clock::now() + 10s;
-                try {
-                    limiter_->purge();
-                } catch (const std::exception& e) {
-                    log("reconciler: rate-limit purge: ", e.what());
-                }
-            }
-            std::unique_lock lock(mutex);
-            wake.wait_for(lock, stop, every_, [] { return false; });
-        }
-    }
-
-    idem::Reconciler reconciler_;
-    payments::FakeGateway& gateway_;
-    payments::DatabaseClock& clock_;
-    payments::RateLimiter* limiter_;
-    milliseconds every_;
-    std::jthread thread_;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -608,13 +480,14 @@ int main(int argc, char** argv) {
             listener.stop();
         });
         const int port = listener.port();
-        g_log_prefix = "payments-server[" + std::to_string(port) + "]";
+        payments::set_log_prefix("payments-server[" + std::to_string(port) + "]");
         const std::string url_host =
             options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
         std::cout << "listening on http://" << url_host << ":" << port << std::endl;
 
-        ReconcilerThread reconciler(store.blocking(), reconciler_gateway, database_clock, purger ? &*purger : nullptr,
-                                    options.reconcile_every, options.lease);
+        payments::ReconcilerThread reconciler(store.blocking(), reconciler_gateway, database_clock,
+                                              purger ? &*purger : nullptr, options.reconcile_every, options.lease,
+                                              kReleaseAfter);
         reconciler.start();
 
         listener.start();
