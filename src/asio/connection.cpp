@@ -73,17 +73,17 @@ void AsyncConnection::watch_socket() {
 // added it: a writable socket (almost always) would then wake the event loop once more on every
 // read wait, for nothing. So after writing waits have ended and while no wait is pending (release()
 // would abort one), the descriptor is registered afresh, for reading only.
-void AsyncConnection::forget_write_interest() noexcept {
-    if (!write_interest_ || reading_ || writing_ || broken_ || !socket_.is_open()) return;
+std::string AsyncConnection::forget_write_interest() noexcept {
+    if (!write_interest_ || reading_ || writing_ || broken_ || !socket_.is_open()) return {};
     write_interest_ = false;
     boost::system::error_code ec;
     const int fd = socket_.release();
     socket_.assign(fd, ec);
-    if (ec) {
-        ::close(fd);  // not ours to watch any more: the connection is failed
-        fail(std::make_exception_ptr(
-            pg::connection_broken("idem: cannot watch the PostgreSQL socket: " + ec.message())));
-    }
+    if (!ec) return {};
+    ::close(fd);  // not ours to watch any more: the connection is failed
+    std::string problem = "idem: cannot watch the PostgreSQL socket: " + ec.message();
+    fail(std::make_exception_ptr(pg::connection_broken(problem)));
+    return problem;
 }
 
 net::awaitable<void> AsyncConnection::open() {
@@ -129,7 +129,7 @@ net::awaitable<void> AsyncConnection::open() {
         poll = PQconnectPoll(conn_.get());
     }
     pg::configure_connected(conn_.get());
-    forget_write_interest();
+    if (std::string problem = forget_write_interest(); !problem.empty()) throw store_unavailable(problem);
     // All statements prepared, and "is Citus installed?" asked, in one round trip.
     std::vector<bool> sync_after;
     for (const auto& def : defs_) {
@@ -263,7 +263,7 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
         }
     }
     writing_ = false;
-    forget_write_interest();
+    (void)forget_write_interest();  // (the reader, when still waiting, does it when it stops)
 }
 
 // The reader and the deadline are plain handler chains, not coroutines: each busy period of a
@@ -272,7 +272,7 @@ void AsyncConnection::read_more() {
     drain();  // what libpq has already read (a send or flush reads when the socket is full)
     if (broken_ || fifo_.empty()) {
         reading_ = false;
-        forget_write_interest();
+        (void)forget_write_interest();  // (a failure fails the connection)
         return;
     }
     // (the handler holds the connection alive while the wait is pending)

@@ -72,7 +72,9 @@ private:
     };
 
     void watch_socket();
-    void forget_write_interest() noexcept;  // while no wait is pending: watch the socket for reading only
+    // While no wait is pending: watch the socket for reading only. Returns what went wrong (the
+    // connection is then failed), or an empty string.
+    [[nodiscard]] std::string forget_write_interest() noexcept;
     void send(const pg::Step& step);
     void enqueue(std::vector<bool> sync_after, pg::Clock::time_point deadline, Handler handler);
     void flush();
