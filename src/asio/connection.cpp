@@ -72,7 +72,8 @@ void AsyncConnection::watch_socket() {
 // Asio re-arms a descriptor's events on every wait, and keeps write interest once a write wait
 // added it: a writable socket (almost always) would then wake the event loop once more on every
 // read wait, for nothing. So after writing waits have ended and while no wait is pending (release()
-// would abort one), the descriptor is registered afresh, for reading only.
+// would abort one), the descriptor is registered afresh, for reading only: after connecting, and
+// when the reader stops (a write always ends first: its request's answer is still to come).
 std::string AsyncConnection::forget_write_interest() noexcept {
     if (!write_interest_ || reading_ || writing_ || broken_ || !socket_.is_open()) return {};
     write_interest_ = false;
@@ -263,7 +264,6 @@ net::awaitable<void> AsyncConnection::write_loop(std::shared_ptr<AsyncConnection
         }
     }
     writing_ = false;
-    (void)forget_write_interest();  // (the reader, when still waiting, does it when it stops)
 }
 
 // The reader and the deadline are plain handler chains, not coroutines: each busy period of a
