@@ -64,7 +64,7 @@ FloorSql floor_sql(const std::string& T) {
     s.claim = fmt::format(
         "INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, "
         "lease_until, expires_at) VALUES ($1, $2, 'in_progress', $3, $4, $5, "
-        "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second') "
+        "clock_timestamp() + $6 * interval '1 millisecond', now() + $7 * interval '1 second') "
         "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
         T);
     s.select = fmt::format(
@@ -91,7 +91,7 @@ FloorSql floor_sql(const std::string& T) {
     s.claim_batch = fmt::format(
         "INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
         "expires_at) SELECT u.s, u.k, 'in_progress', u.f, u.a, u.fe, "
-        "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second' "
+        "clock_timestamp() + $6 * interval '1 millisecond', now() + $7 * interval '1 second' "
         "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[]) AS u(s, k, f, a, fe) "
         "ON CONFLICT (scope, key) DO NOTHING RETURNING fence",
         T);

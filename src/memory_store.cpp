@@ -86,12 +86,13 @@ Claim MemoryStore::claim(const Key& key, const Fingerprint& plain, const ClaimOp
         Claim claim{classify(record, fp), 0, Impl::view(record, now), {}};
         if (claim.status != ClaimStatus::in_progress) return claim;
         if (options.resume_stale && record.lease_until < now) {
+            const Fence stale = record.fence;
             record.fence = detail::new_fence();
             ++record.attempt;
             record.lease_until = now + options.lease.value_or(m.options.default_lease);
             ++m.stats.claims_won;
             emit(Event::taken_over, &key);
-            return Claim{ClaimStatus::claimed, record.fence, Impl::view(record, now), {}};
+            return Claim{ClaimStatus::claimed, record.fence, Impl::view(record, now), {}, stale};
         }
         if (std::chrono::steady_clock::now() >= wait_until) {
             claim.retry_after = detail::retry_after_hint(record.lease_until, now, m.options.max_retry_after);

@@ -113,10 +113,15 @@ struct Claim {
     /// claimed: the token every later write for this key must carry.
     Fence fence = 0;
     /// in_progress, completed, mismatch: the record found. claimed after a resume-mode takeover:
-    /// the record taken over (attempt, phase and phase data of the earlier attempt).
+    /// the record as the takeover left it — this attempt's fence, attempt number and lease, the
+    /// earlier attempt's phase and phase data.
     std::optional<Record> existing{};
     /// in_progress: when the client should try again.
     std::chrono::milliseconds retry_after{0};
+    /// claimed after a resume-mode takeover: the fence of the attempt taken over (which can no
+    /// longer write the key); 0 otherwise, and when a takeover whose first answer was lost is
+    /// recognised from the record alone (RedisStore).
+    Fence taken_over_fence = 0;
 };
 
 /// An in-progress key whose lease has passed: its owner crashed, hangs, or met an unknown outcome.

@@ -109,6 +109,7 @@ ClaimMachine::Next ClaimMachine::claimed(std::optional<Record> taken) {
     out_.fence = fence_;
     out_.existing = std::move(taken);
     out_.retry_after = {};
+    out_.taken_over_fence = 0;
     return Next::done;
 }
 
@@ -176,7 +177,10 @@ ClaimMachine::Next ClaimMachine::on_taken_over(std::optional<Record> taken) {
     step();
     if (taken) {
         took_over_ = true;
-        return claimed(std::move(taken));
+        const Fence stale = stale_fence();
+        const Next next = claimed(std::move(taken));
+        out_.taken_over_fence = stale;
+        return next;
     }
     out_.existing.reset();
     return Next::round_trip;  // another retry or a reconciler took it

@@ -88,8 +88,11 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
     // claim of the key that held the lock before (docs/design.md, "Generations").
     const std::string conflict = generation ? "ON CONFLICT DO NOTHING" : "ON CONFLICT (scope, key) DO NOTHING";
     const std::string claimable = generation ? claimable_function(t) : std::string();
+    // The lease counts from when the row is made (clock_timestamp), not from the transaction's
+    // start: a row made after a wait on a key's lock (the claimable function, or an earlier row of
+    // a batch) gets its whole lease.
     const std::string claim_values =
-        "$1, $2, 'in_progress', $3, $4, $5, now() + $6 * interval '1 millisecond', "
+        "$1, $2, 'in_progress', $3, $4, $5, clock_timestamp() + $6 * interval '1 millisecond', "
         "now() + $7 * interval '1 second'";
     defs[kClaimInsert] = {
         "idem_claim",
@@ -117,7 +120,7 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
         "idem_claim_batch",
         fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
                     "expires_at) SELECT u.s, u.k, 'in_progress', u.f, u.a, u.fe, "
-                    "now() + $6 * interval '1 millisecond', now() + $7 * interval '1 second' "
+                    "clock_timestamp() + $6 * interval '1 millisecond', now() + $7 * interval '1 second' "
                     "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[]) AS u(s, k, f, a, fe) "
                     "{}{} RETURNING fence",
                     T, claimable_rows, conflict),
@@ -128,7 +131,7 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
         "idem_claim_group",
         fmt::format("INSERT INTO {} (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, "
                     "expires_at) SELECT u.s, u.k, 'in_progress', u.f, u.a, u.fe, "
-                    "now() + u.l * interval '1 millisecond', now() + u.r * interval '1 second' "
+                    "clock_timestamp() + u.l * interval '1 millisecond', now() + u.r * interval '1 second' "
                     "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[], $5::int8[], $6::int8[], "
                     "$7::int8[]) AS u(s, k, f, a, fe, l, r) "
                     "{}{} RETURNING fence",

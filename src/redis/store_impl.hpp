@@ -425,12 +425,13 @@ struct RedisStore::Impl {
             // The script answers the record as it was; the caller gets it as every store gives a
             // takeover: the new fence, attempt and lease, the earlier attempt's phase and data.
             counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+            const Fence stale = record->fence;
             record->fence = fence;
             ++record->attempt;
             record->lease_until = from_ms(now) + claim_options.lease.value_or(options.default_lease);
             record->lease_expired = false;
             store.emit(Event::taken_over, &key);
-            return Claim{ClaimStatus::claimed, fence, std::move(record), {}};
+            return Claim{ClaimStatus::claimed, fence, std::move(record), {}, stale};
         }
         Claim claim{classify(*record, fp), 0, std::move(record), {}};
         if (claim.status == ClaimStatus::in_progress) {

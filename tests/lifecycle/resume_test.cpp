@@ -101,3 +101,24 @@ TEMPLATE_TEST_CASE("resume_stale: attempt 2 takes over a stale key and sees atte
     CHECK(replay.response().body == "attempt 2");
     CHECK(runs == 1);
 }
+
+TEMPLATE_TEST_CASE("resume_stale: a takeover's claim names the fence it took over", "[lifecycle][resume]",
+                   MemoryBackend, PostgresBackend) {
+    TestType backend;
+    auto& first = backend.make();
+    auto& second = backend.make();
+    const idem::Key key(fresh_scope("resume_fence"), "payment-8");
+    const auto fp = idem::fingerprint("POST /payments"s, 800);
+    const auto claim1 = first.claim(key, fp, Opts().lease_for(10s));
+    REQUIRE(claim1.status == idem::ClaimStatus::claimed);
+    CHECK(claim1.taken_over_fence == 0);  // a plain win takes nothing over
+    backend.advance(11s);
+    REQUIRE(second.read(key)->lease_expired);
+    const auto claim2 = second.claim(key, fp, Opts().lease_for(10s).resume());
+    REQUIRE(claim2.status == idem::ClaimStatus::claimed);
+    CHECK(claim2.taken_over_fence == claim1.fence);
+    CHECK(claim2.fence != claim1.fence);
+    REQUIRE(claim2.existing);
+    CHECK(claim2.existing->fence == claim2.fence);  // the record as the takeover left it
+    CHECK(claim2.existing->attempt == 2);
+}

@@ -79,13 +79,15 @@ TEST_CASE("RedisStore keyed: records written without a secret replay under it, s
     const idem::Key done("t", "done"), other("t", "other"), stale("t", "stale"), fresh("t", "fresh");
     int runs = 0;
     auto effect = [&] { return ++runs, "paid"s; };
+    idem::Claim stale_claim;
     {
         idem::RedisStore plain(s.options());
         REQUIRE(idem::execute_once(plain, done, fp_of(100), effect).outcome() == Outcome::executed);
         REQUIRE(idem::execute_once(plain, other, fp_of(200), effect).outcome() == Outcome::executed);
         idem::ClaimOptions short_lease;
         short_lease.lease = 1ms;
-        REQUIRE(plain.claim(stale, fp_of(300), short_lease).status == ClaimStatus::claimed);
+        stale_claim = plain.claim(stale, fp_of(300), short_lease);
+        REQUIRE(stale_claim.status == ClaimStatus::claimed);
     }
     CHECK(s.field(done, "fa") == bulk("1"));
     idem::RedisStore store(s.options(kSecretA));
@@ -110,6 +112,7 @@ TEST_CASE("RedisStore keyed: records written without a secret replay under it, s
     CHECK(taken.status == ClaimStatus::claimed);
     REQUIRE(taken.existing);
     CHECK(taken.existing->attempt == 2);
+    CHECK(taken.taken_over_fence == stale_claim.fence);
     CHECK(runs == 2);
 }
 
