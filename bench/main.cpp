@@ -50,6 +50,7 @@
 #include "admin.hpp"
 #include "checks.hpp"
 #include "floor.hpp"
+#include "generations_sizing.hpp"
 #include "matrix.hpp"
 #include "options.hpp"
 #include "output.hpp"
@@ -169,7 +170,7 @@ int main(int argc, char** argv) {
                 "WARNING: synchronous_commit is not on: acknowledged claims can be lost in a crash, and "
                 "these figures are not the durable ones\n");
         }
-        if (o.retention_check.empty()) {
+        if (o.retention_check.empty() && o.generations_sizing.empty()) {
             std::printf("%u CPUs; %.1f s per case and side in %d alternating rounds; pool size = threads\n",
                         std::thread::hardware_concurrency(), o.seconds, o.rounds);
         } else {
@@ -186,6 +187,10 @@ int main(int argc, char** argv) {
 
         if (!o.retention_check.empty()) {
             retention_check(o, admin, tables, prefix, fp, seed);  // writes its own --json
+            return 0;
+        }
+        if (!o.generations_sizing.empty()) {
+            generations_sizing(o, admin, tables, prefix, fp, seed);
             return 0;
         }
         std::vector<Run> runs;

@@ -80,6 +80,13 @@ Checks (when given, they run instead of the matrix):
                           as scripts/with-postgres.sh sets them); then 45 s of purges alone, each
                           one's WAL. --json FILE: every sample. bench/retention.sh runs both
                           layouts at once and draws docs/retention.svg
+  --generations-sizing MS,MS,...
+                          for each generation length (ms): new calls on --retention-threads
+                          threads (retention --retention S) for --retention-duration S each, on
+                          a table of that length with --generation-ahead N (4) ahead, while
+                          purge_expired() runs back to back; prints whether maintenance keeps up
+                          (no call without a generation, partitions in step).
+                          bench/generations-sizing.sh runs it
 Other:
   --keep-tables           leave the bench_<pid>_* tables in place
   --store postgres        this matrix (the default); --store redis | tiered: RedisStore vs a raw-hiredis
@@ -226,9 +233,18 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--retention") {
             o.retention_seconds = static_cast<int>(to_int(value(), "--retention"));
             if (o.retention_seconds < 1) usage(2);
+        } else if (arg == "--generations-sizing") {
+            o.generations_sizing.clear();
+            for (const auto& ms : split(value())) {
+                o.generations_sizing.push_back(static_cast<int>(to_int(ms, "--generations-sizing")));
+                if (o.generations_sizing.back() < 1) usage(2);
+            }
+        } else if (arg == "--generation-ahead") {
+            o.generation_ahead = static_cast<std::size_t>(to_int(value(), "--generation-ahead"));
+            if (o.generation_ahead < 1) usage(2);
         } else if (arg == "--generation-length") {
             o.generation_seconds = std::strtod(value().c_str(), nullptr);
-            if (!(o.generation_seconds >= 0.1)) usage(2);
+            if (!(o.generation_seconds >= 1)) usage(2);
         } else if (arg == "--purge-every") {
             o.purge_every = std::strtod(value().c_str(), nullptr);
             if (!(o.purge_every > 0)) usage(2);

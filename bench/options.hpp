@@ -1,6 +1,7 @@
 // idem-bench's command line (--store postgres): the options, read from argv; --help lists them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -62,6 +63,9 @@ struct Options {
     double purge_every = 5;            ///< --purge-every S: purge_expired() this often
     double sample_every = 10;          ///< --sample-every S
     double steady_after = 300;         ///< --steady-after S: the WAL statistics' window begins then
+    /// --generations-sizing MS,...: the lengths (ms) the sizing check runs (bench/generations_sizing.hpp).
+    std::vector<int> generations_sizing;
+    std::size_t generation_ahead = 4;  ///< --generation-ahead N: generations kept ready (sizing check)
 };
 
 /// The secret --fingerprint-secret gives the stores (a fixed one: only its cost is measured).

@@ -76,40 +76,47 @@ bool lock_timed_out(const error& e) { return e.sqlstate() == "55P03"; }
 // The name of the advisory lock a table's maintenance holds (hashtextextended of it).
 std::string maintenance_lock(const TableName& t) { return "idem.generations:" + t.qualified; }
 
-// Creates the current generation and `ahead` more that do not exist yet; each in a transaction
-// of its own unless `db` is already in one.
+// Creates the current generation and `ahead` more that do not exist yet, and attaches them in one
+// transaction (unless `db` is already in one) under the table's SHARE lock: the lock every claim's
+// ROW EXCLUSIVE conflicts with, so that no claim is in flight while the set of generations grows
+// (docs/design.md, "Generations", has the argument). A wait for the lock longer than the session's
+// lock_timeout attaches nothing (`timed_out`); the next maintenance tries again.
 std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead,
-                         bool in_transaction) {
+                         bool in_transaction, bool& timed_out) {
     const auto at = fmt::format("now() + n * interval '{} milliseconds'", length.count());
     auto r = db.exec(
         fmt::format("SELECT DISTINCT {} FROM generate_series(0, {}) AS n", generation_expression(length, at), ahead));
     std::set<std::int64_t> existing;
     for (const Partition& p : partitions(db, t)) existing.insert(p.start);
-    std::size_t created = 0;
+    std::vector<std::int64_t> missing;
     for (int row = 0; row < PQntuples(r.get()); ++row) {
         const std::int64_t start = std::stoll(PQgetvalue(r.get(), row, 0));
-        if (existing.count(start) != 0) continue;
-        const std::string part = qualified(t, partition_name(t, start));
-        if (!in_transaction) db.exec("BEGIN");
-        try {
-            // CREATE, then ATTACH: attaching takes SHARE UPDATE EXCLUSIVE on the table, which no
-            // claim, read or save waits for (CREATE TABLE … PARTITION OF would take ACCESS
-            // EXCLUSIVE). The partition gets the table's indexes as it is attached.
+        if (existing.count(start) == 0) missing.push_back(start);
+    }
+    if (missing.empty()) return 0;
+    if (!in_transaction) db.exec("BEGIN");
+    try {
+        // SHARE: claims, saves and every other write wait until the transaction ends; reads do not.
+        db.exec(fmt::format("LOCK TABLE ONLY {} IN SHARE MODE", t.qualified));
+        for (const std::int64_t start : missing) {
+            const std::string part = qualified(t, partition_name(t, start));
+            // CREATE, then ATTACH: CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE, which
+            // readers wait for too. The partition gets the table's indexes as it is attached.
             db.exec(
                 fmt::format("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
                             "WITH (fillfactor = 90)",
                             part, t.qualified));
             db.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})", t.qualified, part, start));
-            if (!in_transaction) db.exec("COMMIT");
-        } catch (const error& e) {
-            if (in_transaction) throw;
-            db.exec("ROLLBACK");
-            if (lock_timed_out(e)) break;  // the next maintenance tries again
-            throw;
         }
-        ++created;
+        if (!in_transaction) db.exec("COMMIT");
+    } catch (const error& e) {
+        if (in_transaction) throw;
+        db.exec("ROLLBACK");
+        if (!lock_timed_out(e)) throw;
+        timed_out = true;
+        return 0;
     }
-    return created;
+    return missing.size();
 }
 
 // Steps 2 and 3 of retiring `p` (see generations.hpp): the keys it holds when it may go, or
@@ -215,7 +222,8 @@ void prepare_generations(AdminSession& db, const TableName& t, std::chrono::mill
                             generation_expression(length)));
         db.exec(fmt::format("COMMENT ON COLUMN {}.generation IS '{}{}'", t.qualified, kLengthNote, length.count()));
     }
-    create_ahead(db, t, length, ahead, true);
+    bool timed_out = false;
+    create_ahead(db, t, length, ahead, true, timed_out);
 }
 
 GenerationReport maintain_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length,
@@ -235,28 +243,27 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
                                " ms (ensure_schema() changes the table's)");
         }
         db.exec(fmt::format("SET lock_timeout = '{}ms'", std::max<long long>(1, lock_wait.count())));
+        // Each step that waits for a lock waits at most lock_wait; after one waited in vain the
+        // others are left for the next maintenance, so that one call waits about lock_wait at most.
+        bool gave_up = false;
         drop_detached(db, t);
-        report.created = create_ahead(db, t, length, ahead, false);
+        report.created = create_ahead(db, t, length, ahead, false, gave_up);
         const std::int64_t now_ms = std::stoll(*db.value("SELECT (extract(epoch FROM now()) * 1000)::bigint"));
         // A table has at most one detach pending: finish it before any other begins.
         auto all = partitions(db, t);
         std::stable_partition(all.begin(), all.end(), [](const Partition& p) { return p.detach_pending; });
-        bool closing_timed_out = false;  // once one waited in vain, the others wait for the next time
         for (const Partition& p : all) {
-            std::optional<std::size_t> rows;
-            if (p.detach_pending) {
-                rows = 0;  // checked before its detach began
-            } else if (p.start + length.count() <= now_ms && !closing_timed_out) {
-                rows = close_and_check(db, t, p, closing_timed_out);
-                if (!rows) {
-                    ++report.kept;
-                    continue;
-                }
-            } else if (p.start + length.count() <= now_ms) {
+            const bool ended = p.start + length.count() <= now_ms;
+            if (!p.detach_pending && !ended) continue;  // current or ahead
+            if (gave_up) {
                 ++report.kept;
                 continue;
-            } else {
-                continue;  // current or ahead
+            }
+            std::optional<std::size_t> rows = 0;  // a pending detach was checked before it began
+            if (!p.detach_pending) rows = close_and_check(db, t, p, gave_up);
+            if (!rows) {
+                ++report.kept;
+                continue;
             }
             try {
                 detach_and_drop(db, t, p);
@@ -264,12 +271,13 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
                 if (!lock_timed_out(e)) throw;
                 // Still pending (finished next time), and no other detach can begin meanwhile.
                 ++report.kept;
-                break;
+                gave_up = true;
+                continue;
             }
             ++report.retired;
             report.rows_removed += *rows;
             // A detach waits for older transactions: keep the generations ahead in step meanwhile.
-            report.created += create_ahead(db, t, length, ahead, false);
+            report.created += create_ahead(db, t, length, ahead, false, gave_up);
         }
     } catch (...) {
         try {

@@ -39,12 +39,13 @@ void throw_database_error(std::string message, const std::string& sqlstate) {
         throw config_error(message + " (set default_transaction_isolation to 'read committed' for idem's role)",
                            sqlstate);
     }
-    // No generation covers the time of the claim: maintenance has not run for too long.
+    // No generation covers the time of the claim: maintenance has fallen behind. It heals when
+    // purge_expired() creates the generation, so it is an outage, not a misconfiguration.
     if (sqlstate == "23514" && message.find("no partition of relation") != std::string::npos) {
-        throw config_error(message +
-                               " (no generation covers now: purge_expired() creates them ahead; run it "
-                               "more often than generations.ahead x generations.length)",
-                           sqlstate);
+        throw store_unavailable(message +
+                                    " (no generation covers now: purge_expired() creates them ahead; run it "
+                                    "more often than generations.ahead x generations.length)",
+                                sqlstate);
     }
     // Timeouts (statement, lock), cancels, resource exhaustion, a server going away: the database
     // is there (or will be) but cannot serve us now.
