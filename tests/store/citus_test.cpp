@@ -6,8 +6,10 @@
 #include "pg.hpp"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace std::string_literals;
@@ -244,4 +246,77 @@ TEST_CASE("Citus: ensure_schema() and distribute() refuse a worker node", "[post
     options.generations = idem::PostgresOptions::Generations{};
     idem::PostgresStore generational(worker, options);
     CHECK(warns_generations(generational.inspect()));
+}
+
+namespace {
+
+// Waits until the database's clock has reached `ms` (epoch milliseconds).
+void wait_for_clock(PgConn& db, long long ms) {
+    for (int i = 0; db.scalar("SELECT ((extract(epoch FROM clock_timestamp()) * 1000)::bigint >= $1::bigint)::int",
+                              {std::to_string(ms)}) == 0;
+         ++i) {
+        if (i > 3000) FAIL("the database's clock never reached " << ms);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("Citus: a distributed generational table's maintenance attaches and retires generations",
+          "[postgres][citus][generations]") {
+    // purge_expired() on a distributed table: the generations it attaches (under the table's
+    // SHARE lock, on the coordinator) are distributed with the table, it retires an ended one
+    // (closing trigger, plain DETACH, DROP) and every key keeps its answer across generations.
+    if (!citus_run()) {
+        SUCCEED("not a Citus run (scripts/citus-check.sh)");
+        return;
+    }
+    using namespace std::chrono_literals;
+    constexpr long long kLength = 3000;
+    const auto url = require_db();
+    Table table(url, "idem_ci_gen");
+    auto options = table.options();
+    options.generations = idem::PostgresOptions::Generations{std::chrono::milliseconds(kLength), 2};
+    options.lock_timeout = 1000ms;  // the role's, as scripts/citus-check.sh sets it
+    options.statement_timeout = 30s;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    PgConn admin(url);
+    const auto partitions = [&] {
+        return admin.scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)", {table.name()});
+    };
+    const auto distributed_partitions = [&] {
+        return admin.scalar(
+            "SELECT count(*) FROM pg_inherits i JOIN pg_dist_partition d ON d.logicalrelid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass($1)",
+            {table.name()});
+    };
+    REQUIRE(partitions() == 3);
+    const std::string scope = idem_test::unique_name("cigen");
+    const auto fp = idem::fingerprint("POST"s);
+    idem::ClaimOptions short_retention, long_retention;
+    short_retention.retention = 1s;
+    long_retention.retention = std::chrono::hours(1);
+    const idem::Key early(scope, "early"), later(scope, "later");
+    const auto first = store.claim(early, fp, short_retention);
+    REQUIRE(first.status == idem::ClaimStatus::claimed);
+    store.save(early, first.fence, "early bytes");
+    const auto g0 = admin.scalar("SELECT generation FROM " + table.name() + " WHERE scope = $1", {scope});
+    wait_for_clock(admin, g0 + kLength);  // the next generation is current: `later` goes there
+    const auto second = store.claim(later, fp, long_retention);
+    REQUIRE(second.status == idem::ClaimStatus::claimed);
+    store.save(later, second.fence, "later bytes");
+    CHECK(admin.scalar("SELECT count(DISTINCT generation) FROM " + table.name() + " WHERE scope = $1", {scope}) == 2);
+    wait_for_clock(admin, g0 + kLength + 1500);  // `early` has expired, and its generation has ended
+
+    CHECK(store.purge_expired() == 1);  // g0 retired with its one expired key
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1",
+                       {table.name() + "_g" + std::to_string(g0)}) == 0);
+    CHECK(partitions() >= 3);  // the current generation and two ahead
+    CHECK(distributed_partitions() == partitions());
+    const auto replay = store.claim(later, fp, long_retention);
+    REQUIRE(replay.status == idem::ClaimStatus::completed);
+    CHECK(replay.existing->result == "later bytes");
+    CHECK(store.claim(early, fp, short_retention).status == idem::ClaimStatus::claimed);  // expired, gone: new
+    CHECK(admin.scalar("SELECT count(*) FROM " + table.name() + " WHERE scope = $1", {scope}) == 2);
 }
