@@ -21,8 +21,11 @@
 #                    with the same environment (e.g. a benchmark: see docs/scale-out.md)
 #
 # Needs Citus already installed for the PostgreSQL that scripts/with-postgres.sh uses ($IDEM_PG_BIN,
-# default /usr/lib/postgresql/15/bin): citus.control in `$IDEM_PG_BIN/pg_config --sharedir`/extension.
-# If it is not there, says so in one line and exits 0. Nothing is downloaded or built but idem.
+# default /usr/lib/postgresql/15/bin): citus.control in `$IDEM_PG_BIN/pg_config --sharedir`/extension
+# (.ci/run installs the build in ../shared/citus; CONTRIBUTING.md says how to get it elsewhere). If
+# it is not there, says so in one line and exits 0 — except in CI (CI=true), where a missing Citus
+# fails the check (exit 1): a green CI must mean the Citus suites ran. Nothing is downloaded or
+# built but idem.
 #
 # What it does:
 #   1. starts a coordinator and 2 workers (initdb in a fresh temp dir, run by the OS user
@@ -131,6 +134,11 @@ pg_version="$("$pg_bin/pg_config" --version)"
 pg_major="$(sed -E 's/^PostgreSQL ([0-9]+).*/\1/' <<<"$pg_version")"
 citus_control="$("$pg_bin/pg_config" --sharedir)/extension/citus.control"
 if [[ ! -f "$citus_control" ]]; then
+    if [[ "${CI:-}" == true ]]; then
+        log "Citus is not installed for PostgreSQL $pg_major ($citus_control not found): in CI (CI=true) the" \
+            "Citus suites must run; install it first (.ci/run uses ../shared/citus/install.sh)"
+        exit 1
+    fi
     echo "citus-check: Citus is not installed for PostgreSQL $pg_major ($citus_control not found); nothing to check"
     exit 0
 fi
