@@ -45,7 +45,7 @@ net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fing
             case Next::reclaim_expired: {
                 pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
                 co_await drive("claim (expired)", op);
-                next = machine.on_reclaimed(op.won());
+                next = machine.on_reclaimed(op.answer());
                 break;
             }
             case Next::take_over: {

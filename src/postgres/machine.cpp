@@ -166,9 +166,10 @@ ClaimMachine::Next ClaimMachine::found() {
     return on_waited(false);
 }
 
-ClaimMachine::Next ClaimMachine::on_reclaimed(bool won) {
+ClaimMachine::Next ClaimMachine::on_reclaimed(ReclaimAnswer answer) {
     step();
-    if (won) return claimed();
+    if (answer == ReclaimAnswer::won) return claimed();
+    if (answer == ReclaimAnswer::busy) return on_absent(true);
     out_.existing.reset();
     return Next::round_trip;  // someone else re-claimed it first: read again
 }

@@ -53,6 +53,15 @@ enum class SaveAnswer {
 /// on a resend, the first attempt's answer was lost (then read the record: take_over_landed).
 [[nodiscard]] std::optional<Record> take_over_answer(const StepResults& res, std::chrono::milliseconds lease);
 
+/// What a re-claim of an expired record (kReclaimExpired) came to.
+enum class ReclaimAnswer {
+    won,   ///< this call re-claimed the key
+    lost,  ///< another caller re-claimed it first: read it again
+    /// A concurrent re-claimer holds the row past lock_timeout, or moved it to another generation,
+    /// or a deadlock victim (55P03, 40001, 40P01): as a busy claim, tried again, then in_progress.
+    busy,
+};
+
 /// How PostgresStore and idem::asio go on after a failed attempt of one operation: another attempt
 /// on a fresh connection, after a pause, or the caller's error. The schedule is detail::RetryPolicy's
 /// (retry_policy.hpp); this sorts PostgreSQL's failures into its kinds: a broken connection
@@ -103,7 +112,7 @@ public:
     Next on_won() { return step(), claimed(); }
     Next on_found() { return step(), found(); }
     Next on_absent(bool conflicted);
-    Next on_reclaimed(bool won);
+    Next on_reclaimed(ReclaimAnswer answer);
     Next on_taken_over(std::optional<Record> taken);
     /// `still_waiting`: the wait ended with a reason to read again (a save was announced, or a poll
     /// is due); false answers in_progress now.

@@ -51,8 +51,14 @@ StepResults ClaimRoundTrip::answers(StepResults all) const {
 void ReclaimExpiredOp::bind(Params& p) const { add_claim_params(p, key_, fp_, fence_, lease_, retention_); }
 
 bool ReclaimExpiredOp::feed(const StepResults& res) {
-    if (!res[0].ok()) throw_statement_error(res[0], "claim (expired)");
-    won_ = res[0].rows() == 1;
+    if (!res[0].ok()) {
+        // Waiting on a concurrent re-claimer's row (an in-transaction one holds it for its effect)
+        // is the key being busy, as for the claim's INSERT, not an outage.
+        if (!claim_retryable(res[0].sqlstate())) throw_statement_error(res[0], "claim (expired)");
+        answer_ = ReclaimAnswer::busy;
+        return true;
+    }
+    answer_ = res[0].rows() == 1 ? ReclaimAnswer::won : ReclaimAnswer::lost;
     return true;
 }
 

@@ -28,6 +28,7 @@
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
+#include "machine.hpp"
 #include "sql.hpp"
 
 namespace idem::pg {
@@ -78,11 +79,11 @@ public:
     ReclaimExpiredOp(const Key& key, const Fingerprint& fp, Fence fence, std::chrono::milliseconds lease,
                      std::chrono::seconds retention) noexcept
         : key_(key), fp_(fp), fence_(fence), lease_(lease), retention_(retention) {}
-    void start(int) noexcept { won_ = false; }
+    void start(int) noexcept { answer_ = ReclaimAnswer::lost; }
     [[nodiscard]] Stmt statement() const noexcept { return kReclaimExpired; }
     void bind(Params& p) const;
     bool feed(const StepResults& res);
-    [[nodiscard]] bool won() const noexcept { return won_; }
+    [[nodiscard]] ReclaimAnswer answer() const noexcept { return answer_; }
 
 private:
     const Key& key_;
@@ -90,7 +91,7 @@ private:
     const Fence fence_;
     const std::chrono::milliseconds lease_;
     const std::chrono::seconds retention_;
-    bool won_ = false;
+    ReclaimAnswer answer_ = ReclaimAnswer::lost;
 };
 
 /// The record of a key (kSelect), or nullopt.

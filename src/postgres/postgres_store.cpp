@@ -116,7 +116,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
             }
             case pg::ClaimMachine::Next::reclaim_expired: {
                 pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
-                next = machine.on_reclaimed(m.drive("claim (expired)", op).won());
+                next = machine.on_reclaimed(m.drive("claim (expired)", op).answer());
                 break;
             }
             case pg::ClaimMachine::Next::take_over: {

@@ -647,7 +647,51 @@ TEST_CASE("generations: an in-transaction re-claim that loses to a concurrent re
     CHECK(runs == 1);
 }
 
-TEST_CASE("generations: a generation detached but not dropped is dropped by the next maintenance", "[generations]") {
+TEST_CASE("generations: a re-claim that waits past lock_timeout on a concurrent re-claimer answers in_progress",
+          "[generations]") {
+    // Another re-claimer (an in-transaction one, say) holds the expired row while its effect runs.
+    // Waiting on it is the key being busy, as for the claim's INSERT: tried again, then
+    // in_progress — never store_unavailable, which says the database is away.
+    const auto url = race::require_db();
+    Tables tables(url);
+    auto options = gen_options(tables.idem, 2, 20);
+    options.lock_timeout = 200ms;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    PgConn admin(url), mover(url);
+    const idem::Key key(idem_test::unique_name("held"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions short_retention;
+    short_retention.retention = 1s;
+    const auto first = store.claim(key, fp, short_retention);
+    REQUIRE(first.status == idem::ClaimStatus::claimed);
+    store.save(key, first.fence, "first");
+    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
+             {key.scope()});
+    mover.exec("BEGIN");
+    REQUIRE(
+        mover
+            .exec("UPDATE " + tables.idem +
+                      " SET generation = DEFAULT, state = 'in_progress', fence = 7, result = NULL, "
+                      "lease_until = now() + interval '1 hour', expires_at = now() + interval '1 hour' "
+                      "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
+                  {key.scope(), key.value()})
+            .rows() == 1);
+    std::atomic<int> runs{0};
+    const auto second = idem::execute_once(
+        store, key, fp,
+        [&] {
+            ++runs;
+            return "second"s;
+        },
+        short_retention);  // before: store_unavailable (55P03 from the re-claim's UPDATE)
+    CHECK(second.outcome() == idem::Outcome::in_progress);
+    CHECK(runs == 0);
+    mover.exec("ROLLBACK");
+    CHECK(store.claim(key, fp, short_retention).status == idem::ClaimStatus::claimed);  // free again: re-claimed
+}
+
+TEST_CASE("generations: generations a maintenance left behind are dropped by the next one", "[generations]") {
     const auto url = race::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
