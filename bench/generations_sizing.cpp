@@ -62,7 +62,8 @@ Outcome run_length(const Options& o, Admin& admin, Tables& tables, const std::st
             while (!stop.load(std::memory_order_relaxed)) {
                 const idem::Key key(kScope, random_hex_key(rng));
                 try {
-                    (void)idem::execute_once(store, key, fp, [] { return std::string("ok"); }, claim_options);
+                    (void)idem::execute_once(
+                        store, key, fp, [] { return std::string("ok"); }, claim_options);
                 } catch (const std::exception& e) {
                     ++failed;
                     if (std::string_view(e.what()).find("no generation covers now") != std::string_view::npos) {

@@ -176,8 +176,9 @@ struct PostgresOptions {
     /// ensure_schema() creates the partitioned table (an existing plain table is config_error: see
     /// docs/design.md for the migration) and the generations up to `ahead` past the current one;
     /// purge_expired() creates the next ones and retires the old. It attaches generations under
-    /// the table's SHARE lock, so writes to the table wait while it does (at most lock_timeout for
-    /// the writes in flight to end: then it attaches nothing, and tries again next time). Every
+    /// the table's SHARE lock, so writes to the table wait while it does (it waits at most half its
+    /// lock_timeout for the writes in flight to end: then it attaches nothing, and tries again next
+    /// time; give the maintaining store no longer a lock_timeout than the claiming ones). Every
     /// process of a deployment uses the same length (ensure_schema() records it; a store whose
     /// length differs from the table's gets config_error from purge_expired()).
     struct Generations {
@@ -185,9 +186,10 @@ struct PostgresOptions {
         /// detach them), at most 30 days. Live generations are about retention / length + ahead + 1,
         /// and each lookup probes each of them: a quarter of the retention is a good length.
         std::chrono::milliseconds length{std::chrono::hours(6)};
-        /// Generations kept ready past the current one (at least 1). A claim whose generation does
-        /// not exist fails with store_unavailable ("no generation covers now"), so purge_expired()
-        /// must run more often than `ahead × length`.
+        /// Generations made ready past the current one (at least 1): ensure_schema() makes all of
+        /// them, purge_expired() tops them up once fewer than half are left. A claim whose
+        /// generation does not exist fails with store_unavailable ("no generation covers now"),
+        /// so run purge_expired() at least every `ahead × length / 4`.
         std::size_t ahead = 2;
     };
     std::optional<Generations> generations{};  ///< see Generations; nullopt: one plain table

@@ -76,16 +76,24 @@ bool lock_timed_out(const error& e) { return e.sqlstate() == "55P03"; }
 // The name of the advisory lock a table's maintenance holds (hashtextextended of it).
 std::string maintenance_lock(const TableName& t) { return "idem.generations:" + t.qualified; }
 
-// Creates the current generation and `ahead` more that do not exist yet, and attaches them in one
-// transaction (unless `db` is already in one) under the table's SHARE lock: the lock every claim's
-// ROW EXCLUSIVE conflicts with, so that no claim is in flight while the set of generations grows
-// (docs/design.md, "Generations", has the argument). A wait for the lock longer than the session's
-// lock_timeout attaches nothing (`timed_out`); the next maintenance tries again.
+// A generation made ahead but not attached yet carries this comment, so that one left behind by a
+// maintenance cut off in between is recognised as idem's and dropped once its time has passed.
+constexpr std::string_view kMadeAhead = "idem: a generation made ahead, attached when it is due";
+
+// Creates the current generation and `ahead` more that do not exist yet — as tables with the
+// table's indexes, outside the lock below; for maintenance only once fewer than half of them are
+// left — then attaches them in one transaction under the table's
+// SHARE lock: the lock every claim's ROW EXCLUSIVE conflicts with, so that no claim is in flight
+// while the set of generations grows (docs/design.md, "Generations", has the argument). The attach
+// only links tables and indexes that exist, so writes wait for it briefly. Unless `db` is already
+// in a transaction (ensure_schema), the wait for the lock is at most `attach_wait`: then nothing is
+// attached (`timed_out`) and the next maintenance tries again. A claim queued behind the wait
+// waits less than its own lock_timeout when `attach_wait` is at most half of it.
 std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead,
-                         bool in_transaction, bool& timed_out) {
+                         bool in_transaction, std::chrono::milliseconds attach_wait, bool& timed_out) {
     const auto at = fmt::format("now() + n * interval '{} milliseconds'", length.count());
-    auto r = db.exec(
-        fmt::format("SELECT DISTINCT {} FROM generate_series(0, {}) AS n", generation_expression(length, at), ahead));
+    auto r = db.exec(fmt::format("SELECT DISTINCT {} FROM generate_series(0, {}) AS n ORDER BY 1",
+                                 generation_expression(length, at), ahead));
     std::set<std::int64_t> existing;
     for (const Partition& p : partitions(db, t)) existing.insert(p.start);
     std::vector<std::int64_t> missing;
@@ -94,19 +102,31 @@ std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::mill
         if (existing.count(start) == 0) missing.push_back(start);
     }
     if (missing.empty()) return 0;
+    // Maintenance attaches in batches: only once fewer than half of `ahead` are ready past the
+    // current generation (which must exist), so that writes wait for an attach that rarely.
+    const std::size_t wanted = static_cast<std::size_t>(PQntuples(r.get()));
+    const bool current_missing = missing.front() == std::stoll(PQgetvalue(r.get(), 0, 0));
+    if (!in_transaction && !current_missing && wanted - 1 - missing.size() >= (ahead + 1) / 2) return 0;
+    for (const std::int64_t start : missing) {
+        const std::string part = qualified(t, partition_name(t, start));
+        // CREATE, then ATTACH: CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE, which
+        // readers wait for too.
+        db.exec(fmt::format(
+            "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES) "
+            "WITH (fillfactor = 90)",
+            part, t.qualified));
+        db.exec(fmt::format("COMMENT ON TABLE {} IS '{}'", part, kMadeAhead));
+    }
     if (!in_transaction) db.exec("BEGIN");
     try {
+        if (!in_transaction) {
+            db.exec(fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<long long>(1, attach_wait.count())));
+        }
         // SHARE: claims, saves and every other write wait until the transaction ends; reads do not.
         db.exec(fmt::format("LOCK TABLE ONLY {} IN SHARE MODE", t.qualified));
         for (const std::int64_t start : missing) {
-            const std::string part = qualified(t, partition_name(t, start));
-            // CREATE, then ATTACH: CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE, which
-            // readers wait for too. The partition gets the table's indexes as it is attached.
-            db.exec(
-                fmt::format("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
-                            "WITH (fillfactor = 90)",
-                            part, t.qualified));
-            db.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})", t.qualified, part, start));
+            db.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})", t.qualified,
+                                qualified(t, partition_name(t, start)), start));
         }
         if (!in_transaction) db.exec("COMMIT");
     } catch (const error& e) {
@@ -167,16 +187,19 @@ std::optional<std::size_t> close_and_check(AdminSession& db, const TableName& t,
     return static_cast<std::size_t>(std::stoull(PQgetvalue(r.get(), 0, 0)));
 }
 
-// Generations a maintenance detached but did not drop (it was cut off in between): tables named
-// like a generation that are no partition and carry the closing trigger, which only a checked
-// generation's detach leaves behind.
-void drop_detached(AdminSession& db, const TableName& t) {
+// Tables a maintenance left behind, cut off in between: generations it detached but did not drop
+// (named like a generation, no partition, carrying the closing trigger, which only a checked
+// generation's detach leaves behind), and generations it made ahead but did not attach whose time
+// has passed (carrying kMadeAhead's comment; a current or future one is attached by create_ahead).
+void drop_detached(AdminSession& db, const TableName& t, std::chrono::milliseconds length) {
     auto r = db.exec(
         "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = coalesce(nullif($1, ''), current_schema()) AND c.relkind = 'r' AND NOT c.relispartition "
         "AND starts_with(c.relname, $2) AND substr(c.relname, length($2) + 1) ~ '^[0-9]+$' "
-        "AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = c.oid AND g.tgname = 'idem_closed')",
-        {t.schema, t.table + "_g"});
+        "AND (EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = c.oid AND g.tgname = 'idem_closed') "
+        "OR (pg_catalog.obj_description(c.oid, 'pg_class') = $3 "
+        "AND substr(c.relname, length($2) + 1)::numeric + $4 <= extract(epoch FROM now()) * 1000))",
+        {t.schema, t.table + "_g", std::string(kMadeAhead), std::to_string(length.count())});
     for (int row = 0; row < PQntuples(r.get()); ++row) {
         db.exec(fmt::format("DROP TABLE IF EXISTS {}", qualified(t, PQgetvalue(r.get(), row, 0))));
     }
@@ -223,7 +246,7 @@ void prepare_generations(AdminSession& db, const TableName& t, std::chrono::mill
         db.exec(fmt::format("COMMENT ON COLUMN {}.generation IS '{}{}'", t.qualified, kLengthNote, length.count()));
     }
     bool timed_out = false;
-    create_ahead(db, t, length, ahead, true, timed_out);
+    create_ahead(db, t, length, ahead, true, std::chrono::milliseconds(0), timed_out);
 }
 
 GenerationReport maintain_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length,
@@ -246,8 +269,10 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
         // Each step that waits for a lock waits at most lock_wait; after one waited in vain the
         // others are left for the next maintenance, so that one call waits about lock_wait at most.
         bool gave_up = false;
-        drop_detached(db, t);
-        report.created = create_ahead(db, t, length, ahead, false, gave_up);
+        // Writes queue behind the attach's lock request: it waits half their lock_timeout at most.
+        const auto attach_wait = lock_wait / 2;
+        drop_detached(db, t, length);
+        report.created = create_ahead(db, t, length, ahead, false, attach_wait, gave_up);
         const std::int64_t now_ms = std::stoll(*db.value("SELECT (extract(epoch FROM now()) * 1000)::bigint"));
         // A table has at most one detach pending: finish it before any other begins.
         auto all = partitions(db, t);
@@ -277,7 +302,7 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
             ++report.retired;
             report.rows_removed += *rows;
             // A detach waits for older transactions: keep the generations ahead in step meanwhile.
-            report.created += create_ahead(db, t, length, ahead, false, gave_up);
+            report.created += create_ahead(db, t, length, ahead, false, attach_wait, gave_up);
         }
     } catch (...) {
         try {

@@ -141,9 +141,9 @@ void wait_for_done_or_table_wait(PgConn& db, const std::future<idem::Result<std:
 // The late caller's part, once the claim under test waits on `held`'s key: maintenance attaches
 // newer generations (or waits to), a generation attached meanwhile becomes current, and another
 // caller runs `key` through `other` — in that generation when it exists. Then the holder ends.
-void attach_then_call_other(PgConn& admin, const std::string& url, const std::string& table,
-                            idem::PostgresStore& other, const idem::Key& key, const idem::Fingerprint& fp,
-                            std::atomic<int>& runs, HeldClaim& held) {
+void attach_then_call_other(PgConn& admin, const std::string& url, const std::string& table, idem::PostgresStore& other,
+                            const idem::Key& key, const idem::Fingerprint& fp, std::atomic<int>& runs,
+                            HeldClaim& held) {
     const auto before = generations_of(admin, table);
     Maintenance maintenance(url, table, 30s);
     wait_for_attach_or_lock_wait(admin, table, before);
@@ -234,8 +234,7 @@ TEST_CASE("generations: a commit group waiting on a key sees a claim made in a g
     (void)holder_a->release();  // a is done: the one connection comes back, a2, b and c go as a group
     holder_a.reset();
     CHECK(first.get().status == idem::ClaimStatus::completed);
-    wait_for(admin,
-             "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND query LIKE '%unnest%'");
+    wait_for(admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND query LIKE '%unnest%'");
 
     std::atomic<int> runs_other{0};
     attach_then_call_other(admin, url, tables.idem, store, c, fp, runs_other, held);
@@ -311,10 +310,10 @@ TEST_CASE("generations: a claim that waited on its key's lock gets its whole lea
     holder.exec("ROLLBACK");
     const auto claim = waiting.get();
     REQUIRE(claim.status == idem::ClaimStatus::claimed);
-    const auto left_ms = admin.scalar(
-        "SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1000)::bigint FROM " + tables.idem +
-            " WHERE scope = $1 AND key = $2",
-        {key.scope(), key.value()});
+    const auto left_ms =
+        admin.scalar("SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1000)::bigint FROM " + tables.idem +
+                         " WHERE scope = $1 AND key = $2",
+                     {key.scope(), key.value()});
     INFO("lease left after the claim returned: " << left_ms << " ms");
     CHECK(left_ms > 1000);  // before the lease counted from the row: about -1000 (already stale)
 }

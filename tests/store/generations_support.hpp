@@ -153,5 +153,4 @@ inline void wait_for(PgConn& db, const std::string& sql, const std::vector<std::
     }
 }
 
-
 }  // namespace idem_test::gen

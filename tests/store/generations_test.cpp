@@ -3,6 +3,7 @@
 // generation, and the layout's configuration errors. Effects are counted in tables of their own.
 #include "generations_support.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -30,6 +31,8 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
                         std::to_string(std::chrono::milliseconds(kLength).count()));  // the workers' layout
     idem::PostgresStore store(url, gen_options(tables.idem, 16, Maintainer::kAhead));
     store.ensure_schema();
+    // Two connections for three threads: their claims and saves go out in commit groups.
+    idem::PostgresStore grouped(url, gen_options(tables.idem, 2, Maintainer::kAhead));
     PgConn admin(url);
     const std::string spans = tables.effects + "_spans";
     admin.exec("CREATE TABLE " + spans +
@@ -40,8 +43,10 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
     const idem_test::DropTable drop_long_effects(url, long_effects);
     Maintainer maintainer(url, tables.idem);
 
-    // In this process, until the processes' race is over and at least 4 s have passed:
-    //  - "long" keys (retention 1 h): each must run once, whatever generations come and go;
+    // In this process, until the processes' races are over and at least 4 s have passed (or
+    // IDEM_TEST_GENERATIONS_SOAK seconds, for a longer run by hand):
+    //  - "long" keys (retention 1 h): each must run once, whatever generations come and go, claimed
+    //    alone, in commit groups (threads 3 to 5) and in batches of three (thread 2);
     //  - "short" keys (retention 1 s): they expire, their generations retire, they run again; each
     //    run must begin only after the previous run's retention has passed;
     //  - "tx" keys, in-transaction mode with effects of up to 600 ms: the claim's transaction stays
@@ -65,6 +70,7 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
     for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
             PgConn db(url);
+            idem::PostgresStore& calls_store = t >= 3 ? grouped : store;
             std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1u);
             idem::ClaimOptions long_retention, short_retention;
             long_retention.retention = std::chrono::hours(1);
@@ -78,11 +84,33 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
                         const idem::Key key(scope, "once-" + std::to_string(calls.load()));
                         (void)idem::execute_once(
                             store, key, idem::fingerprint("POST"s), [] { return "once"s; }, short_retention);
+                    } else if (pick < 5 && t == 2) {
+                        std::vector<std::string> names;
+                        while (names.size() < 3) {
+                            const std::string name = "long-" + std::to_string(rng() % kLongKeys);
+                            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+                        }
+                        std::vector<idem::Message> batch;
+                        for (const auto& name : names) {
+                            batch.push_back({idem::Key(scope, name), idem::fingerprint("POST"s, name)});
+                        }
+                        const auto results = idem::execute_batch(
+                            store, batch,
+                            [&](std::size_t i) {
+                                db.exec("INSERT INTO " + long_effects + " VALUES ($1, $2)",
+                                        {names[i], std::to_string(t)});
+                                ++executed_long;
+                                return "body-" + names[i];
+                            },
+                            long_retention);
+                        for (std::size_t i = 0; i < results.size(); ++i) {
+                            if (results[i].response && *results[i].response != "body-" + names[i]) ++wrong_replays;
+                        }
                     } else if (pick < 5) {
                         const std::string name = "long-" + std::to_string(rng() % kLongKeys);
                         const idem::Key key(scope, name);
                         auto r = idem::execute_once(
-                            store, key, idem::fingerprint("POST"s, name),
+                            calls_store, key, idem::fingerprint("POST"s, name),
                             [&] {
                                 db.exec("INSERT INTO " + long_effects + " VALUES ($1, $2)", {name, std::to_string(t)});
                                 ++executed_long;
@@ -130,9 +158,17 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
         });
     }
     const auto started = std::chrono::steady_clock::now();
-    // Meanwhile, 3 processes x 4 threads race on 150 keys of their own (retention 24 h): one effect
-    // row per key, every replay the executed bytes.
-    const auto ran = race::run_race(IDEM_RACE_WORKER, tables, "genprocs", 3, 150, 4, 500ms);
+    const char* soak_env = std::getenv("IDEM_TEST_GENERATIONS_SOAK");
+    const auto soak = std::chrono::seconds(soak_env != nullptr ? std::atoi(soak_env) : 4);
+    // Meanwhile, 3 processes x 4 threads race on 150 keys of their own (retention 24 h), one race
+    // after another until the soak is over: one effect row per key, every replay the executed bytes.
+    int races = 0;
+    do {
+        const auto ran = race::run_race(IDEM_RACE_WORKER, tables, "genprocs", 3, 150, 4, 500ms);
+        race::check_race(admin, tables, ran, 150, 4);
+        admin.exec("TRUNCATE " + tables.effects);  // the next race counts its own effects
+        ++races;
+    } while (std::chrono::steady_clock::now() < started + soak);
     std::this_thread::sleep_until(std::max(started + 4s, std::chrono::steady_clock::now() + 2s));
     done = true;
     for (auto& th : threads) th.join();
@@ -165,10 +201,9 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
               std::to_string(std::chrono::milliseconds(kLength).count()) +
               " <= (extract(epoch FROM now()) * 1000)::bigint AND NOT EXISTS (SELECT 1 FROM " + tables.idem +
               " u WHERE u.generation = t.generation AND (u.state = 'in_progress' OR u.expires_at >= now()))") == 0);
-    UNSCOPED_INFO("calls " << calls << ", long executions " << executed_long << ", reruns " << reruns
-                           << ", rows removed with their generations " << maintainer.removed() << " in "
-                           << maintainer.runs() << " maintenances");
-    race::check_race(admin, tables, ran, 150, 4);
+    UNSCOPED_INFO("process races " << races << ", calls " << calls << ", long executions " << executed_long
+                                   << ", reruns " << reruns << ", rows removed with their generations "
+                                   << maintainer.removed() << " in " << maintainer.runs() << " maintenances");
 }
 
 TEST_CASE("generations: a claim waits for a claim of its key in an older generation", "[generations]") {
@@ -713,7 +748,13 @@ TEST_CASE("generations: generations a maintenance left behind are dropped by the
     const std::string lookalike = tables.idem + "_g42";
     admin.exec("CREATE TABLE " + lookalike + " (x int)");
     const idem_test::DropTable drop_lookalike(url, lookalike);
+    // And what one cut off between making a generation ahead and attaching it leaves: a table
+    // with the "made ahead" comment, of a generation whose time has passed.
+    const std::string made_ahead = tables.idem + "_g1000";
+    admin.exec("CREATE TABLE " + made_ahead + " (LIKE " + tables.idem + ")");
+    admin.exec("COMMENT ON TABLE " + made_ahead + " IS 'idem: a generation made ahead, attached when it is due'");
     (void)store.purge_expired();
     CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {part}) == 0);
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {made_ahead}) == 0);
     CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {lookalike}) == 1);
 }
