@@ -207,10 +207,15 @@ TEST_CASE("claims that find no connection free share one group: each keeps its o
         CAPTURE(k);
         REQUIRE(c.status == ClaimStatus::claimed);
         CHECK(t.rows_with(scope, k, c.fence) == 1);
-        // Per-member lease and retention, by the database's clock.
-        CHECK(t.admin.scalar("SELECT (extract(epoch FROM lease_until - created_at) * 1000)::bigint FROM " + t.name +
-                                 " WHERE scope = $1 AND key = $2",
-                             {scope, k}) == 10'000 + 1000 * i);
+        // Per-member lease and retention, by the database's clock. The lease counts from when the
+        // member's row is made, a moment after its transaction began (created_at): its own lease,
+        // not the next member's (leases 1 s apart).
+        const auto lease_ms =
+            t.admin.scalar("SELECT (extract(epoch FROM lease_until - created_at) * 1000)::bigint FROM " + t.name +
+                               " WHERE scope = $1 AND key = $2",
+                           {scope, k});
+        CHECK(lease_ms >= 10'000 + 1000 * i);
+        CHECK(lease_ms < 10'000 + 1000 * (i + 1));
         CHECK(t.admin.scalar("SELECT extract(epoch FROM expires_at - created_at)::bigint FROM " + t.name +
                                  " WHERE scope = $1 AND key = $2",
                              {scope, k}) == 3600 + i);
