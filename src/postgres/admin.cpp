@@ -3,6 +3,11 @@
 // purge of expired keys (purge_expired).
 #include "idem/postgres_store.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "../retry_policy.hpp"
 #include "admin_session.hpp"
 #include "generations.hpp"
 #include "store_impl.hpp"
@@ -26,21 +31,31 @@ void PostgresStore::ensure_schema() {
     m.check_process();
     AdminSession db(m.settings, "ensure_schema");
     const std::string literal = table_literal(m.table);
-    db.exec("BEGIN");
-    // Waits as long as it takes for a concurrent ensure_schema() (the lock below) and for the
-    // table's locks, whatever lock_timeout the role carries (docs/scale-out.md has operators set
-    // one for idem's statements). Before anything that may wait: on Citus, even the question
-    // whether this is a worker reads a catalog that a concurrent distribution holds locked.
-    db.exec("SET LOCAL lock_timeout = 0");
-    db.refuse_worker();
+    const pg::Generation generation = pg::generation_of(m.options);
     // Serialises concurrent ensure_schema() calls (several instances starting at once): without it,
     // two CREATE TABLE IF NOT EXISTS can still collide on the catalog's unique index. One lock for
-    // every table: stores of different tables share the schema's idem_schema_version table.
-    db.exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"});
+    // every table: stores of different tables share the schema's idem_schema_version table. With
+    // generations, also the table's maintenance lock (generations.hpp). Both are tried, never
+    // waited for: a transaction waiting for them holds a snapshot, and a maintenance's DETACH …
+    // CONCURRENTLY waits for every older snapshot while it holds the maintenance lock — a
+    // deadlock. Until both are free, the transaction ends and begins again after a pause.
+    for (unsigned attempt = 1;; ++attempt) {
+        db.exec("BEGIN");
+        // Waits as long as it takes for the table's locks, whatever lock_timeout the role carries
+        // (docs/scale-out.md has operators set one for idem's statements). Before anything that
+        // may wait: on Citus, even the question whether this is a worker reads a catalog that a
+        // concurrent distribution holds locked.
+        db.exec("SET LOCAL lock_timeout = 0");
+        db.refuse_worker();
+        if (db.value("SELECT pg_try_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"}) == "t" &&
+            (!generation || pg::try_lock_out_maintenance(db, m.table))) {
+            break;
+        }
+        db.exec("ROLLBACK");
+        std::this_thread::sleep_for(std::chrono::milliseconds(detail::jitter(std::min(200u, 10u * attempt))));
+    }
     if (!m.table.schema.empty()) db.exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
     // One statement at a time (Citus refuses multi-statement strings that carry DDL).
-    const pg::Generation generation = pg::generation_of(m.options);
-    if (generation) pg::lock_out_maintenance(db, m.table);
     for (const std::string& statement : pg::schema_statements(m.table, generation)) db.exec(statement);
     if (generation) {
         pg::prepare_generations(db, m.table, *generation, m.options.generations->ahead);

@@ -234,8 +234,8 @@ void detach_and_drop(AdminSession& db, const TableName& t, const Partition& p) {
 
 }  // namespace
 
-void lock_out_maintenance(AdminSession& db, const TableName& t) {
-    db.exec("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", {maintenance_lock(t)});
+bool try_lock_out_maintenance(AdminSession& db, const TableName& t) {
+    return db.value("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", {maintenance_lock(t)}) == "t";
 }
 
 void prepare_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead) {

@@ -27,10 +27,11 @@ struct GenerationReport {
     std::size_t kept = 0;          ///< ended generations still holding a live or in-progress key
 };
 
-/// ensure_schema()'s first step, inside its transaction, before any DDL on the table: holds the
-/// maintainer's lock to the end of the transaction, so that the two never create the same
-/// generation at once (and a maintainer never waits on a lock ensure_schema() holds meanwhile).
-void lock_out_maintenance(AdminSession& db, const TableName& t);
+/// ensure_schema()'s first step, inside its transaction, before any DDL on the table: takes the
+/// maintainer's lock to the end of the transaction if it is free (returns whether), so that the
+/// two never create the same generation at once (and a maintainer never waits on a lock
+/// ensure_schema() holds meanwhile). Never waits: see ensure_schema().
+[[nodiscard]] bool try_lock_out_maintenance(AdminSession& db, const TableName& t);
 
 /// ensure_schema()'s part, inside its transaction, after schema_statements(): checks that the
 /// table is partitioned (config_error for a plain table), records `length` (changing it when the

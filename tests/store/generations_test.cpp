@@ -617,23 +617,28 @@ TEST_CASE("generations: ensure_schema() while purge_expired() creates generation
     // Instances starting (ensure_schema) while another maintains the table (purge_expired): the
     // two take the table's locks and the maintenance lock, and must not take them in opposite
     // orders (a deadlock: PostgreSQL cancels one of them). A lock the test holds on the table makes
-    // the maintenance wait with its lock taken, and ensure_schema() start meanwhile.
+    // the maintenance wait with its lock taken, and ensure_schema() start meanwhile: it tries the
+    // maintenance lock, and tries again until the maintenance is done.
     const auto url = race::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 2));
     store.ensure_schema();
     auto maintainer_options = gen_options(tables.idem, 1, 8);  // six generations to create
-    maintainer_options.lock_timeout = 10s;
-    maintainer_options.statement_timeout = 30s;
+    maintainer_options.lock_timeout = 30s;
+    maintainer_options.statement_timeout = 60s;
     idem::PostgresStore maintainer(url, maintainer_options);
     PgConn admin(url), table_lock(url);
     table_lock.exec("BEGIN");
     table_lock.exec("LOCK TABLE ONLY " + tables.idem + " IN SHARE MODE");
     auto maintained = std::async(std::launch::async, [&] { return maintainer.purge_expired(); });
     wait_for(admin, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%ATTACH%'");
-    auto ensured = std::async(std::launch::async,
-                              [&] { idem::PostgresStore(url, gen_options(tables.idem, 1, 2)).ensure_schema(); });
-    wait_for(admin, "SELECT (count(*) >= 2)::int FROM pg_stat_activity WHERE wait_event_type = 'Lock'");
+    auto starting = gen_options(tables.idem, 1, 2);
+    starting.application_name = idem_test::unique_name("starting");
+    auto ensured = std::async(std::launch::async, [&] { idem::PostgresStore(url, starting).ensure_schema(); });
+    wait_for(admin,
+             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND (wait_event_type = 'Lock' OR "
+             "query = 'ROLLBACK')",
+             {starting.application_name});
     table_lock.exec("COMMIT");
     CHECK_NOTHROW(ensured.get());
     CHECK_NOTHROW(maintained.get());
@@ -757,4 +762,76 @@ TEST_CASE("generations: generations a maintenance left behind are dropped by the
     CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {part}) == 0);
     CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {made_ahead}) == 0);
     CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {lookalike}) == 1);
+}
+
+TEST_CASE("generations: instances starting while maintenance finishes a detach do not deadlock with it",
+          "[generations]") {
+    // ensure_schema() of starting instances serialises on a lock and, with generations, takes the
+    // maintenance lock. A maintenance holding that lock finishes a pending detach (DETACH …
+    // FINALIZE), which waits for every transaction with an older snapshot. Had an ensure_schema()
+    // waited for those locks with a snapshot held, the waits closed a cycle (instance A holds the
+    // schema lock and waits for maintenance; maintenance waits for B's snapshot; B waits for A) and
+    // PostgreSQL broke it by failing one of them. Steps ordered by what pg_stat_activity shows.
+    const auto url = race::require_db();
+    Tables tables(url);
+    auto quick = gen_options(tables.idem, 2, 2);
+    quick.lock_timeout = 300ms;
+    idem::PostgresStore store(url, quick);
+    store.ensure_schema();
+    PgConn admin(url), reader(url), writer(url);
+    const auto fp = idem::fingerprint("POST"s);
+    idem::ClaimOptions short_retention;
+    short_retention.retention = 1s;
+    const idem::Key key(idem_test::unique_name("startup"), "k");
+    const auto claim = store.claim(key, fp, short_retention);
+    REQUIRE(claim.status == idem::ClaimStatus::claimed);
+    store.save(key, claim.fence, "done");
+    const auto g = admin.scalar("SELECT generation FROM " + tables.idem + " WHERE scope = $1", {key.scope()});
+    wait_for(admin, "SELECT ((extract(epoch FROM clock_timestamp()) * 1000)::bigint >= $1::bigint)::int",
+             {std::to_string(g + std::chrono::milliseconds(kLength).count())});
+    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
+             {key.scope()});
+    // A detach cut short (a reader holds the table past lock_timeout): pending.
+    reader.exec("BEGIN");
+    (void)reader.scalar("SELECT count(*) FROM " + tables.idem);
+    (void)store.purge_expired();
+    REQUIRE(admin.scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1) AND inhdetachpending",
+                         {tables.idem}) == 1);
+    reader.exec("COMMIT");
+    // A maintenance that waits (holding its lock) to attach generations behind a writer, then
+    // finishes the pending detach.
+    writer.exec("BEGIN");
+    writer.exec("LOCK TABLE " + tables.idem + " IN ROW EXCLUSIVE MODE");
+    auto patient = gen_options(tables.idem, 2, 8);  // 8 ahead: fewer than half are ready, it attaches
+    patient.lock_timeout = 30s;
+    patient.statement_timeout = 60s;
+    idem::PostgresStore maintainer(url, patient);
+    auto maintained = std::async(std::launch::async, [&] { return maintainer.purge_expired(); });
+    wait_for(admin,
+             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%'");
+    // Two instances start: A gets the schema lock and asks for the maintenance lock, B asks for
+    // the schema lock.
+    const auto start_instance = [&](const std::string& app) {
+        auto o = patient;
+        o.application_name = app;
+        return std::async(std::launch::async, [&url, o] { idem::PostgresStore(url, o).ensure_schema(); });
+    };
+    const std::string app_a = idem_test::unique_name("inst_a"), app_b = idem_test::unique_name("inst_b");
+    // Each has asked for its lock: waits for it, or (tried in vain) has rolled back to try again.
+    auto a = start_instance(app_a);
+    wait_for(admin,
+             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND ((wait_event = 'advisory' AND "
+             "query LIKE '%hashtextextended%') OR query = 'ROLLBACK')",
+             {app_a});
+    auto b = start_instance(app_b);
+    wait_for(admin,
+             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND (wait_event = 'advisory' OR "
+             "query = 'ROLLBACK')",
+             {app_b});
+    writer.exec("COMMIT");  // maintenance attaches, then finishes the detach: it waits for older snapshots
+    CHECK_NOTHROW(maintained.get());
+    CHECK_NOTHROW(a.get());
+    CHECK_NOTHROW(b.get());
+    CHECK(admin.scalar("SELECT count(*) FROM pg_class WHERE relname = $1", {tables.idem + "_g" + std::to_string(g)}) ==
+          0);
 }
