@@ -72,7 +72,12 @@ TEST_CASE("async: 64 coroutines, one key: one effect row, the others replay or a
                                         "INSERT INTO " + tables.effects +
                                             " (scope, key, pid, tid) VALUES ($1, $2, $3, $4)",
                                         {key.scope(), key.value(), std::to_string(::getpid()), std::to_string(c)});
-                                    std::this_thread::sleep_for(50ms);  // a slow provider: the others arrive
+                                    // A slow provider: it answers once another caller was told
+                                    // in progress (or after 30 s: the check below then fails).
+                                    const auto until = std::chrono::steady_clock::now() + 30s;
+                                    while (busy == 0 && std::chrono::steady_clock::now() < until) {
+                                        std::this_thread::sleep_for(1ms);
+                                    }
                                     co_return;
                                 },
                                 net::use_awaitable);
@@ -92,7 +97,7 @@ TEST_CASE("async: 64 coroutines, one key: one effect row, the others replay or a
         CHECK(executed == 1);
         CHECK(wrong == 0);
         CHECK(executed + replayed + busy == 64);
-        CHECK(busy > 0);  // the effect took 50 ms: most callers arrived while it ran
+        CHECK(busy > 0);  // callers arrived while the effect ran
         PgConn admin(url);
         const auto rows = admin.exec("SELECT tid FROM " + tables.effects);
         REQUIRE(rows.rows() == 1);

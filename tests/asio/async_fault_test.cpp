@@ -242,18 +242,26 @@ TEST_CASE("async: in an outage a claim is refused at once while a save keeps try
     const std::string scope = idem_test::unique_name("outage");
 
     std::atomic<int> runs_a{0}, runs_b{0};
+    std::uint64_t retries_before = 0;  // when a's effect ends: a's save has not begun
     std::promise<void> away;
     auto a = idem::asio::async_execute_once(
         store, Key(scope, "a"), fp_for(Key(scope, "a")),
         [&] {
             ++runs_a;
             proxy.reset();  // the server is away from here on: its connection closed, new ones refused
+            retries_before = store.stats().retries;
             away.set_value();
             return Response{200, "a"};
         },
         net::use_future);
     away.get_future().wait();
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a's save is trying by now
+    // a's save is trying: it has failed once and goes on within its window (or, on a machine
+    // slower than the 8 s window, has given up; b is refused at once then too).
+    const auto trying_by = Clock::now() + std::chrono::seconds(30);
+    while (store.stats().retries == retries_before &&
+           a.wait_for(std::chrono::seconds(0)) != std::future_status::ready && Clock::now() < trying_by) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
 
     const auto started = Clock::now();
     auto b = idem::asio::async_execute_once(

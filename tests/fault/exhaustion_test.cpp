@@ -89,6 +89,24 @@ private:
 
 bool typed(Told t) { return t != Told::other_error && t != Told::corrupt_record; }
 
+/// Waits (at most 30 s: a loaded machine) until `done(hammer.timed())`; false if it never came.
+template <class Done>
+bool await_calls(Hammer& hammer, Done done) {
+    const auto deadline = Clock::now() + 30s;
+    while (!done(hammer.timed())) {
+        if (Clock::now() > deadline) return false;
+        std::this_thread::sleep_for(10ms);
+    }
+    return true;
+}
+
+/// The hammer is running: its clients have made `n` calls (their connections are open).
+void await_running(Hammer& hammer, std::size_t n = 8) {
+    if (!await_calls(hammer, [&](const std::vector<Timed>& timed) { return timed.size() >= n; })) {
+        FAIL("the clients made fewer than " << n << " calls in 30 s");
+    }
+}
+
 /// Waits (bounded) until `n` of the app's connections sit idle right after marking a key waited
 /// for or polling it (the backstop poll, kWaitPoll), i.e. are held by callers LISTENing for a save
 /// (ClaimOptions::wait).
@@ -121,7 +139,7 @@ TEST_CASE("scenario 4A: table locked for 2 s (pg_sleep) under 8 clients on a poo
     Clock::time_point locked_at, released_at;
     {
         Hammer hammer(store, effects, history, scope, 1s);
-        std::this_thread::sleep_for(400ms);
+        await_running(hammer);
         PgConn locker(url);
         locker.exec("BEGIN");
         locker.exec("LOCK TABLE " + table.name() + " IN ACCESS EXCLUSIVE MODE");
@@ -130,7 +148,13 @@ TEST_CASE("scenario 4A: table locked for 2 s (pg_sleep) under 8 clients on a poo
         locker.exec("COMMIT");
         released_at = Clock::now();
         ++f.rounds, ++f.faults;
-        std::this_thread::sleep_for(1500ms);
+        // Until a call that began well after the release has executed (bounded: the check on
+        // ok_after below fails if none does).
+        await_calls(hammer, [&](const std::vector<Timed>& timed) {
+            return std::any_of(timed.begin(), timed.end(), [&](const Timed& t) {
+                return t.started > released_at + 500ms && t.told == Told::executed;
+            });
+        });
         hammer.stop();
 
         const auto timed = hammer.timed();
@@ -208,6 +232,7 @@ TEST_CASE("scenario 4B: idem's backends hang (SIGSTOP) for 2.5 s", "[fault][exha
     } thaw{frozen};
     {
         Hammer hammer(store, effects, history, scope, 1s);
+        await_running(hammer);  // its backends exist to be frozen
         for (int round = 0; round < 2; ++round) {
             std::this_thread::sleep_for(500ms);
             auto r =

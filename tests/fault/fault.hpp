@@ -788,7 +788,14 @@ inline void crash_server(const std::function<void()>& after_kill = {}) {
     // Freeze the postmaster first so it forks no new backend between the listing and the kill
     // (each child calls setsid(): there is no process group to kill at once).
     ::kill(*pm, SIGSTOP);
-    for (int i = 0; i < 200 && process_state(*pm) != 'T'; ++i) std::this_thread::sleep_for(1ms);
+    const auto stopped_by = Clock::now() + 30s;  // generous: the kernel stops it when it next runs
+    while (process_state(*pm) != 'T') {
+        if (Clock::now() > stopped_by) {
+            ::kill(*pm, SIGCONT);
+            throw std::runtime_error("the postmaster did not stop (SIGSTOP) within 30 s");
+        }
+        std::this_thread::sleep_for(1ms);
+    }
     std::vector<pid_t> victims = children_of(*pm);
     for (pid_t p : victims) ::kill(p, SIGKILL);
     ::kill(*pm, SIGKILL);

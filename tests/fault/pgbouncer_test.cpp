@@ -176,8 +176,9 @@ idem::PostgresOptions bouncer_options(const IdemTable& table) {
 }
 
 /// One ClaimOptions::wait round: caller A holds `key` (its effect blocked until let go), caller B
-/// calls the same key with `wait`; A's effect then runs (one row in `effects`, counted outside
-/// idem) and A saves — unless `complete` is false: then A is let go only after B returned.
+/// calls the same key with `wait`; once `b_waits()` says B waits, A's effect runs (one row in
+/// `effects`, counted outside idem) and A saves — unless `complete` is false: then A is let go only
+/// after B returned.
 struct WaitRound {
     Call a{Key("-", "-"), true};
     Call b{Key("-", "-"), true};
@@ -186,7 +187,7 @@ struct WaitRound {
 };
 
 WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b, Effects& effects, const Key& key,
-                     std::chrono::milliseconds wait, bool complete) {
+                     std::chrono::milliseconds wait, bool complete, const std::function<bool()>& b_waits) {
     WaitRound w;
     w.a = Call(key, true);
     std::latch inside(1);
@@ -225,9 +226,10 @@ WaitRound wait_round(idem::PostgresStore& store_a, idem::PostgresStore& store_b,
         b_returned = true;
     });
     if (complete) {
-        // B cannot return before A saves, however slow the machine; this pause only lets it reach
-        // its wait (if it did not, it replays at once: still checked, just not a wait).
-        std::this_thread::sleep_for(500ms);
+        // B cannot return before A saves, however slow the machine; A is let go once B waits
+        // (bounded: if B never does, it replays at once, and the checks on its wait fail).
+        const auto until = Clock::now() + 30s;
+        while (!b_returned && !b_waits() && Clock::now() < until) std::this_thread::sleep_for(5ms);
         w.b_waited = !b_returned;
         let_go.set_value();
         a.join();
@@ -480,7 +482,19 @@ TEST_CASE("scenario 5: PgBouncer in transaction mode — ClaimOptions::wait repl
         std::string delays;
         for (int i = 0; i < 3; ++i) {
             const Key key(scope, "k" + std::to_string(i));
-            const WaitRound w = wait_round(store_a, store_b, effects, key, wait, true);
+            // B waits once it has flagged the row waited for (after its LISTEN), or, polling, once
+            // it makes its first round trip after the claim that found A's key in progress.
+            const auto trips = store_b.stats().round_trips;
+            const auto b_waits = [&] {
+                if (listens) {
+                    return direct
+                               .exec("SELECT waiters FROM " + table.name() + " WHERE scope = $1 AND key = $2",
+                                     {key.scope(), key.value()})
+                               .text(0, 0) == "t";
+                }
+                return store_b.stats().round_trips >= trips + 2;
+            };
+            const WaitRound w = wait_round(store_a, store_b, effects, key, wait, true, b_waits);
             INFO("round " << i << ": A " << name(w.a.told) << " " << w.a.detail << ", B " << name(w.b.told) << " "
                           << w.b.detail << " after " << w.b.ms << " ms, " << w.b_after_save_ms << " ms after A's save");
             CHECK(w.b_waited);
@@ -509,7 +523,7 @@ TEST_CASE("scenario 5: PgBouncer in transaction mode — ClaimOptions::wait repl
 
     SECTION("a wait that runs out answers in_progress, and the effect still runs once") {
         const Key key(scope, "slow");
-        const WaitRound w = wait_round(store_a, store_b, effects, key, 2s, false);
+        const WaitRound w = wait_round(store_a, store_b, effects, key, 2s, false, {});
         INFO("B " << name(w.b.told) << " " << w.b.detail << " after " << w.b.ms << " ms");
         CHECK(w.b.told == Told::in_progress);
         CHECK_FALSE(w.b.fn_started);

@@ -65,6 +65,22 @@ inline Driver blocking_driver() {
     return d;
 }
 
+/// Waits (at most 30 s: a loaded machine) until the load has had a call answered: its connections
+/// are open and its commits flow. If it never has, the test case fails here and goes on (the load
+/// still has to be stopped).
+inline void await_answered(const History& history) {
+    const auto deadline = Clock::now() + 30s;
+    for (;;) {
+        const auto calls = history.calls();
+        if (std::any_of(calls.begin(), calls.end(), [](const Call& c) { return is_answer(c.told); })) return;
+        if (Clock::now() > deadline) {
+            FAIL_CHECK("the load had no call answered within 30 s");
+            return;
+        }
+        std::this_thread::sleep_for(10ms);
+    }
+}
+
 // ---- scenario 1: backends killed
 // ---------------------------------------------------------------------
 
@@ -97,7 +113,7 @@ inline void backend_kill_scenario(const Driver& d) {
     {
         const auto load = d.load(store, effects, history, lo);
         load->start();
-        std::this_thread::sleep_for(300ms);
+        await_answered(history);  // its connections are there to be terminated
         for (int round = 0; round < 20; ++round) {
             std::this_thread::sleep_for(std::chrono::milliseconds(80 + rng() % 150));
             const auto victims = static_cast<int>(1 + rng() % 3);
@@ -233,7 +249,8 @@ inline void crash_round(const Driver& d, idem::IdempotencyStore& store, const Ef
     lo.replay_p = 0.1;
     const auto load = d.load(store, effects, round.history, lo);
     load->start();
-    // Let the load reach full speed (connections open, commits flowing), then crash mid-flight.
+    // Once the load runs (connections open, commits flowing), crash at a random moment mid-flight.
+    await_answered(round.history);
     std::this_thread::sleep_for(std::chrono::milliseconds(700 + rng() % 800));
     guard.down = true;
     crash_server([&] { load->request_stop(); });  // calls in flight at the kill see it; no new ones

@@ -264,18 +264,22 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
         blocker.exec("SELECT set_config('application_name', $1, false)", {purger_app});
         blocker.exec("BEGIN");
         blocker.exec("SELECT 1 FROM " + T + " WHERE scope = $1 AND key = 'keep-ip-1' FOR UPDATE", {scope});
+        std::atomic<bool> blocked_returned{false};
         std::thread blocked([&] {
             try {
                 claimer.extend_lease(idem::Key(scope, "keep-ip-1"), 1, 1h);  // waits on the row lock
             } catch (const idem::error&) {                                   // lock_timeout: fine either way
             }
+            blocked_returned = true;
         });
+        // Sampled until the wait is seen, for as long as the call waits (it gives up after its
+        // lock_timeouts; the bound only keeps a hang from lasting).
         LockSampler calibration;
         PgConn watch(backend.conninfo());
-        const auto until = SteadyClock::now() + 900ms;
-        while (calibration.waits_on_purger == 0 && SteadyClock::now() < until) {
+        const auto until = SteadyClock::now() + 30s;
+        while (calibration.waits_on_purger == 0 && !blocked_returned && SteadyClock::now() < until) {
             calibration.sample(watch, claim_app, purger_app);
-            std::this_thread::sleep_for(5ms);
+            if (calibration.waits_on_purger == 0) std::this_thread::sleep_for(5ms);
         }
         blocker.exec("ROLLBACK");
         blocked.join();
@@ -291,6 +295,7 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
     std::latch started(6);  // 4 claimers, the sampler, the purger
     std::vector<std::thread> threads;
     std::atomic<int> fresh_executed{0};
+    std::atomic<int> claimers_running{0};  // claimers that have finished a call
     for (int t = 0; t < 4; ++t) {
         threads.emplace_back([&, t] {
             started.arrive_and_wait();
@@ -304,6 +309,7 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
                     const auto t1 = SteadyClock::now();
                     if (r.outcome() == Outcome::executed) ++fresh_executed;
                     if (during && purging) mine.push_back(ms(t1 - t0));
+                    if (i == 0) ++claimers_running;
                 }
             } catch (const std::exception& ex) {
                 std::lock_guard lock(mutex);
@@ -326,7 +332,10 @@ TEST_CASE("purge_expired: 100,000 expired keys while 4 threads claim; no claim w
     std::size_t purged = 0;
     std::thread purge_thread([&] {
         started.arrive_and_wait();
-        std::this_thread::sleep_for(100ms);  // the claimers are running
+        // The claimers are running: each has finished a call (bounded; if they never do, the
+        // checks on the claims made during the purge fail).
+        const auto until = SteadyClock::now() + 30s;
+        while (claimers_running < 4 && SteadyClock::now() < until) std::this_thread::sleep_for(1ms);
         purging = true;
         try {
             purged = purger.purge_expired(1000);

@@ -35,6 +35,8 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
 
     constexpr int kRuns = 7;
     std::vector<double> delays;
+    std::optional<idem_test::PgConn> watch;  // PostgresBackend: to see B's wait in the table
+    if constexpr (TestType::is_postgres) watch.emplace(backend.conninfo());
     for (int i = 0; i < kRuns; ++i) {
         const idem::Key key(scope, "k" + std::to_string(i));
         std::promise<void> finish;
@@ -51,6 +53,7 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
             }));
         });
         a_running.wait();
+        const auto b_claims_before = store_b.stats().claims;
         std::atomic<bool> b_returned{false};
         SteadyClock::time_point b_returned_at;
         std::atomic<int> b_runs{0};
@@ -66,7 +69,19 @@ TEMPLATE_TEST_CASE("wait: the duplicate replays the first attempt's result right
             b_returned_at = SteadyClock::now();
             b_returned = true;
         });
-        std::this_thread::sleep_for(200ms);
+        // A's fn returns once B waits for the save: PostgresStore marks the row waited for once B
+        // LISTENs; MemoryStore counts B's claim under the lock it then waits on (a save needs it).
+        const auto b_waits = [&] {
+            if constexpr (TestType::is_postgres) {
+                return watch->scalar(
+                           "SELECT count(*) FROM " + backend.table() + " WHERE scope = $1 AND key = $2 AND waiters",
+                           {key.scope(), key.value()}) == 1;
+            } else {
+                return store_b.stats().claims > b_claims_before;
+            }
+        };
+        const auto deadline = SteadyClock::now() + 30s;
+        while (!b_waits() && !b_returned && SteadyClock::now() < deadline) std::this_thread::sleep_for(5ms);
         const bool b_was_waiting = !b_returned;
         finish.set_value();
         a.join();

@@ -146,10 +146,25 @@ private:
     bool released_ = false;
 };
 
-/// Starts `n` threads running body(i), waits long enough for them to queue behind a Hold, releases
-/// it, then joins them.
+/// Waits (at most 30 s: a loaded machine) until `n` callers of `store` wait for a connection,
+/// queued by group commit or in the pool. If they never do, the test case fails here and goes on
+/// (its threads still have to be let go and joined).
+void await_waiters(const idem::PostgresStore& store, std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (store.pool_stats().waiters < n) {
+        if (std::chrono::steady_clock::now() > deadline) {
+            FAIL_CHECK("after 30 s, " << store.pool_stats().waiters << " callers wait for a connection, not " << n);
+            return;
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+}
+
+/// Starts `n` threads running body(i), waits until all of them wait for a connection of `store`
+/// (queued behind a Hold), releases it, then joins them. The store's pool_wait must outlast the
+/// time the threads take to start.
 template <class Body>
-void queue_behind(Hold& hold, int n, Body body) {
+void queue_behind(Hold& hold, idem::PostgresStore& store, int n, Body body) {
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) {
@@ -161,8 +176,7 @@ void queue_behind(Hold& hold, int n, Body body) {
             }
         });
     }
-    // Generous: only two of the callers need to have queued for a group of two to form.
-    std::this_thread::sleep_for(1500ms);
+    await_waiters(store, static_cast<std::size_t>(n));
     hold.release();
     for (auto& th : threads) th.join();
     for (auto& e : errors) {
@@ -176,13 +190,15 @@ TEST_CASE("claims that find no connection free share one group: each keeps its o
           "[group_commit]") {
     IDEM_NOT_ON_CITUS("it sees the groups it holds through their lock waits in the coordinator's pg_stat_activity");
     Table t(require_db());
-    idem::PostgresStore store(t.url, t.options(kHeld));
+    auto options = t.options(kHeld);
+    options.pool_wait = 60s;  // queued callers never give up and go alone while the test holds them
+    idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("claims");
     constexpr int kDistinct = 12, kSame = 8;
     std::vector<idem::Claim> claims(kDistinct + kSame);
     {
         Hold hold(t, scope, store);
-        queue_behind(hold, kDistinct + kSame, [&](int i) {
+        queue_behind(hold, store, kDistinct + kSame, [&](int i) {
             // Distinct keys, each with its own lease and retention; then 8 callers on one key.
             idem::ClaimOptions o;
             o.lease = std::chrono::milliseconds(10'000 + 1000 * i);
@@ -253,12 +269,13 @@ TEST_CASE("grouped claims key their fingerprints and classify found rows by thei
     }
     auto options = t.options(kHeld);
     options.fingerprint_secret = secret;
+    options.pool_wait = 60s;  // queued callers never give up and go alone while the test holds them
     idem::PostgresStore store(t.url, options);
     constexpr int kNew = 6;
     std::vector<idem::Claim> claims(kNew + 2);
     {
         Hold hold(t, scope, store);
-        queue_behind(hold, kNew + 2, [&](int i) {
+        queue_behind(hold, store, kNew + 2, [&](int i) {
             const auto n = static_cast<std::size_t>(i);
             if (i < kNew) claims[n] = store.claim(idem::Key(scope, "k" + std::to_string(i)), kFp);
             if (i == kNew) claims[n] = store.claim(idem::Key(scope, "old-same"), kFp);
@@ -342,7 +359,9 @@ TEST_CASE("a caller that finds a connection free goes alone at once, whatever th
         c = store.claim(idem::Key(scope, "free"), kFp);
         done = true;
     });
-    for (int i = 0; i < 1000 && !done; ++i) std::this_thread::sleep_for(10ms);
+    // Generous for a loaded machine; the held claim waits on the test's lock for as long as it takes.
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
     const bool before_release = done;
     hold.release();
     caller.join();
@@ -367,10 +386,12 @@ TEST_CASE("callers that find every connection held get pool_timeout after pool_w
     // the leader's wait ends the queue becomes the next group, whose leader's wait is its own.
     // Each call's wait ends pool_wait after it began: never a second pool_wait after the first
     // (in the queue, then alone; or as a promoted leader). The save leads a save group alone.
+    // Each caller starts once the one before it waits (or after 30 s: the check below then fails).
     constexpr int kCallers = 5;  // 4 claims, then the save
     std::array<std::string, kCallers> outcome;
     std::array<std::chrono::milliseconds, kCallers> waited{};
     std::vector<std::thread> callers;
+    std::size_t most_waiters = 0;
     for (int i = 0; i < kCallers; ++i) {
         callers.emplace_back([&, i] {
             const auto began = std::chrono::steady_clock::now();
@@ -389,13 +410,12 @@ TEST_CASE("callers that find every connection held get pool_timeout after pool_w
             waited[static_cast<std::size_t>(i)] =
                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
         });
-        std::this_thread::sleep_for(100ms);
-    }
-    // Every caller waits for a connection, queued or in the pool: all are waiters.
-    std::size_t most_waiters = 0;
-    for (int i = 0; i < 200 && most_waiters < kCallers; ++i) {
-        most_waiters = std::max(most_waiters, store.pool_stats().waiters);
-        std::this_thread::sleep_for(10ms);
+        // Every caller waits for a connection, queued or in the pool: all are waiters.
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (most_waiters < static_cast<std::size_t>(i) + 1 && std::chrono::steady_clock::now() < deadline) {
+            most_waiters = std::max(most_waiters, store.pool_stats().waiters);
+            if (most_waiters < static_cast<std::size_t>(i) + 1) std::this_thread::sleep_for(1ms);
+        }
     }
     for (auto& th : callers) th.join();
     hold.release();
@@ -420,6 +440,7 @@ TEST_CASE("saves that find no connection free share one UPDATE: each keeps its o
     Table t(require_db());
     auto options = t.options(kHeld);
     options.max_result_bytes = 64;
+    options.pool_wait = 60s;  // queued savers never give up and go alone while the test holds them
     idem::PostgresStore store(t.url, options);
     const auto scope = idem_test::unique_name("saves");
     constexpr int kSavers = 12;
@@ -467,7 +488,8 @@ TEST_CASE("saves that find no connection free share one UPDATE: each keeps its o
             }
         });
     }
-    std::this_thread::sleep_for(1500ms);
+    // Every saver but saver 0 (refused before any I/O) waits for the held connection.
+    await_waiters(store, static_cast<std::size_t>(kSavers));
     locker.exec("COMMIT");
     for (auto& th : held) th.join();
     for (auto& th : savers) th.join();
@@ -713,8 +735,8 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
     std::thread holder([&] { alone = store.claim(idem::Key(scope, "blocker-0"), kFp); });
     t.await_lock_waiters(1);
     std::thread leader([&] { lone = store.claim(idem::Key(scope, "blocker-1"), kFp); });
-    std::this_thread::sleep_for(500ms);  // generous: blocker-1's leader waits for the connection
-    zero.exec("ROLLBACK");               // blocker-0 wins and gives the connection to blocker-1's group
+    await_waiters(store, 1);  // blocker-1's leader waits for the connection
+    zero.exec("ROLLBACK");    // blocker-0 wins and gives the connection to blocker-1's group
     holder.join();
     REQUIRE(alone.status == ClaimStatus::claimed);
     t.await_lock_waiters(1);     // blocker-1's group waits on the test's lock, on the only connection
@@ -727,7 +749,7 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
             claims[static_cast<std::size_t>(i)] = store.claim(idem::Key(scope, k), kFp);
         });
     }
-    std::this_thread::sleep_for(3000ms);  // generous: they queue behind blocker-1's group
+    await_waiters(store, static_cast<std::size_t>(kQueued));  // they queue behind blocker-1's group
     const auto before = store.stats();
     first.exec("ROLLBACK");  // the lone claim wins; its leader relays the queued group
     leader.join();

@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,14 +77,30 @@ idem::PostgresOptions options_for(const Table& table, std::size_t pool_size = 4)
 int terminate_backends(PgConn& admin, const std::string& app) {
     const auto killed =
         admin.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", {app});
-    for (int i = 0; i < 500; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;  // generous: a loaded machine
+    while (std::chrono::steady_clock::now() < deadline) {
         if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", {app}) == 0) {
             return killed.rows();
         }
         std::this_thread::sleep_for(10ms);
     }
-    FAIL("backends of " << app << " still alive after pg_terminate_backend");
+    FAIL("backends of " << app << " still alive 30 s after pg_terminate_backend");
     return killed.rows();
+}
+
+/// Waits (at most 30 s: a loaded machine) until one backend of `app` waits on a heavyweight lock;
+/// returns whether it came to that.
+bool await_lock_wait(PgConn& admin, const std::string& app) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (;;) {
+        if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                         "AND wait_event_type = 'Lock'",
+                         {app}) == 1) {
+            return true;
+        }
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(10ms);
+    }
 }
 
 }  // namespace
@@ -665,15 +682,7 @@ TEST_CASE("pool_timeout: the only connection is stuck on a lock, the next caller
     } unlock{locker, holder};
 
     // wait until the store's connection waits on our lock
-    bool waiting = false;
-    for (int i = 0; i < 500 && !waiting; ++i) {
-        waiting = admin.scalar(
-                      "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
-                      "AND wait_event_type = 'Lock'",
-                      {options.application_name}) == 1;
-        if (!waiting) std::this_thread::sleep_for(10ms);
-    }
-    REQUIRE(waiting);
+    REQUIRE(await_lock_wait(admin, options.application_name));
 
     const auto started = std::chrono::steady_clock::now();
     CHECK_THROWS_AS(idem::execute_once(store, idem::Key(scope, "second"), fp_of(1),
@@ -700,13 +709,16 @@ namespace {
 
 /// Sequential scans of `table` counted by the server, once every backend of `app` has exited: a
 /// backend reports its counters when it exits (while it lives, only when idle and at most once a
-/// second, or up to 10 s later — too late to read reliably).
+/// second, or up to 10 s later — too late to read reliably). The counters live in shared memory
+/// (PostgreSQL 15 and later), and an exiting backend flushes its own there before it leaves
+/// pg_stat_activity (a before_shmem_exit hook; its pg_stat_activity entry is cleared by an
+/// on_shmem_exit one, which runs after): once none of `app`'s backends is listed, every count is in.
 long long seq_scans_when_closed(PgConn& admin, const std::string& table, const std::string& app) {
-    for (int i = 0; i < 500; ++i) {
-        if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", {app}) == 0) break;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", {app}) != 0) {
+        if (std::chrono::steady_clock::now() > deadline) FAIL("backends of " << app << " still open after 30 s");
         std::this_thread::sleep_for(10ms);
     }
-    std::this_thread::sleep_for(200ms);
     admin.exec("SELECT pg_stat_clear_snapshot()");
     return admin.scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = $1::regclass", {table});
 }
@@ -882,14 +894,7 @@ TEST_CASE("a save chosen as a serialization victim is sent again and lands", "[p
             failed = std::current_exception();
         }
     });
-    bool waiting = false;
-    for (int i = 0; i < 500 && !waiting; ++i) {
-        waiting = admin.scalar(
-                      "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
-                      "AND wait_event_type = 'Lock'",
-                      {options.application_name}) == 1;
-        if (!waiting) std::this_thread::sleep_for(10ms);
-    }
+    const bool waiting = await_lock_wait(admin, options.application_name);
     locker.exec("COMMIT");
     saver.join();
     REQUIRE(waiting);
@@ -915,10 +920,23 @@ TEST_CASE("a thread keeps its own pooled connection", "[postgres][pool]") {
     const auto scope = idem_test::unique_name("affinity");
     constexpr int kCalls = 80, kWarmUp = 10;
     std::array<std::vector<std::string>, 2> pids;
+    // Both threads' first calls meet inside their effects, each holding a connection: both
+    // connections exist from then on, however late the scheduler starts either thread.
+    std::atomic<int> holding{0};
     idem_test::run_threads(2, [&](int t) {
         for (int i = 0; i < kCalls; ++i) {
             const idem::Key key(scope, std::to_string(t) + "-" + std::to_string(i));
             const auto r = idem::execute_once_in_transaction(store, key, fp_of(1), [&](idem::Transaction& tx) {
+                if (i == 0) {
+                    ++holding;
+                    const auto deadline = std::chrono::steady_clock::now() + 30s;
+                    while (holding.load() < 2) {
+                        if (std::chrono::steady_clock::now() > deadline) {
+                            throw std::runtime_error("the other thread's first call never held a connection");
+                        }
+                        std::this_thread::sleep_for(1ms);
+                    }
+                }
                 return *tx.exec("SELECT pg_backend_pid()::text").rows.at(0).at(0);
             });
             pids[static_cast<std::size_t>(t)].push_back(r.response());
