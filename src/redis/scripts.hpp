@@ -16,7 +16,18 @@
 
 namespace idem::redis {
 
-enum Script : std::size_t { kClaim, kSave, kRelease, kExtend, kPhase, kTakeOver, kRead, kListStale, kScriptCount };
+enum Script : std::size_t {
+    kClaim,
+    kSave,
+    kRelease,
+    kExtend,
+    kPhase,
+    kTakeOver,
+    kRead,
+    kListStale,
+    kAclProbe,
+    kScriptCount
+};
 
 // Shared prologue: `now` in Unix ms by the server's clock; `ms` formats an integer without the
 // exponent Lua's tostring would use for large numbers.
@@ -152,6 +163,22 @@ inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
     "end\n"
     "for _, m in ipairs(ghosts) do redis.call('ZREM', KEYS[1], m) end\n"
     "return out\n",
+
+    // kAclProbe (at connect, before anything is written). ARGV: key prefix, 1 when WAIT follows
+    // writes. Answers the commands the connection's ACL user may not run as the store runs them
+    // — the scripts' own calls on a key under the prefix, and WAIT — as "COMMAND" or
+    // "COMMAND on <key>" (empty: every one allowed). Writes nothing (redis.acl_check_cmd, Redis 7).
+    "local denied = {}\n"
+    "local k = ARGV[1] .. 'acl-probe'\n"
+    "local checks = {{'TIME'}, {'HMGET', k, 's'}, {'HGET', k, 'r'}, {'HSET', k, 's', 'p'}, {'DEL', k},\n"
+    "                {'PEXPIREAT', k, '1'}, {'ZADD', k, '1', 'm'}, {'ZREM', k, 'm'}, {'ZRANGE', k, '0', '1'}}\n"
+    "if ARGV[2] == '1' then checks[#checks + 1] = {'WAIT', '0', '0'} end\n"
+    "for _, c in ipairs(checks) do\n"
+    "  if not redis.acl_check_cmd(unpack(c)) then\n"
+    "    denied[#denied + 1] = c[2] and (c[1] .. ' on ' .. c[2]) or c[1]\n"
+    "  end\n"
+    "end\n"
+    "return denied\n",
 };
 
 #undef IDEM_REDIS_PROLOGUE

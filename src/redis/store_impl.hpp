@@ -162,12 +162,40 @@ struct RedisStore::Impl {
             conn->script_shas.emplace_back(redis::text_of(*reply));
         }
         refuse_replica(replication_info);
+        check_grants(*conn);
         if (check) {
             check_persistence(appendonly, appendfsync, no_fsync_on_rewrite);
             check_eviction(eviction);
         }
         note_replication(replication_info);
         return conn;
+    }
+
+    // Every command the store runs, as its ACL user: a grant missing is config_error now, before
+    // anything is written — not after a claim's script wrote its record and the WAIT behind it was
+    // refused, which would strand the claim until its lease passed.
+    void check_grants(Connection& conn) const {
+        append_script(conn, redis::kAclProbe, {}, {options.key_prefix, options.wait_replicas > 0 ? "1" : "0"});
+        Reply reply = conn.read("connect");
+        if (redis::type_of(*reply) == ReplyType::error) {
+            refused_at_connect(
+                redis::text_of(*reply),
+                fmt::format("idem: connect: Redis at {} refused idem's ACL check: {}", where, redis::text_of(*reply)));
+        }
+        if (redis::type_of(*reply) != ReplyType::array || redis::size_of(*reply) == 0) return;
+        std::string denied;
+        for (std::size_t i = 0; i < redis::size_of(*reply); ++i) {
+            if (i > 0) denied += ", ";
+            denied += redis::text_of(redis::element(*reply, i));
+        }
+        throw config_error(fmt::format(
+            "idem: connect: the Redis ACL user{} at {} may not run {} (NOPERM); nothing was written. RedisStore runs "
+            "EVALSHA, the commands of its scripts (TIME, HMGET, HGET, HSET, DEL, PEXPIREAT, ZADD, ZREM, ZRANGE){}, "
+            "on keys that all start with RedisOptions::key_prefix \"{}\": grant this ACL user those commands and "
+            "~{}*",
+            options.username.empty() ? "" : " \"" + options.username + "\"", where, denied,
+            options.wait_replicas > 0 ? " and WAIT (wait_replicas > 0: +wait)" : "", options.key_prefix,
+            options.key_prefix));
     }
 
     void check_persistence(const std::string& appendonly, const std::string& appendfsync,

@@ -245,6 +245,35 @@ TEST_CASE("RedisStore: a username without a password connects as that ACL user",
     }
 }
 
+TEST_CASE("RedisStore: each grant its ACL user lacks is config_error before anything is written", "[redis]") {
+    // An ACL user missing any one command the store runs — the scripts' own calls, or WAIT after
+    // writes when wait_replicas > 0 — is refused at connect: Redis holds no key afterwards, so a
+    // correctly configured store then claims the same key at once (no claim stranded until its
+    // lease passes).
+    RedisServer server;
+    const char* command =
+        GENERATE("wait", "hset", "zadd", "pexpireat", "del", "hmget", "hget", "zrem", "zrange", "time", "evalsha");
+    CAPTURE(command);
+    const std::string user = std::string("u_") + command;
+    REQUIRE(redis_command(server.socket(),
+                          {"ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", std::string("-") + command}) == "+OK");
+    idem::RedisOptions o = store_options(server);
+    o.username = user;
+    o.password = "pw";
+    o.durability = idem::RedisDurability::unchecked;
+    if (std::string_view(command) == "wait") {
+        o.wait_replicas = 1;
+        o.wait_replicas_timeout = 100ms;
+    }
+    idem::RedisStore store(o);
+    refused_with_config_error(store, {"NOPERM"});
+    CHECK(integer_answer(redis_command(server.socket(), {"DBSIZE"})) == 0);
+    idem::RedisOptions good = store_options(server);
+    good.key_prefix = o.key_prefix;
+    idem::RedisStore configured(good);
+    CHECK(configured.claim(idem::Key("s", "k"), fp_of("a")).status == idem::ClaimStatus::claimed);
+}
+
 TEST_CASE("RedisStore: a wrong password is config_error and never shows the password", "[redis]") {
     RedisServer server;
     REQUIRE(redis_command(server.socket(), {"CONFIG", "SET", "requirepass", "right-password"}) == "+OK");
