@@ -58,6 +58,28 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& plain, const ClaimOpt
             m.read_wait(conn, "claim");
             return m.claim_answer(*reply, key, fp, fence, options, *this);
         });
+        // Resume mode on a stale record written before the fingerprint secret (fa 1): the script
+        // did not compare it (it never sees the plain digest); classify() here found it the same
+        // request, so take it over by its fence, with this claim's fence.
+        if (claim.status == ClaimStatus::in_progress && options.resume_stale && claim.existing &&
+            claim.existing->lease_expired && claim.existing->fingerprint.algorithm() != fp.algorithm()) {
+            const auto lease = options.lease.value_or(m.options.default_lease);
+            const Fence stale = claim.existing->fence;
+            const bool taken = m.fenced_write("claim", [&](Connection& conn) {
+                Impl::append_script(conn, redis::kTakeOver, {m.record_key(key), m.index_key},
+                                    {std::to_string(stale), std::to_string(fence), std::to_string(lease.count()), "1",
+                                     member_of(key)});
+            });
+            if (!taken) continue;  // another caller took it or it moved on: read it again
+            m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
+            emit(Event::taken_over, &key);
+            Record& record = *claim.existing;
+            record.fence = fence;
+            ++record.attempt;
+            record.lease_until = record.read_at + lease;  // by Redis's clock, as the script counts it
+            record.lease_expired = false;
+            claim = Claim{ClaimStatus::claimed, fence, std::move(claim.existing), {}, stale};
+        }
         detail::open_claim(m.options.sealing, key, claim);
         if (claim.status != ClaimStatus::in_progress) return claim;
         // ClaimOptions::wait: poll until the running attempt saves (no notifications here).

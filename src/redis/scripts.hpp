@@ -39,9 +39,10 @@ enum Script : std::size_t {
 
 inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
     // kClaim. KEYS: record, index. ARGV: fence, fp algorithm, fp bytes (as stored: keyed with a
-    // FingerprintSecret), lease ms, retention ms, resume (1/0), index member, the plain SHA-256
-    // (what a record of fa 1 is compared with; empty when unknown). Answers {tag, now, 11 fields
-    // of the record found}:
+    // FingerprintSecret; never the plain digest, which Redis's SLOWLOG and MONITOR would show),
+    // lease ms, retention ms, resume (1/0), index member. Resume mode takes over only a record of
+    // the same algorithm and bytes; one written without the secret (fa 1) is compared by the
+    // client. Answers {tag, now, 11 fields of the record found}:
     //   claimed — created (no fields); own — the record already has this fence (a retry of our own
     //   claim whose answer was lost); taken — resume mode took the stale record over (the fields
     //   are the record before); found — someone else's record; corrupt — a hash idem did not write
@@ -59,7 +60,7 @@ inline constexpr std::array<std::string_view, kScriptCount> kScripts = {
     "  return {'claimed', now}\n"
     "end\n"
     "if r[1] == 'p' and r[4] == ARGV[1] then return {'own', now, unpack(r)} end\n"
-    "local same = (r[2] == ARGV[2] and r[3] == ARGV[3]) or (r[2] == '1' and ARGV[8] ~= '' and r[3] == ARGV[8])\n"
+    "local same = r[2] == ARGV[2] and r[3] == ARGV[3]\n"
     "if ARGV[6] == '1' and r[1] == 'p' and tonumber(r[10]) < now and same then\n"
     "  local lease_until = now + tonumber(ARGV[4])\n"
     "  redis.call('HSET', KEYS[1], 'f', ARGV[1], 'a', ms(tonumber(r[5]) + 1), 'l', ms(lease_until))\n"

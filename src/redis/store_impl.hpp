@@ -411,15 +411,10 @@ struct RedisStore::Impl {
             throw config_error("idem: claim: ClaimOptions::lease and retention must be positive and under 100 years");
         }
         const Names n = names(key);
-        // The plain digest too (ARGV[8]): resume mode's same-request check compares a record written
-        // without a secret (fa 1) with it, as classify() does. Empty when fp carries none.
-        const Fingerprint::Digest* plain = fp.plain_digest();
-        const std::string_view plain_bytes =
-            plain ? std::string_view(reinterpret_cast<const char*>(plain->data()), plain->size()) : std::string_view();
         append_script(conn, redis::kClaim, {n.record, index_key},
                       {std::to_string(fence), std::to_string(static_cast<int>(fp.algorithm())), fp.bytes(),
                        std::to_string(lease.count()), std::to_string(retention.count()), o.resume_stale ? "1" : "0",
-                       n.member, plain_bytes});
+                       n.member});
     }
 
     // The claim script's answer for `fence`.

@@ -1,14 +1,18 @@
 // Keyed fingerprints at rest in RedisStore (RedisOptions::fingerprint_secret), against a real
 // redis-server: the hash's fp field is the HMAC, not the plain SHA-256 (read with the test's own
 // connection); same request replays, another mismatches; records written without a secret still
-// replay once it is set, single and batch, and resume mode (which the claim script decides on the
-// server) takes over a stale plain record for the same request; a keyed record met without the
-// secret is config_error with the effect not run; one keyed with another secret is a mismatch.
+// replay once it is set, single and batch, and resume mode takes over a stale plain record for the
+// same request (compared by the client: Redis is never sent the plain digest, which its SLOWLOG
+// would show); a keyed record met without the secret is config_error with the effect not run; one
+// keyed with another secret is a mismatch.
 #include "idem/fingerprint_secret.hpp"
 #include "idem/idem.hpp"
 #include "idem/redis/store.hpp"
 #include "redis_server.hpp"
 #include "test_env.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -52,7 +56,56 @@ struct Setup {
     }
 };
 
+/// Everything Redis answers to SLOWLOG GET, raw (the arguments of each command it logged, verbatim).
+std::string slowlog(const std::string& socket) {
+    const idem_test::UnixConnection conn(socket);
+    const std::string command = "*3\r\n$7\r\nSLOWLOG\r\n$3\r\nGET\r\n$4\r\n1000\r\n";
+    REQUIRE(::send(conn.fd(), command.data(), command.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(command.size()));
+    std::string in;
+    for (;;) {  // until the server has said all (a pause of 200 ms after the first bytes)
+        pollfd p{conn.fd(), POLLIN, 0};
+        if (::poll(&p, 1, in.empty() ? 5000 : 200) <= 0) break;
+        char buf[65536];
+        const ssize_t n = ::recv(conn.fd(), buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<std::size_t>(n));
+    }
+    REQUIRE_FALSE(in.empty());
+    return in;
+}
+
 }  // namespace
+
+TEST_CASE("RedisStore keyed: Redis's SLOWLOG never holds the plain digest", "[redis][fingerprint_secret]") {
+    // A reader of Redis — SLOWLOG, MONITOR, a replica's stream — sees every command's arguments:
+    // with a secret only the keyed digest may be among them, or a guess of the request (12345
+    // BRL) is confirmed from its plain SHA-256. Also when resume mode takes over a stale record
+    // written before the secret.
+    Setup s;
+    const idem::Key stale("tenant", "stale"), fresh("tenant", "fresh");
+    {
+        idem::RedisStore plain(s.options());
+        idem::ClaimOptions short_lease;
+        short_lease.lease = 1ms;
+        REQUIRE(plain.claim(stale, fp_of(12345), short_lease).status == ClaimStatus::claimed);
+    }
+    std::this_thread::sleep_for(20ms);  // the 1 ms lease has passed by Redis's clock
+    REQUIRE(redis_command(s.server.socket(), {"CONFIG", "SET", "slowlog-log-slower-than", "0"}) == "+OK");
+    REQUIRE(redis_command(s.server.socket(), {"CONFIG", "SET", "slowlog-max-len", "1000"}) == "+OK");
+    REQUIRE(redis_command(s.server.socket(), {"SLOWLOG", "RESET"}) == "+OK");
+    idem::RedisStore store(s.options(kSecretA));
+    int runs = 0;
+    REQUIRE(idem::execute_once(store, fresh, fp_of(12345), [&] { return ++runs, "paid"s; }).outcome() ==
+            Outcome::executed);
+    idem::ClaimOptions resume;
+    resume.resume_stale = true;
+    const auto taken = store.claim(stale, fp_of(12345), resume);
+    CHECK(taken.status == ClaimStatus::claimed);  // the same request: taken over
+    CHECK(taken.existing->attempt == 2);
+    const std::string log = slowlog(s.server.socket());
+    CHECK(log.find(kSecretA.key(fp_of(12345)).bytes()) != std::string::npos);  // the log holds the arguments
+    CHECK(log.find(fp_of(12345).bytes()) == std::string::npos);  // before: in every claim's arguments
+}
 
 TEST_CASE("RedisStore keyed: fp at rest is the HMAC; same request replays, another mismatches",
           "[redis][fingerprint_secret]") {

@@ -13,6 +13,10 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <thread>
 #include <optional>
 #include <string>
 #include <utility>
@@ -265,4 +269,46 @@ TEST_CASE("CachedStore in front of a keyed store compares cached records by the 
         CHECK(primary.stats().round_trips == before + 1);
     }
     CHECK(runs == 2);
+}
+
+TEST_CASE("keyed store: PostgreSQL's statement log never holds the plain digest", "[fingerprint_secret]") {
+    // A reader of the server's log (log_statement = 'all' logs every statement with its parameters)
+    // is who keyed fingerprints are for, as a reader of the table is: only the keyed digest may be
+    // sent, on every path — single claims, a batch, in-transaction mode, resume mode on a stale
+    // row written before the secret.
+    const auto url = require_db();
+    const char* log_path = std::getenv("IDEM_PG_LOG");
+    if (log_path == nullptr || *log_path == '\0') {
+        SUCCEED("no server log to read (IDEM_PG_LOG: run under scripts/with-postgres.sh)");
+        return;
+    }
+    Table t(url);
+    const std::string logged = url + " options='-c log_statement=all -c log_min_duration_statement=0'";
+    const auto fp = fp_of(12345);
+    const idem::Key stale("acct", "stale");
+    {
+        idem::PostgresStore plain(url, t.options());  // before the secret, and before the log is read
+        idem::ClaimOptions short_lease;
+        short_lease.lease = 1ms;
+        REQUIRE(plain.claim(stale, fp, short_lease).status == ClaimStatus::claimed);
+    }
+    std::ifstream before(log_path, std::ios::binary | std::ios::ate);
+    const auto start = before.tellg();
+    idem::PostgresStore store(logged, t.options(kSecretA));
+    int runs = 0;
+    const auto effect = [&] { return ++runs, "paid"s; };
+    REQUIRE(idem::execute_once(store, idem::Key("acct", "single"), fp, effect).outcome() == Outcome::executed);
+    const std::vector<idem::Message> batch{{idem::Key("acct", "b1"), fp}, {idem::Key("acct", "b2"), fp}};
+    (void)idem::execute_batch(store, batch, [](std::size_t) { return "paid"s; });
+    (void)idem::execute_once_in_transaction(store, idem::Key("acct", "tx"), fp,
+                                            [](idem::Transaction&) { return "paid"s; });
+    std::this_thread::sleep_for(20ms);  // the 1 ms lease has passed
+    idem::ClaimOptions resume;
+    resume.resume_stale = true;
+    CHECK(store.claim(stale, fp, resume).status == ClaimStatus::claimed);  // taken over: the same request
+    std::ifstream log(log_path, std::ios::binary);
+    log.seekg(start);
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    CHECK(text.find(kSecretA.key(fp).hex()) != std::string::npos);  // the log holds the parameters
+    CHECK(text.find(fp.hex()) == std::string::npos);
 }
