@@ -411,10 +411,10 @@ struct RedisStore::Impl {
             throw config_error("idem: claim: ClaimOptions::lease and retention must be positive and under 100 years");
         }
         const Names n = names(key);
-        append_script(conn, redis::kClaim, {n.record, index_key},
-                      {std::to_string(fence), std::to_string(static_cast<int>(fp.algorithm())), fp.bytes(),
-                       std::to_string(lease.count()), std::to_string(retention.count()), o.resume_stale ? "1" : "0",
-                       n.member});
+        append_script(
+            conn, redis::kClaim, {n.record, index_key},
+            {std::to_string(fence), std::to_string(static_cast<int>(fp.algorithm())), fp.bytes(),
+             std::to_string(lease.count()), std::to_string(retention.count()), o.resume_stale ? "1" : "0", n.member});
     }
 
     // The claim script's answer for `fence`.

@@ -104,7 +104,7 @@ TEST_CASE("RedisStore keyed: Redis's SLOWLOG never holds the plain digest", "[re
     CHECK(taken.existing->attempt == 2);
     const std::string log = slowlog(s.server.socket());
     CHECK(log.find(kSecretA.key(fp_of(12345)).bytes()) != std::string::npos);  // the log holds the arguments
-    CHECK(log.find(fp_of(12345).bytes()) == std::string::npos);  // before: in every claim's arguments
+    CHECK(log.find(fp_of(12345).bytes()) == std::string::npos);                // before: in every claim's arguments
 }
 
 TEST_CASE("RedisStore keyed: fp at rest is the HMAC; same request replays, another mismatches",

@@ -16,9 +16,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
-#include <thread>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
