@@ -1,6 +1,8 @@
 // How every store applies SealingOptions (idem/sealing.hpp) at its boundary: results are sealed
 // once, when a save enters the store (so every retry of that save, and the recognition of an
-// earlier attempt's write, see the same stored bytes), and opened when a record leaves it.
+// earlier attempt's write, see the same stored bytes), and opened when a record leaves it. Each is
+// bound to its key, the fence of the claim that saved it and the store's deployment: `own` is the
+// store's table or key prefix, which SealingOptions::context replaces when set.
 #pragma once
 
 #include <optional>
@@ -22,24 +24,33 @@ inline void check_sealing(const SealingOptions& sealing) {
     }
 }
 
-/// The bytes to store for `result`: sealed into `buffer` when sealing is on, else `result` itself.
-[[nodiscard]] inline std::string_view seal_result(const SealingOptions& sealing, const Key& key,
-                                                  std::string_view result, std::string& buffer) {
+/// What a store's sealed results are bound to beside key and claim.
+[[nodiscard]] inline SealBinding binding(const SealingOptions& sealing, std::string_view own, Fence fence) noexcept {
+    return SealBinding{fence, sealing.context.empty() ? own : std::string_view(sealing.context)};
+}
+
+/// The bytes to store for `result`, saved by the claim of `fence`: sealed into `buffer` when
+/// sealing is on, else `result` itself.
+[[nodiscard]] inline std::string_view seal_result(const SealingOptions& sealing, std::string_view own, const Key& key,
+                                                  Fence fence, std::string_view result, std::string& buffer) {
     if (!sealing.keyring) return result;
-    buffer = seal(*sealing.keyring, key, result);
+    buffer = seal(*sealing.keyring, key, result, binding(sealing, own, fence));
     return buffer;
 }
 
-/// Opens a stored result in place; throws corrupt_record when it does not open.
-inline void open_result(const SealingOptions& sealing, const Key& key, std::optional<std::string>& result) {
+/// Opens in place a stored result of the claim of `fence`; throws corrupt_record when it does not
+/// open.
+inline void open_result(const SealingOptions& sealing, std::string_view own, const Key& key, Fence fence,
+                        std::optional<std::string>& result) {
     if (!sealing.keyring || !result) return;
     if (sealing.open_unsealed && !looks_sealed(*result)) return;  // written before sealing was on
-    result = open_sealed(*sealing.keyring, key, *result);
+    result = open_sealed(*sealing.keyring, key, *result, binding(sealing, own, fence), sealing.open_format_1);
 }
 
-/// Opens a record read back for `key`.
-inline void open_record(const SealingOptions& sealing, const Key& key, std::optional<Record>& record) {
-    if (record) open_result(sealing, key, record->result);
+/// Opens a record read back for `key` (its result belongs to the record's fence).
+inline void open_record(const SealingOptions& sealing, std::string_view own, const Key& key,
+                        std::optional<Record>& record) {
+    if (record) open_result(sealing, own, key, record->fence, record->result);
 }
 
 /// With sealing on, a mismatch never replays: its record's result is dropped (unopened, when it
@@ -52,9 +63,9 @@ inline bool drop_mismatch_result(const SealingOptions& sealing, Claim& claim) {
 }
 
 /// Opens the record a claim found (a mismatch's result is dropped: drop_mismatch_result).
-inline void open_claim(const SealingOptions& sealing, const Key& key, Claim& claim) {
+inline void open_claim(const SealingOptions& sealing, std::string_view own, const Key& key, Claim& claim) {
     if (drop_mismatch_result(sealing, claim)) return;
-    open_record(sealing, key, claim.existing);
+    open_record(sealing, own, key, claim.existing);
 }
 
 }  // namespace idem::detail

@@ -19,7 +19,9 @@ namespace idem {
 
 namespace {
 
-constexpr std::string_view kMagic = "idS1";
+// Format 1 binds a record to its purpose and key; format 2 also to its claim and deployment.
+constexpr std::string_view kMagic1 = "idS1";
+constexpr std::string_view kMagic2 = "idS2";
 constexpr std::string_view kDerive = "idem/seal/v1";
 constexpr std::string_view kSiv = "idem/seal/siv/v1";
 constexpr std::size_t kSalt = 16;
@@ -115,6 +117,19 @@ std::string binding(SealPurpose purpose, const Key& key) {
         out.push_back(static_cast<char>(part->size() & 0xff));
         out.append(*part);
     }
+    return out;
+}
+
+// Format 2: the binding of format 1 (as a stored result), then the claim's fence (8 bytes,
+// big-endian) and the deployment's context with a 2-byte length.
+std::string binding(const Key& key, const SealBinding& bound) {
+    if (bound.context.size() > 0xffff) throw config_error("idem: a sealing context is longer than 65535 bytes");
+    std::string out = binding(SealPurpose::result, key);
+    const auto fence = static_cast<std::uint64_t>(bound.fence);
+    for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((fence >> shift) & 0xff));
+    out.push_back(static_cast<char>((bound.context.size() >> 8) & 0xff));
+    out.push_back(static_cast<char>(bound.context.size() & 0xff));
+    out.append(bound.context);
     return out;
 }
 
@@ -255,14 +270,17 @@ const std::array<unsigned char, Keyring::key_size>* Keyring::find(std::uint32_t 
     return it == keys_.end() ? nullptr : &it->second;
 }
 
-std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext, SealPurpose purpose) {
+namespace {
+
+// `plaintext` sealed in format `magic`, bound to `bound` (the associated data after the header).
+std::string seal_bound(const Keyring& keyring, std::string_view magic, const std::string& bound,
+                       std::string_view plaintext) {
     const std::uint32_t id = keyring.sealing_id();
     if (id == 0) throw config_error("idem: cannot seal with an empty keyring");
     const KeyBytes& master = *keyring.find(id);
-    const std::string bound = binding(purpose, key);
     std::string out;
     out.reserve(seal_overhead + plaintext.size());
-    out.append(kMagic);
+    out.append(magic);
     put_be32(out, id);
     // Salt and nonce from a keyed hash of everything sealed (a synthetic IV): the same bytes for
     // the same key and plaintext, so a save sent again, or saved again, stores what is already
@@ -293,10 +311,8 @@ std::string seal(const Keyring& keyring, const Key& key, std::string_view plaint
     return out;
 }
 
-std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed, SealPurpose purpose) {
-    if (!looks_sealed(sealed)) {
-        throw corrupt_record("idem: the stored result of this key is not a sealed record");
-    }
+// The plaintext of `sealed` (checked to look sealed), bound to `bound`.
+std::string open_bound(const Keyring& keyring, std::string_view sealed, const std::string& bound) {
     if (sealed.size() < seal_overhead) throw corrupt_record("idem: the sealed result of this key is truncated");
     const std::uint32_t id = get_be32(sealed.substr(4, 4));
     const KeyBytes* master = keyring.find(id);
@@ -306,7 +322,7 @@ std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view
     }
     const auto* salt = bytes(sealed) + 8;
     KeyBytes rkey = record_key(*master, salt);
-    const std::string aad = std::string(sealed.substr(0, kHeader)) + binding(purpose, key);
+    const std::string aad = std::string(sealed.substr(0, kHeader)) + bound;
     const std::size_t n = sealed.size() - seal_overhead;
     std::string out(n, '\0');
     unsigned char tag[kTag];
@@ -329,7 +345,45 @@ std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view
     return out;
 }
 
-bool looks_sealed(std::string_view stored) noexcept { return stored.substr(0, kMagic.size()) == kMagic; }
+std::string_view magic_of(std::string_view stored) noexcept { return stored.substr(0, kMagic1.size()); }
+
+[[noreturn]] void not_sealed() { throw corrupt_record("idem: the stored result of this key is not a sealed record"); }
+
+}  // namespace
+
+std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext, SealPurpose purpose) {
+    return seal_bound(keyring, kMagic1, binding(purpose, key), plaintext);
+}
+
+std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext, const SealBinding& bound) {
+    return seal_bound(keyring, kMagic2, binding(key, bound), plaintext);
+}
+
+std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed, SealPurpose purpose) {
+    if (magic_of(sealed) == kMagic2) {
+        throw corrupt_record(
+            "idem: the result of this key is sealed to its claim and deployment (format 2): "
+            "open it with its SealBinding");
+    }
+    if (magic_of(sealed) != kMagic1) not_sealed();
+    return open_bound(keyring, sealed, binding(purpose, key));
+}
+
+std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed, const SealBinding& bound,
+                        bool open_format_1) {
+    if (magic_of(sealed) == kMagic2) return open_bound(keyring, sealed, binding(key, bound));
+    if (magic_of(sealed) != kMagic1) not_sealed();
+    if (!open_format_1) {
+        throw corrupt_record(
+            "idem: the result of this key is sealed in format 1 (bound to its key only), which "
+            "SealingOptions::open_format_1 no longer accepts");
+    }
+    return open_bound(keyring, sealed, binding(SealPurpose::result, key));
+}
+
+bool looks_sealed(std::string_view stored) noexcept {
+    return magic_of(stored) == kMagic1 || magic_of(stored) == kMagic2;
+}
 
 std::optional<std::uint32_t> sealed_key_id(std::string_view stored) noexcept {
     if (stored.size() < seal_overhead || !looks_sealed(stored)) return std::nullopt;

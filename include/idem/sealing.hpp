@@ -6,7 +6,7 @@
 // (their length is visible: the record is the result plus seal_overhead), and a writer cannot make
 // idem replay bytes idem did not seal:
 //
-//   "idS1" | key id (4, big-endian) | salt (16) | nonce (12) | AES-256-GCM ciphertext | tag (16)
+//   "idS2" | key id (4, big-endian) | salt (16) | nonce (12) | AES-256-GCM ciphertext | tag (16)
 //
 // The record key is HMAC-SHA256(keyring key, "idem/seal/v1" | salt): every distinct record has a
 // key of its own, so one keyring key can seal any number of records without the 2^32 limit of
@@ -14,8 +14,12 @@
 // key of the key id, purpose, key and plaintext: sealing the same result for the same key again
 // gives the same bytes (a save repeated after a lost answer is recognised as already stored), and
 // no one without the keyring can compute it. The associated data is the header, the purpose (a
-// stored result, a replay-tier entry) and the key's scope and value (length-prefixed): a record
-// copied to another key, another purpose or another key id does not open.
+// stored result, a replay-tier entry), the key's scope and value (length-prefixed) and, for a
+// stored result (format 2, "idS2"), the fence of the claim that saved it and the deployment's
+// context (SealBinding): a record copied to another key, purpose, key id, claim of its key (an
+// earlier response written back after the key was claimed again) or table or key prefix does not
+// open. Format 1 ("idS1", before 1.0) binds the key and purpose only; the stores still open it
+// unless SealingOptions::open_format_1 is off.
 //
 // A record that does not open (altered, truncated, copied from another key, sealed with a key id
 // the keyring lacks, or not sealed at all) is corrupt_record: never garbage bytes, never a re-run.
@@ -94,6 +98,23 @@ struct SealingOptions {
     /// (and no key of that age is left in progress): with it on, a writer of the table can plant an
     /// unsealed result.
     bool open_unsealed = false;
+    /// The deployment a sealed result is bound to, beside its key and claim. Empty: the store's own
+    /// — PostgresStore's and AsyncPostgresStore's PostgresOptions::table as given, RedisStore's
+    /// key_prefix. Set it to keep records readable across a rename of the table or prefix (to the
+    /// old name), or to let deployments that share a keyring read each other's records (one name).
+    std::string context{};
+    /// Records sealed in format 1 (before 1.0: bound to their key only) still open. Turn it off
+    /// once one retention period has passed since the upgrade (and no key of that age is left in
+    /// progress): with it on, a writer of the table who kept a format-1 record of a key can put it
+    /// back under any later claim of that key.
+    bool open_format_1 = true;
+};
+
+/// What a sealed result is bound to besides its key (format 2): the claim that saves it and the
+/// deployment that keeps it.
+struct SealBinding {
+    std::int64_t fence = 0;      ///< the fence of the claim that saves the result (idem::Fence)
+    std::string_view context{};  ///< the deployment (SealingOptions::context, or the store's table or prefix)
 };
 
 /// Bytes a sealed record adds to the result.
@@ -112,11 +133,22 @@ enum class SealPurpose : std::uint8_t {
 [[nodiscard]] std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext,
                                SealPurpose purpose = SealPurpose::result);
 
-/// The plaintext of a record seal() made for `key` and `purpose`. Throws corrupt_record (saying
-/// which: not a sealed record, truncated, unknown key id, or authentication failed) — the message
-/// never contains record bytes.
+/// A stored result sealed for `key`, bound to its claim and deployment (format 2, what the stores
+/// write).
+[[nodiscard]] std::string seal(const Keyring& keyring, const Key& key, std::string_view plaintext,
+                               const SealBinding& bound);
+
+/// The plaintext of a format-1 record seal() made for `key` and `purpose`. Throws corrupt_record
+/// (saying which: not a sealed record, a format-2 record, truncated, unknown key id, or
+/// authentication failed) — the message never contains record bytes.
 [[nodiscard]] std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed,
                                       SealPurpose purpose = SealPurpose::result);
+
+/// The plaintext of a stored result sealed for `key` and `bound` (format 2), or of a format-1 one
+/// when `open_format_1`. Throws corrupt_record as above, also for a record of another claim or
+/// deployment.
+[[nodiscard]] std::string open_sealed(const Keyring& keyring, const Key& key, std::string_view sealed,
+                                      const SealBinding& bound, bool open_format_1 = true);
 
 /// Whether `stored` starts as a sealed record does (it may still be truncated or altered).
 [[nodiscard]] bool looks_sealed(std::string_view stored) noexcept;

@@ -97,7 +97,7 @@ net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence,
     }
     // Sealed once: every attempt below, and the recognition of an earlier one's write, use these bytes.
     std::string sealed;
-    result = idem::detail::seal_result(options.sealing, key, result, sealed);
+    result = idem::detail::seal_result(options.sealing, options.table, key, fence, result, sealed);
     count(counters.saves);
     SaveMember me;
     me.key = &key, me.fence = fence, me.result = result;
@@ -202,7 +202,7 @@ net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, Clai
         asked_at = cache->now();  // before the database is asked (replay_rules.hpp)
     }
     Claim claim = co_await impl->claim(key, fp, options);
-    idem::detail::open_claim(impl->options.sealing, key, claim);
+    idem::detail::open_claim(impl->options.sealing, impl->options.table, key, claim);
     if (cache && idem::detail::cacheable(claim)) cache->insert(key, *claim.existing, asked_at);
     co_return claim;
 }
@@ -249,7 +249,7 @@ net::awaitable<std::optional<Record>> AsyncPostgresStore::co_read(Key key) {
     pg::ReadOp op(key);
     co_await impl->drive("read", op);
     std::optional<Record> record = std::move(op.record());
-    idem::detail::open_record(impl->options.sealing, key, record);
+    idem::detail::open_record(impl->options.sealing, impl->options.table, key, record);
     co_return record;
 }
 

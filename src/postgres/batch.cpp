@@ -129,7 +129,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                         continue;
                     }
                     Claim c{status, 0, std::move(record), {}};
-                    detail::open_claim(m.options.sealing, keys[i], c);
+                    detail::open_claim(m.options.sealing, m.options.table, keys[i], c);
                     if (status == ClaimStatus::in_progress) {
                         c.retry_after = detail::retry_after_hint(
                             c.existing->lease_until, std::chrono::system_clock::now(), m.options.max_retry_after);
@@ -168,7 +168,8 @@ std::vector<SaveStatus> PostgresStore::save_batch(std::span<const SaveRequest> s
     std::vector<std::string> sealed(saves.size());
     std::vector<std::string_view> stored(saves.size());
     for (std::size_t i : order)
-        stored[i] = detail::seal_result(m.options.sealing, saves[i].key, saves[i].result, sealed[i]);
+        stored[i] = detail::seal_result(m.options.sealing, m.options.table, saves[i].key, saves[i].fence,
+                                        saves[i].result, sealed[i]);
     std::vector<Impl::SaveRow> rows;
     rows.reserve(order.size());
     for (std::size_t i : order) rows.push_back({saves[i].key.scope(), saves[i].key.value(), stored[i], saves[i].fence});

@@ -100,7 +100,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                     const ClaimStatus status = classify(record, fp);
                     TransactionOutcome out{status, {}, {}};
                     if (status == ClaimStatus::completed) {
-                        detail::open_result(m.options.sealing, key, record.result);
+                        detail::open_result(m.options.sealing, m.options.table, key, record.fence, record.result);
                         out.result = std::move(*record.result);
                     }
                     if (status == ClaimStatus::in_progress) {
@@ -164,7 +164,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
         save.text(key.scope())
             .text(key.value())
             .int8(fence)
-            .bytes(detail::seal_result(m.options.sealing, key, bytes, sealed));
+            .bytes(detail::seal_result(m.options.sealing, m.options.table, key, fence, bytes, sealed));
         const Step steps[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
                               {&m.defs[pg::kSave], &save, false},
                               {&m.defs[pg::kCommit], &none, true}};

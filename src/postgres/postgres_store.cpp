@@ -134,7 +134,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
         }
     }
     if (machine.won()) m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-    detail::open_claim(m.options.sealing, key, out);
+    detail::open_claim(m.options.sealing, m.options.table, key, out);
     return out;
 }
 
@@ -146,7 +146,7 @@ void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
                                  std::string(result));
     }
     std::string sealed;
-    save_stored(key, fence, detail::seal_result(m.options.sealing, key, result, sealed));
+    save_stored(key, fence, detail::seal_result(m.options.sealing, m.options.table, key, fence, result, sealed));
 }
 
 void PostgresStore::save_stored(const Key& key, Fence fence, std::string_view result) {
@@ -206,7 +206,7 @@ std::optional<Record> PostgresStore::read(const Key& key) {
     m.counters().reads.fetch_add(1, std::memory_order_relaxed);
     pg::ReadOp op(key);
     std::optional<Record> record = std::move(m.drive("read", op).record());
-    detail::open_record(m.options.sealing, key, record);
+    detail::open_record(m.options.sealing, m.options.table, key, record);
     return record;
 }
 

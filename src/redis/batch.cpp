@@ -52,7 +52,7 @@ std::vector<Claim> RedisStore::claim_batch(std::span<const Key> keys, std::span<
         if (!answers.replies[i]) continue;
         try {
             claims[i] = m.claim_answer(*answers.replies[i], keys[i], fps[i], fences[i], once, *this);
-            detail::open_claim(m.options.sealing, keys[i], claims[i]);
+            detail::open_claim(m.options.sealing, m.options.key_prefix, keys[i], claims[i]);
         } catch (...) {
             if (!answers.first_error) answers.first_error = std::current_exception();
             answers.replies[i].reset();
@@ -85,7 +85,8 @@ std::vector<SaveStatus> RedisStore::save_batch(std::span<const SaveRequest> save
     std::vector<std::string> sealed(saves.size());
     std::vector<std::string_view> stored(saves.size());
     for (std::size_t i : sent)
-        stored[i] = detail::seal_result(m.options.sealing, saves[i].key, saves[i].result, sealed[i]);
+        stored[i] = detail::seal_result(m.options.sealing, m.options.key_prefix, saves[i].key, saves[i].fence,
+                                        saves[i].result, sealed[i]);
     m.counters.saves.fetch_add(sent.size(), std::memory_order_relaxed);
     const auto send = [&](Connection& conn, int) {
         std::vector<std::string> fences;

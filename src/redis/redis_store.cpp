@@ -66,9 +66,9 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& plain, const ClaimOpt
             const auto lease = options.lease.value_or(m.options.default_lease);
             const Fence stale = claim.existing->fence;
             const bool taken = m.fenced_write("claim", [&](Connection& conn) {
-                Impl::append_script(conn, redis::kTakeOver, {m.record_key(key), m.index_key},
-                                    {std::to_string(stale), std::to_string(fence), std::to_string(lease.count()), "1",
-                                     member_of(key)});
+                Impl::append_script(
+                    conn, redis::kTakeOver, {m.record_key(key), m.index_key},
+                    {std::to_string(stale), std::to_string(fence), std::to_string(lease.count()), "1", member_of(key)});
             });
             if (!taken) continue;  // another caller took it or it moved on: read it again
             m.counters.claims_won.fetch_add(1, std::memory_order_relaxed);
@@ -80,7 +80,7 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& plain, const ClaimOpt
             record.lease_expired = false;
             claim = Claim{ClaimStatus::claimed, fence, std::move(claim.existing), {}, stale};
         }
-        detail::open_claim(m.options.sealing, key, claim);
+        detail::open_claim(m.options.sealing, m.options.key_prefix, key, claim);
         if (claim.status != ClaimStatus::in_progress) return claim;
         // ClaimOptions::wait: poll until the running attempt saves (no notifications here).
         if (std::chrono::steady_clock::now() >= polls.end()) return claim;
@@ -93,7 +93,7 @@ void RedisStore::save(const Key& key, Fence fence, std::string_view result) {
     m.check_size(result);
     // Sealed once: a resent save carries the same bytes, which the script recognises as its own.
     std::string sealed;
-    result = detail::seal_result(m.options.sealing, key, result, sealed);
+    result = detail::seal_result(m.options.sealing, m.options.key_prefix, key, fence, result, sealed);
     m.counters.saves.fetch_add(1, std::memory_order_relaxed);
     const std::string fence_text = std::to_string(fence);
     // The effect ran: within save_retry_window the save rides out an outage (the script
@@ -163,7 +163,7 @@ std::optional<Record> RedisStore::read(const Key& key) {
     m.counters.reads.fetch_add(1, std::memory_order_relaxed);
     std::optional<Record> record =
         m.with_connection("read", [&](Connection& conn, int) { return m.read_record(conn, key); });
-    detail::open_record(m.options.sealing, key, record);
+    detail::open_record(m.options.sealing, m.options.key_prefix, key, record);
     return record;
 }
 

@@ -64,7 +64,10 @@ TEST_CASE("RedisStore sealed: nothing of the response in Redis; altered or copie
     const std::string stored = bulk(server.command({"HGET", record_key(o.key_prefix, a), "r"}));
     CHECK(stored.find(kBody) == std::string::npos);
     CHECK(idem::sealed_key_id(stored) == 1u);
-    CHECK(idem::open_sealed(*ring, a, stored).find(kBody) != std::string::npos);
+    // Bound to the claim that saved it (its fence) and the store's key prefix (format 2).
+    const auto fence = std::stoll(bulk(server.command({"HGET", record_key(o.key_prefix, a), "f"})));
+    CHECK(idem::open_sealed(*ring, a, stored, idem::SealBinding{fence, o.key_prefix}).find(kBody) != std::string::npos);
+    CHECK_THROWS_AS(idem::open_sealed(*ring, a, stored, idem::SealBinding{fence, "another:"}), idem::corrupt_record);
 
     const auto set = [&](const char* k, std::string bytes) {
         (void)server.command({"HSET", record_key(o.key_prefix, idem::Key(scope, k)), "r", std::move(bytes)});

@@ -191,7 +191,7 @@ TEST_CASE("sealed: nothing of the response is at rest; the replay is the bytes p
     CHECK(runs == 1);
 
     // The row, read with the test's own connection: sealed with key id 1, no plaintext in it.
-    CHECK(f.count("SELECT count(*) FROM T WHERE key = $1 AND substring(result from 1 for 8) = '\\x6964533100000001'",
+    CHECK(f.count("SELECT count(*) FROM T WHERE key = $1 AND substring(result from 1 for 8) = '\\x6964533200000001'",
                   {"k-1"}) == 1);
     CHECK(f.count("SELECT position(convert_to($2, 'UTF8') in result) FROM T WHERE key = $1", {"k-1", kBody}) == 0);
     CHECK(f.count("SELECT position('IDR1'::bytea in result) FROM T WHERE key = $1", {"k-1"}) == 0);

@@ -46,7 +46,8 @@ Exit codes:
 Passwords are never printed: conninfo in messages is shown without its password.)";
 
 constexpr std::string_view kCommandFooter =
-    "Global options, before or after the command: --db CONNINFO, --table NAME, --keyring FILE, --json\n"
+    "Global options, before or after the command: --db CONNINFO, --table NAME, --keyring FILE,\n"
+    "--seal-context NAME, --json\n"
     "(idemctl --help has them and the exit codes).";
 
 struct CommandSpec {
@@ -270,6 +271,9 @@ Options parse(int argc, const char* const* argv) {
     app.add_option("--table", o.table, "idem's table, [schema.]table (default idem_keys)")->type_name("NAME");
     app.add_option("--keyring", o.keyring, "a keyring file (lines `<id> <64 hex digits>`) to open sealed results with")
         ->type_name("FILE");
+    app.add_option("--seal-context", o.seal_context,
+                   "the SealingOptions::context the service seals with (default: the table's name)")
+        ->type_name("NAME");
     app.add_flag("--json", o.json, "one JSON document on stdout, errors too; nothing on stderr");
 
     std::vector<std::pair<std::string_view, CLI::App*>> commands;

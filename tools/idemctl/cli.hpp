@@ -60,6 +60,9 @@ struct Options {
     std::string table;  ///< --table; default: the library's default table
     /// --keyring: a keyring file (idem::Keyring::parse's format) to open sealed results with.
     std::string keyring;
+    /// --seal-context: the deployment sealed results are bound to (SealingOptions::context); empty:
+    /// the table's name, as the store binds them by default.
+    std::string seal_context;
     std::optional<std::int64_t> fence;        ///< release --fence
     std::optional<std::string> scope;         ///< --scope (exact)
     std::optional<std::string> scope_prefix;  ///< --scope-prefix (literal)

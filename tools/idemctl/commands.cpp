@@ -209,7 +209,8 @@ Sealing open_result(const Options& o, const idem::Key& key, idem::Record& record
     }
     if (!seal.key_id || !seal.keyring_given) return seal;
     const idem::Keyring keyring = idem::Keyring::from_file(o.keyring);
-    record.result = idem::open_sealed(keyring, key, *record.result);
+    const std::string context = o.seal_context.empty() ? table_of(o) : o.seal_context;
+    record.result = idem::open_sealed(keyring, key, *record.result, idem::SealBinding{record.fence, context});
     seal.opened = true;
     return seal;
 }
