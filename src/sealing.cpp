@@ -7,10 +7,12 @@
 #include <openssl/params.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 
 #include "idem/errors.hpp"
@@ -213,6 +215,22 @@ Keyring Keyring::from_file(const std::string& path) {
     // the keys in buffers of its own.
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw config_error("idem: cannot read the keyring file " + path + ": " + std::strerror(errno));
+    // The keyring opens every stored response: as ssh does with a private key, refuse a file that
+    // its group or others may read or write.
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        const int why = errno;
+        ::close(fd);
+        throw config_error("idem: cannot read the keyring file " + path + ": " + std::strerror(why));
+    }
+    if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+        ::close(fd);
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+        throw config_error("idem: the keyring file " + path + " has mode " + mode +
+                           ": its group or others may read it, and it opens every stored response. Make it "
+                           "readable by the service's user only (chmod 600; a mounted secret: mode 0400)");
+    }
     std::string contents;
     contents.reserve(1 << 16);
     char chunk[4096];
@@ -340,7 +358,8 @@ std::string open_bound(const Keyring& keyring, std::string_view sealed, const st
     if (EVP_DecryptFinal_ex(ctx, reinterpret_cast<unsigned char*>(out.data()) + (n == 0 ? 0 : len), &final_len) != 1) {
         OPENSSL_cleanse(out.data(), out.size());
         throw corrupt_record(
-            "idem: the sealed result of this key does not authenticate (altered, or sealed for another key)");
+            "idem: the sealed result of this key does not authenticate (altered, or sealed for another key, claim "
+            "or deployment)");
     }
     return out;
 }

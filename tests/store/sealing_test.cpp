@@ -10,6 +10,8 @@
 #include "pg.hpp"
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,6 +129,29 @@ TEST_CASE("a keyring: ids, the sealing key, parsing, bad keys refused", "[sealin
         }
     }
     CHECK_THROWS_AS(idem::Keyring::from_file("/nonexistent/keyring"), idem::config_error);
+}
+
+TEST_CASE("a keyring file its group or others may read is refused, as ssh refuses such a key", "[sealing][unit]") {
+    const auto path = std::filesystem::temp_directory_path() / idem_test::unique_name("idem_keyring");
+    std::ofstream(path) << "1 " << std::string(64, 'a') << "\n";
+    const auto remove = [&] { std::filesystem::remove(path); };
+    using P = std::filesystem::perms;
+    for (const auto mode : {P::owner_read | P::owner_write | P::group_read, P::owner_read | P::others_read,
+                            P::owner_read | P::owner_write | P::group_read | P::others_read}) {
+        std::filesystem::permissions(path, mode);
+        try {
+            (void)idem::Keyring::from_file(path.string());
+            FAIL("accepted a keyring its group or others may read");  // before: accepted
+        } catch (const idem::config_error& e) {
+            CHECK(std::string(e.what()).find("chmod 600") != std::string::npos);
+            CHECK(std::string(e.what()).find(std::string(64, 'a')) == std::string::npos);
+        }
+    }
+    std::filesystem::permissions(path, P::owner_read | P::owner_write);
+    CHECK(idem::Keyring::from_file(path.string()).ids() == std::vector<std::uint32_t>{1});
+    std::filesystem::permissions(path, P::owner_read);
+    CHECK(idem::Keyring::from_file(path.string()).ids() == std::vector<std::uint32_t>{1});
+    remove();
 }
 
 TEST_CASE("a sealed record: opens for its key only, any change refused", "[sealing][unit]") {
@@ -266,7 +291,7 @@ TEST_CASE("sealed: a table written before sealing — refused, or opened with op
     auto& migrating = f.store(sealing(ring({1}), /*open_unsealed=*/true));
     CHECK(charge(migrating, idem::Key(scope, "before"), runs).response().body == kBody);
     REQUIRE(charge(migrating, idem::Key(scope, "after"), runs).outcome() == Outcome::executed);
-    CHECK(f.count("SELECT count(*) FROM T WHERE key = 'after' AND substring(result from 1 for 4) = 'idS1'::bytea") ==
+    CHECK(f.count("SELECT count(*) FROM T WHERE key = 'after' AND substring(result from 1 for 4) = 'idS2'::bytea") ==
           1);
     CHECK(charge(strict, idem::Key(scope, "after"), runs).response().body == kBody);
     // open_unsealed does not open an altered sealed record
@@ -289,7 +314,7 @@ TEST_CASE("sealed: batches and in-transaction mode seal and open too", "[sealing
         saves.push_back({keys[i], claims[i].fence, bodies[i]});
     }
     for (auto s : store.save_batch(saves)) CHECK(s == idem::SaveStatus::saved);
-    CHECK(f.count("SELECT count(*) FROM T WHERE substring(result from 1 for 4) = 'idS1'::bytea") == 3);
+    CHECK(f.count("SELECT count(*) FROM T WHERE substring(result from 1 for 4) = 'idS2'::bytea") == 3);
     claims = store.claim_batch(keys, fps);
     for (std::size_t i = 0; i < 3; ++i) {
         REQUIRE(claims[i].status == idem::ClaimStatus::completed);
@@ -304,7 +329,7 @@ TEST_CASE("sealed: batches and in-transaction mode seal and open too", "[sealing
     };
     auto first = store.run_in_transaction(tx_key, fp_of(1), {}, effect);
     CHECK(first.status == idem::ClaimStatus::claimed);
-    CHECK(f.count("SELECT count(*) FROM T WHERE key = 'tx' AND substring(result from 1 for 4) = 'idS1'::bytea") == 1);
+    CHECK(f.count("SELECT count(*) FROM T WHERE key = 'tx' AND substring(result from 1 for 4) = 'idS2'::bytea") == 1);
     auto again = store.run_in_transaction(tx_key, fp_of(1), {}, effect);
     CHECK(again.status == idem::ClaimStatus::completed);
     CHECK(again.result == kBody);

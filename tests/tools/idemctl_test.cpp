@@ -266,6 +266,9 @@ TEST_CASE("idemctl show: a sealed result is opened only with --keyring", "[idemc
     std::filesystem::create_directories(dir);
     const auto write = [&](const std::string& name, const std::string& text) {
         std::ofstream(dir / name) << text;
+        // The service's user only: a keyring its group or others may read is refused.
+        std::filesystem::permissions(dir / name,
+                                     std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
         return (dir / name).string();
     };
     const std::string right = write("right", "# test keys\n1 " + std::string(64, 'a') + "\n");
