@@ -681,6 +681,19 @@ TEST_CASE("idemctl list: long, wide and hostile keys keep the columns and the te
     const Run json_run = f.ctl({"list", "--scope", scope, "--json"});
     REQUIRE(json_run.exit_code == 0);
     CHECK(json_run.doc()["records"][0]["key"] == long_key);
+    // JSON escapes what a terminal would not show faithfully too (as \u escapes: the same string
+    // once parsed), and leaves other characters as they are.
+    CHECK(json_run.out.find("\u202e") == std::string::npos);  // before: the raw U+202E
+    CHECK(json_run.out.find(R"(bidi-\u202e-x)") != std::string::npos);
+    CHECK(json_run.out.find("clé-ü-日本") != std::string::npos);
+    bool bidi_parsed = false;
+    const auto listed = json_run.doc();
+    for (const auto& r : listed["records"]) bidi_parsed = bidi_parsed || r["key"] == bidi.value();
+    CHECK(bidi_parsed);
+    const Run shown = f.ctl({"show", scope, bidi.value(), "--json"});
+    REQUIRE(shown.exit_code == 0);
+    CHECK(shown.out.find("\u202e") == std::string::npos);
+    CHECK(shown.doc()["key"] == bidi.value());
 
     const Run report = f.ctl({"reconcile-report", "--scope", scope});
     REQUIRE(report.exit_code == 0);

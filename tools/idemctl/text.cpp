@@ -80,6 +80,29 @@ void for_each_piece(std::string_view bytes, Piece&& piece) {
 
 }  // namespace
 
+std::string escape_invisible(std::string_view json) {
+    std::string out;
+    out.reserve(json.size());
+    char32_t cp = 0;
+    for (std::size_t i = 0; i < json.size();) {
+        const std::size_t n = idem::detail::decode_utf8(json, i, cp);
+        if (n == 0) {  // not expected from a dump; kept as it is
+            out += json[i++];
+            continue;
+        }
+        if (!invisible(cp)) {
+            out.append(json.substr(i, n));
+        } else if (cp <= 0xFFFF) {
+            out += fmt::format("\\u{:04x}", static_cast<std::uint32_t>(cp));
+        } else {  // a surrogate pair, as JSON writes a character beyond the BMP
+            const std::uint32_t v = static_cast<std::uint32_t>(cp) - 0x10000;
+            out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+        }
+        i += n;
+    }
+    return out;
+}
+
 std::string printable(std::string_view bytes) {
     std::string out;
     out.reserve(bytes.size());
