@@ -59,8 +59,10 @@ struct RedisReplayCacheOptions {
     /// Where Redis is and how to talk to it: host / port / unix_socket, username / password,
     /// database, key_prefix (entries are `<key_prefix>c:…`), pool_size, pool_wait, connect_timeout
     /// and command_timeout are used, and sealing.keyring: when set, every entry is sealed under it
-    /// (AES-256-GCM, idem/sealing.hpp): nothing of the record, the fingerprint or the key is
-    /// readable in Redis, and the GCM tag authenticates the entry in entry_secret's place (an entry
+    /// (AES-256-GCM, idem/sealing.hpp): nothing of the record or the fingerprint is readable in
+    /// an entry's value — the entry's Redis key name still holds the idempotency key's scope and
+    /// value in plain text (`<key_prefix>c:<scope length>:<scope><key>`; docs/security.md) — and
+    /// the GCM tag authenticates the entry in entry_secret's place (an entry
     /// that does not open is a miss, stats().untrusted). durability, wait_replicas and the record
     /// settings are not used.
     /// The defaults here are a cache's: short timeouts (a miss is cheaper than a wait).
