@@ -115,7 +115,12 @@ struct PostgresOptions {
     int claim_attempts = 3;
     /// How long a save keeps retrying while the database is unreachable (restart, failover) or
     /// answers 40001 / 40P01: the effect already happened, and a fenced save is safe to repeat.
-    /// Past it: response_not_saved.
+    /// Past it: response_not_saved. It counts from the save's start; an attempt under way at its end
+    /// ends by its own bound (a statement's: statement_timeout + lock_timeout + 1 s; a connect's:
+    /// connect_timeout). PostgresStore: a save that waits for a pooled connection gives up at
+    /// pool_wait (pool_timeout, then response_not_saved), before the window when pool_wait is
+    /// shorter. AsyncPostgresStore: no wait for a connection outlasts the window, however many
+    /// saves wait for the pool's connections.
     std::chrono::milliseconds save_retry_window{std::chrono::seconds(15)};
     std::string application_name = "idem";  ///< application_name of the sessions (pg_stat_activity)
     /// Group commit: claim() / save() callers that find every pooled connection leased share

@@ -99,24 +99,27 @@ net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence,
     std::string sealed;
     result = idem::detail::seal_result(options.sealing, options.table, key, fence, result, sealed);
     count(counters.saves);
+    // save_retry_window counts from here: a group's attempt is part of it.
+    const auto until = Clock::now() + options.save_retry_window;
     SaveMember me;
     me.key = &key, me.fence = fence, me.result = result;
     bool waiters = false;
     if (co_await save_first(me) && pg::saved_by_group(me)) {
         waiters = me.waiters;
     } else {
-        waiters = co_await save_alone(key, fence, result, me.sent, me.turn);
+        waiters = co_await save_alone(key, fence, result, me.sent, me.turn, until);
     }
     if (waiters) co_await notify_waiters(key);
 }
 
-// A save by itself: [UPDATE | Sync], retried for save_retry_window. `resent`: a group's
+// A save by itself: [UPDATE | Sync], retried until `until` (the save's start + save_retry_window;
+// an attempt under way then ends by its own deadline). `resent`: a group's
 // statement may already have committed it. Its first attempt holds a transaction slot (`counted`:
 // launch_groups counted it when its turn came); a save that cannot reach the server gives the slot
 // back and keeps trying outside the bound, so the claims behind it hear at once that the server is
 // away instead of waiting out the window.
 net::awaitable<bool> AsyncPostgresStore::Impl::save_alone(const Key& key, Fence fence, std::string_view result,
-                                                          bool resent, bool counted) {
+                                                          bool resent, bool counted, Clock::time_point until) {
     struct Slot {
         Impl& m;
         bool held = true;
@@ -131,14 +134,14 @@ net::awaitable<bool> AsyncPostgresStore::Impl::save_alone(const Key& key, Fence 
     if (!counted) ++saves_in_flight;
     try {
         pg::SaveOp op(key, fence, result, resent);
-        co_await drive("save", op);
+        co_await drive("save", op, Clock::duration::zero(), until);
         co_return op.waiters();
     } catch (const store_unavailable&) {
-        if (options.save_retry_window <= std::chrono::milliseconds::zero()) throw;
+        if (options.save_retry_window <= std::chrono::milliseconds::zero() || Clock::now() >= until) throw;
     }
     slot.give_back();
     pg::SaveOp op(key, fence, result, /*resent=*/true);  // the first attempt may have committed
-    co_await drive("save", op, options.save_retry_window);
+    co_await drive("save", op, until - Clock::now());
     co_return op.waiters();
 }
 

@@ -20,6 +20,7 @@
 #include <deque>
 #include <future>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <unordered_set>
 #include <vector>
@@ -116,8 +117,10 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     }
 
     // The open connection with the fewest requests in flight; a new one while there is room and
-    // every open one is busy (so load spreads over pool_size connections, each pipelining).
-    net::awaitable<std::shared_ptr<AsyncConnection>> acquire() {
+    // every open one is busy (so load spreads over pool_size connections, each pipelining). A wait
+    // for a connection being opened by someone else ends at `until` (store_unavailable): a save
+    // bounded by save_retry_window must not queue behind connect attempts, pool_size at a time.
+    net::awaitable<std::shared_ptr<AsyncConnection>> acquire(Clock::time_point until = Clock::time_point::max()) {
         gauges->acquires.fetch_add(1, std::memory_order_relaxed);
         // The time this acquire spends waiting for a connection being opened, recorded once
         // however it ends.
@@ -160,13 +163,27 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
                 connections.push_back(fresh);
                 co_return fresh;
             }
-            // Every slot is connecting and none is open yet: wait for one of them.
+            // Every slot is connecting and none is open yet: wait for one of them, or until `until`
+            // (a timer that wakes every waiter then; the others look again and wait on).
+            if (Clock::now() >= until) {
+                throw store_unavailable(
+                    "idem: no connection to PostgreSQL came free within save_retry_window (every one is still "
+                    "connecting)");
+            }
+            std::optional<net::steady_timer> alarm;
+            if (until != Clock::time_point::max()) {
+                alarm.emplace(strand, until);
+                alarm->async_wait([this](boost::system::error_code e) {
+                    if (!e) connected.cancel();
+                });
+            }
             boost::system::error_code ec;
             const auto began = Clock::now();
             gauges->opening_waiters.fetch_add(1, std::memory_order_relaxed);
             co_await connected.async_wait(
                 net::bind_cancellation_slot(net::cancellation_slot(), net::redirect_error(net::use_awaitable, ec)));
             gauges->opening_waiters.fetch_sub(1, std::memory_order_relaxed);
+            if (alarm) alarm->cancel();
             waiting.waited = true;
             waiting.total += Clock::now() - began;
         }
@@ -223,25 +240,30 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
 
     // Runs an operation with the store's retries (with_connection); `op` is done after it.
     template <class Op>
-    net::awaitable<void> drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero()) {
+    // `until`: no wait for a connection lasts past it (a save's window; see acquire()).
+    net::awaitable<void> drive(const char* what, Op& op, Clock::duration keep_trying = Clock::duration::zero(),
+                               Clock::time_point until = Clock::time_point::max()) {
         co_await with_connection<bool>(
             what,
             [&](AsyncConnection& conn, int attempt) -> net::awaitable<bool> {
                 co_await run_op(conn, op, attempt);
                 co_return true;
             },
-            keep_trying);
+            keep_trying, until);
     }
 
     // Runs f(conn, attempt) -> awaitable<T> on a connection; retried as PostgresStore's
     // with_connection is (pg::RetryPolicy, the same rules).
+    // Within keep_trying, every wait for a connection ends with it too (or at `until`, if sooner).
     template <class T, class F>
-    net::awaitable<T> with_connection(const char* what, F f, Clock::duration keep_trying = Clock::duration::zero()) {
+    net::awaitable<T> with_connection(const char* what, F f, Clock::duration keep_trying = Clock::duration::zero(),
+                                      Clock::time_point until = Clock::time_point::max()) {
         pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        if (keep_trying > Clock::duration::zero()) until = std::min(until, Clock::now() + keep_trying);
         for (;;) {
             std::exception_ptr failure;
             try {
-                auto conn = co_await acquire();
+                auto conn = co_await acquire(until);
                 co_return co_await f(*conn, retry.attempt());
             } catch (const store_unavailable&) {
                 failure = std::current_exception();
@@ -347,12 +369,13 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     net::awaitable<std::optional<Record>> take_over(const Key& key, Fence stale, Fence fresh,
                                                     std::chrono::milliseconds lease, bool new_attempt);
     net::awaitable<void> save(const Key& key, Fence fence, std::string_view result);
-    /// A save by itself: [UPDATE | Sync], retried for save_retry_window (outside the transaction
-    /// bound after its first attempt failed to reach the server). `resent`: a group's statement
-    /// may already have committed it. `counted`: its transaction slot is counted already (its
-    /// turn came: give_turn). Returns whether someone waits for the key.
-    net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent,
-                                    bool counted = false);
+    /// A save by itself: [UPDATE | Sync], retried until `until` — the save's start plus
+    /// save_retry_window — (outside the transaction bound after its first attempt failed to reach
+    /// the server); no wait for a connection lasts past it. `resent`: a group's statement may
+    /// already have committed it. `counted`: its transaction slot is counted already (its turn
+    /// came: give_turn). Returns whether someone waits for the key.
+    net::awaitable<bool> save_alone(const Key& key, Fence fence, std::string_view result, bool resent, bool counted,
+                                    Clock::time_point until);
     /// A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort —
     /// a waiter also wakes at its deadline and re-reads.
     net::awaitable<void> notify_waiters(const Key& key);

@@ -17,6 +17,8 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -279,4 +281,58 @@ TEST_CASE("async: in an outage a claim is refused at once while a save keeps try
     REQUIRE_THROWS_AS(a.get(), idem::response_not_saved);
     CHECK(runs_a == 1);
     PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + o.table);
+}
+
+// The network to PostgreSQL goes silent as effects return: every save must give up within its
+// save_retry_window (plus the one attempt in flight), however many wait for the pool's few
+// connections — not pool_size at a time, one connect_timeout after another.
+TEST_CASE("async: saves into a silent network give up within save_retry_window, however many wait",
+          "[fault][asio][outage]") {
+    if (env("IDEM_PG_HOST").empty() || env("IDEM_PG_PORT").empty()) {
+        WARN("IDEM_PG_HOST/IDEM_PG_PORT not set (not started by scripts/with-postgres.sh): skipping the outage case");
+        return;
+    }
+    Proxy proxy(env("IDEM_PG_HOST") + "/.s.PGSQL." + env("IDEM_PG_PORT"));
+    Loop loop;
+    idem::PostgresOptions o = idem_test::env_options({});
+    o.table = idem_test::unique_name("idem_async_silent");
+    o.pool_size = 3;
+    o.save_retry_window = std::chrono::seconds(6);
+    o.connect_timeout = std::chrono::seconds(2);
+    o.statement_timeout = std::chrono::seconds(1);
+    o.lock_timeout = std::chrono::milliseconds(500);
+    AsyncPostgresStore store(loop.io.get_executor(), proxied_url(proxy), o);
+    store.blocking().ensure_schema();
+    const std::string scope = idem_test::unique_name("silent");
+    constexpr int kCalls = 8;
+
+    // Every effect waits at a gate until the network is silent, then returns: its save goes out
+    // into the silence.
+    net::steady_timer gate(loop.io.get_executor(), std::chrono::steady_clock::time_point::max());
+    std::atomic<int> inside{0};
+    std::vector<std::future<idem::Result<Response>>> calls;
+    for (int i = 0; i < kCalls; ++i) {
+        const Key key(scope, "k" + std::to_string(i));
+        calls.push_back(idem::asio::async_execute_once(
+            store, key, fp_for(key),
+            [&, i]() -> net::awaitable<Response> {
+                ++inside;
+                boost::system::error_code ec;
+                co_await gate.async_wait(net::redirect_error(net::use_awaitable, ec));
+                co_return Response{200, "k" + std::to_string(i)};
+            },
+            net::use_future));
+    }
+    const auto by = Clock::now() + std::chrono::seconds(30);
+    while (inside < kCalls && Clock::now() < by) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(inside == kCalls);  // every claim is committed: the saves are what meets the silence
+    proxy.silence();
+    const auto released = Clock::now();
+    net::post(loop.io.get_executor(), [&] { gate.cancel(); });
+    for (auto& c : calls) CHECK_THROWS_AS(c.get(), idem::response_not_saved);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - released);
+    INFO("the last save gave up " << took.count() << " ms after the effects returned");
+    // The window, plus the attempt in flight at its end (a connect_timeout, or a statement's
+    // deadline: statement_timeout + lock_timeout + 1 s), plus room for a busy machine.
+    CHECK(took < std::chrono::seconds(6 + 3 + 4));  // before: 17-24 s (pool_size connects at a time)
 }

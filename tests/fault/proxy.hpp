@@ -8,6 +8,8 @@
 //                Sync (the statement committed), drops those answers and closes both sides: the
 //                acknowledgement is lost, the effect in the database is not.
 //   before_send  closes both sides instead of forwarding the batch: the request is lost.
+// silence() turns it into a black hole, as a network that drops every packet: nothing more is
+// forwarded either way, and new connections are accepted and never answered.
 // Clients must connect with sslmode=disable gssencmode=disable (no TLS to look into).
 // IDEM_FAULT_DEBUG=1 in the environment prints every connection and cut to stderr.
 #pragma once
@@ -71,6 +73,7 @@ public:
             threads.swap(threads_);
         }
         for (auto& t : threads) t.join();
+        for (const int fd : held_) ::close(fd);
         ::close(listen_fd_);
     }
     Proxy(const Proxy&) = delete;
@@ -96,6 +99,8 @@ public:
         rng_.seed(seed);
     }
     void disarm() { arm({}, 0, Mode::after_reply); }
+    /// From now on nothing is forwarded and new connections are held unanswered (until destroyed).
+    void silence() { silent_ = true; }
 
     void note(std::string line) {
         if (std::getenv("IDEM_FAULT_DEBUG")) std::fprintf(stderr, "proxy: %s\n", line.c_str());
@@ -165,6 +170,11 @@ private:
             if (::poll(&p, 1, 100) <= 0) continue;
             const int client = ::accept(listen_fd_, nullptr, nullptr);
             if (client < 0) continue;
+            if (silent_) {  // a black hole: the client waits for an answer that never comes
+                std::lock_guard lock(mutex_);
+                held_.push_back(client);
+                continue;
+            }
             const int server = ::socket(AF_UNIX, SOCK_STREAM, 0);
             sockaddr_un addr{};
             addr.sun_family = AF_UNIX;
@@ -217,6 +227,10 @@ private:
         auto cut_deadline = std::chrono::steady_clock::now();
         bool open = true;
         while (open && !stop_) {
+            if (silent_) {  // nothing read, nothing forwarded: both sides wait
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                continue;
+            }
             const bool read_client = !cutting || !sync_after_target;
             pollfd p[2] = {{client, static_cast<short>(read_client ? POLLIN : 0), 0}, {server, POLLIN, 0}};
             const int n = ::poll(p, 2, 10);
@@ -305,6 +319,8 @@ private:
     int listen_fd_ = -1;
     int port_ = 0;
     std::atomic<bool> stop_{false};
+    std::atomic<bool> silent_{false};
+    std::vector<int> held_;  // connections accepted while silent (mutex_)
     std::thread acceptor_;
     mutable std::mutex mutex_;
     std::list<std::thread> threads_;
