@@ -73,8 +73,9 @@ std::string hex_of(std::string_view bytes) {
 }
 
 std::string result_hex(PgConn& db, const std::string& table, const idem::Key& key) {
-    return db.exec("SELECT encode(result, 'hex') FROM " + table + " WHERE scope = $1 AND key = $2",
-                   {key.scope(), key.value()})
+    return db
+        .exec("SELECT encode(result, 'hex') FROM " + table + " WHERE scope = $1 AND key = $2",
+              {key.scope(), key.value()})
         .text(0, 0);
 }
 
@@ -123,16 +124,14 @@ TEST_CASE("sealed: a response copied into another table is corrupt_record; one c
     int runs = 0;
     REQUIRE(idem::execute_once(from, key, fp, counting(runs, "paid")).outcome() == Outcome::executed);
     // The whole row, fence included, copied under the same scope and key: the table differs.
-    writer.exec("INSERT INTO " + target.name + " SELECT * FROM " + source.name + " WHERE scope = $1",
-                {key.scope()});
+    writer.exec("INSERT INTO " + target.name + " SELECT * FROM " + source.name + " WHERE scope = $1", {key.scope()});
     CHECK_THROWS_AS(idem::execute_once(to, key, fp, counting(runs, "again")), idem::corrupt_record);  // before: paid
     CHECK(runs == 1);
 
     // A deployment whose table was renamed names its old table as its context: its rows open.
     idem::PostgresStore after_rename(url, renamed.options(source.name));
     after_rename.ensure_schema();
-    writer.exec("INSERT INTO " + renamed.name + " SELECT * FROM " + source.name + " WHERE scope = $1",
-                {key.scope()});
+    writer.exec("INSERT INTO " + renamed.name + " SELECT * FROM " + source.name + " WHERE scope = $1", {key.scope()});
     const auto r = idem::execute_once(after_rename, key, fp, counting(runs, "again"));
     CHECK(r.outcome() == Outcome::replayed);
     CHECK(r.response() == "paid");
