@@ -22,35 +22,56 @@ bool is_configuration_sqlstate(std::string_view s) noexcept {
            s == "42704";
 }
 
-void throw_database_error(std::string message, const std::string& sqlstate) {
-    if (sqlstate == "42P01") message += " (create idem's table: call PostgresStore::ensure_schema())";
-    if (is_configuration_sqlstate(sqlstate)) throw config_error(message, sqlstate);
+namespace {
+
+// idem's own messages that SQLSTATE alone does not tell apart.
+constexpr std::string_view kNeedsReadCommitted = "idem: generations need READ COMMITTED";
+constexpr std::string_view kNoPartition = "no partition of relation";
+
+}  // namespace
+
+FailureKind failure_kind(std::string_view sqlstate, std::string_view message) noexcept {
+    if (is_configuration_sqlstate(sqlstate)) return FailureKind::configuration;
     // The table's layout and the store's PostgresOptions::generations disagree: a plain store's
     // ON CONFLICT (scope, key) on a partitioned table (42P10), a generational store's function
     // missing on a plain table (42883).
-    if (sqlstate == "42P10" || sqlstate == "42883") {
-        throw config_error(message +
-                               " (the table's layout does not match PostgresOptions::generations: "
-                               "call ensure_schema() with the store's options)",
-                           sqlstate);
-    }
+    if (sqlstate == "42P10" || sqlstate == "42883") return FailureKind::configuration;
     // The server runs transactions above READ COMMITTED by default: a generational claim refuses.
-    if (sqlstate == "0A000" && message.find("idem: generations need READ COMMITTED") != std::string::npos) {
-        throw config_error(message + " (set default_transaction_isolation to 'read committed' for idem's role)",
-                           sqlstate);
+    if (sqlstate == "0A000" && message.find(kNeedsReadCommitted) != std::string_view::npos) {
+        return FailureKind::configuration;
     }
-    // No generation covers the time of the claim: maintenance has fallen behind. It heals when
-    // purge_expired() creates the generation, so it is an outage, not a misconfiguration.
-    if (sqlstate == "23514" && message.find("no partition of relation") != std::string::npos) {
-        throw store_unavailable(message +
-                                    " (no generation covers now: purge_expired() creates them ahead; run it "
-                                    "more often than generations.ahead x generations.length)",
-                                sqlstate);
-    }
+    // No generation covers the time of the claim: maintenance has fallen behind, and it heals when
+    // purge_expired() creates the generation.
+    if (sqlstate == "23514" && message.find(kNoPartition) != std::string_view::npos) return FailureKind::unavailable;
     // Timeouts (statement, lock), cancels, resource exhaustion, a server going away: the database
     // is there (or will be) but cannot serve us now.
     if (sqlstate == "57014" || sqlstate == "55P03" || sqlstate.starts_with("53") || is_connection_sqlstate(sqlstate)) {
-        throw store_unavailable(message, sqlstate);
+        return FailureKind::unavailable;
+    }
+    return FailureKind::refused;
+}
+
+void throw_database_error(std::string message, const std::string& sqlstate) {
+    switch (failure_kind(sqlstate, message)) {
+        case FailureKind::configuration:
+            if (sqlstate == "42P01") {
+                message += " (create idem's table: call PostgresStore::ensure_schema())";
+            } else if (sqlstate == "42P10" || sqlstate == "42883") {
+                message +=
+                    " (the table's layout does not match PostgresOptions::generations: call ensure_schema() with "
+                    "the store's options)";
+            } else if (sqlstate == "0A000") {
+                message += " (set default_transaction_isolation to 'read committed' for idem's role)";
+            }
+            throw config_error(message, sqlstate);
+        case FailureKind::unavailable:
+            if (sqlstate == "23514") {
+                message +=
+                    " (no generation covers now: purge_expired() creates them ahead; run it more often than "
+                    "generations.ahead x generations.length)";
+            }
+            throw store_unavailable(message, sqlstate);
+        case FailureKind::refused: break;
     }
     throw database_error(message, sqlstate);
 }

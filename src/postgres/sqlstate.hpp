@@ -23,9 +23,18 @@ bool is_connection_sqlstate(std::string_view sqlstate) noexcept;
 /// column, permission denied. Retrying never helps; reported as config_error.
 bool is_configuration_sqlstate(std::string_view sqlstate) noexcept;
 
-/// Throws the idem exception for a database error: config_error (is_configuration_sqlstate; a
-/// missing table's message says to call ensure_schema()), store_unavailable (timeouts, cancels,
-/// resource exhaustion, connection failures), else database_error. `message` starts with "idem: ".
+/// What a failed statement means for its caller: one decision, by SQLSTATE (and, for two cases
+/// of idem's own, the message), for the library (throw_database_error) and idemctl.
+enum class FailureKind {
+    configuration,  ///< permanent until the deployment changes (config_error)
+    unavailable,    ///< the database is there, or will be, but cannot serve now (store_unavailable)
+    refused,        ///< anything else the database refused (database_error)
+};
+[[nodiscard]] FailureKind failure_kind(std::string_view sqlstate, std::string_view message) noexcept;
+
+/// Throws the idem exception for a database error, as failure_kind() says: config_error (with a
+/// hint for the causes idem knows: a missing table says to call ensure_schema()),
+/// store_unavailable, or database_error. `message` starts with "idem: ".
 [[noreturn]] void throw_database_error(std::string message, const std::string& sqlstate);
 
 /// The SQLSTATE of a failed connection attempt, recognised from libpq's message (libpq keeps no

@@ -3,6 +3,7 @@
 
 #include "cli.hpp"
 #include "conninfo.hpp"
+#include "failure.hpp"
 
 #include <fmt/format.h>
 #include <libpq-fe.h>
@@ -99,11 +100,12 @@ Rows Database::query(const std::string& sql, const std::vector<std::optional<std
                                     table),
                         sqlstate);
     }
-    if (sqlstate.starts_with("42") || sqlstate.starts_with("28") || sqlstate == "3D000") {
+    const Exit exit =
+        sqlstate.empty() || PQstatus(conn_.get()) != CONNECTION_OK ? Exit::unavailable : exit_for(sqlstate, message);
+    if (exit == Exit::config) {
         throw ToolError(Exit::config, fmt::format("configuration error ({}): {}", table, message), sqlstate);
     }
-    if (sqlstate.empty() || sqlstate.starts_with("08") || sqlstate.starts_with("57") || sqlstate == "55P03" ||
-        PQstatus(conn_.get()) != CONNECTION_OK) {
+    if (exit == Exit::unavailable) {
         throw ToolError(Exit::unavailable, fmt::format("database unavailable ({}): {}", redacted(conninfo_), message),
                         sqlstate);
     }
