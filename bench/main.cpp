@@ -55,7 +55,7 @@
 #include "options.hpp"
 #include "output.hpp"
 #include "pgbench.hpp"
-#include "postgres/sql.hpp"  // internal: only to check that the floor's copy of the SQL is current
+#include "postgres/sansio/sql.hpp"  // internal: only to check that the floor's copy of the SQL is current
 #include "retention.hpp"
 #include "seal_check.hpp"
 #include "table_size.hpp"

@@ -28,8 +28,8 @@
 #include "idem/errors.hpp"
 #include "idem/response.hpp"
 #include "idem/store.hpp"
-#include "postgres/record.hpp"
-#include "postgres/sql.hpp"
+#include "postgres/sansio/record.hpp"
+#include "postgres/sansio/sql.hpp"
 
 namespace {
 

@@ -3,7 +3,7 @@
 // A write whose answer was lost with its connection is sent again, with the same fence, on a fresh
 // one; the first may have committed. The second then finds the key as the first left it, and each
 // rule here says when that means "it was ours". One copy for every store and driver: PostgresStore
-// and idem::asio (src/postgres/ops.cpp, and PostgresStore's save_batch) and RedisStore's release
+// and idem::asio (src/postgres/sansio/ops.cpp, and PostgresStore's save_batch) and RedisStore's release
 // call these when a write that may have been sent before (a retry, or a group's statement that
 // failed) changed nothing.
 #pragma once

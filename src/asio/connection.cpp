@@ -16,7 +16,7 @@
 #include <cstring>
 #include <utility>
 
-#include "../postgres/sql.hpp"
+#include "../postgres/sansio/sql.hpp"
 
 namespace idem::asio::detail {
 

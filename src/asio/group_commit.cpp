@@ -1,5 +1,5 @@
 // idem::asio's group commit (docs/design.md, "The asynchronous path"): the queue of first
-// attempts, and the groups that run the plans of src/postgres/group_plan.hpp on the strand.
+// attempts, and the groups that run the plans of src/postgres/sansio/group_plan.hpp on the strand.
 #include "store_impl.hpp"
 
 namespace idem::asio {

@@ -1,5 +1,5 @@
 // AsyncPostgresStore's state and its driver (internal): the non-blocking connections, the retry
-// loop that runs the operations of src/postgres/ops.hpp on them, and the group commit queue's
+// loop that runs the operations of src/postgres/sansio/ops.hpp on them, and the group commit queue's
 // state. Shared by store.cpp (the public calls and the single-key operations) and group_commit.cpp
 // (the queue). Everything runs on the store's strand.
 #pragma once
@@ -27,12 +27,12 @@
 
 #include "../common.hpp"
 #include "../postgres/counters.hpp"
-#include "../postgres/group_plan.hpp"
-#include "../postgres/machine.hpp"
-#include "../postgres/ops.hpp"
-#include "../postgres/record.hpp"
-#include "../postgres/rows.hpp"
-#include "../postgres/sql.hpp"
+#include "../postgres/sansio/group_plan.hpp"
+#include "../postgres/sansio/machine.hpp"
+#include "../postgres/sansio/ops.hpp"
+#include "../postgres/sansio/record.hpp"
+#include "../postgres/sansio/rows.hpp"
+#include "../postgres/sansio/sql.hpp"
 #include "../replay_rules.hpp"
 #include "../sealed_results.hpp"
 #include "connection.hpp"

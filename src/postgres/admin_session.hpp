@@ -10,7 +10,7 @@
 #include "connect.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
-#include "sqlstate.hpp"
+#include "sansio/sqlstate.hpp"
 
 namespace idem::pg {
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "sqlstate.hpp"
+#include "sansio/sqlstate.hpp"
 
 namespace idem::pg {
 

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "params.hpp"
+#include "sansio/params.hpp"
 
 namespace idem::pg {
 

@@ -16,12 +16,12 @@
 #include <string>
 #include <string_view>
 
-#include "columns.hpp"
 #include "connect.hpp"
 #include "handles.hpp"
-#include "params.hpp"
-#include "results.hpp"
-#include "sqlstate.hpp"
+#include "pipeline.hpp"
+#include "sansio/columns.hpp"
+#include "sansio/params.hpp"
+#include "sansio/sqlstate.hpp"
 #include "watchdog.hpp"
 
 namespace idem::pg {

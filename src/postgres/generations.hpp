@@ -15,7 +15,7 @@
 #include <cstddef>
 
 #include "admin_session.hpp"
-#include "sql.hpp"
+#include "sansio/sql.hpp"
 
 namespace idem::pg {
 

@@ -28,13 +28,13 @@
 #include "connection.hpp"
 #include "counters.hpp"
 #include "group.hpp"
-#include "group_plan.hpp"
-#include "machine.hpp"
-#include "ops.hpp"
 #include "pool.hpp"
-#include "record.hpp"
-#include "rows.hpp"
-#include "sql.hpp"
+#include "sansio/group_plan.hpp"
+#include "sansio/machine.hpp"
+#include "sansio/ops.hpp"
+#include "sansio/record.hpp"
+#include "sansio/rows.hpp"
+#include "sansio/sql.hpp"
 
 namespace idem {
 

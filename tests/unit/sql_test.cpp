@@ -6,7 +6,7 @@
 // The checks read the SQL text: idem writes its keywords in upper case and its RETURNING lists as
 // plain column names, which is what lets a few string rules decide. The rules are tested on known
 // bad statements first, so that a rule that accepts everything fails here.
-#include "postgres/sql.hpp"
+#include "postgres/sansio/sql.hpp"
 
 #include "idem/postgres_store.hpp"
 

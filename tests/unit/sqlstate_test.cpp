@@ -1,4 +1,4 @@
-// Which idem error a PostgreSQL failure is (src/postgres/sqlstate.hpp), and that idemctl's exit code
+// Which idem error a PostgreSQL failure is (src/postgres/sansio/sqlstate.hpp), and that idemctl's exit code
 // says the same for the same SQLSTATE (tools/idemctl/failure.hpp): one decision, asserted over the
 // classes an operator meets — connection (08), authorization (28), catalog (3D), transaction
 // rollback (40), syntax and access (42), resources (53), object state (55), operator
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "idemctl/failure.hpp"
-#include "postgres/sqlstate.hpp"
+#include "postgres/sansio/sqlstate.hpp"
 
 namespace {
 
@@ -48,20 +48,34 @@ TEST_CASE("SQLSTATE kinds: the library and idemctl decide alike", "[unit][sqlsta
         std::string message = "ERROR: something";
     };
     const std::vector<Case> cases{
-        {"08000", FailureKind::unavailable},    {"08006", FailureKind::unavailable},
-        {"08P01", FailureKind::unavailable},    {"28000", FailureKind::configuration},
-        {"28P01", FailureKind::configuration},  {"3D000", FailureKind::configuration},
-        {"3F000", FailureKind::configuration},  {"40001", FailureKind::refused},
-        {"40P01", FailureKind::refused},        {"42501", FailureKind::configuration},
-        {"42P01", FailureKind::configuration},  {"42703", FailureKind::configuration},
-        {"42704", FailureKind::configuration},  {"42P10", FailureKind::configuration},
-        {"42883", FailureKind::configuration},  {"42601", FailureKind::refused},  // a syntax error is a bug
-        {"42P07", FailureKind::refused},        {"53000", FailureKind::unavailable},
-        {"53100", FailureKind::unavailable},    {"53200", FailureKind::unavailable},
-        {"53300", FailureKind::unavailable},    {"55P03", FailureKind::unavailable},
-        {"55006", FailureKind::refused},        {"57014", FailureKind::unavailable},
-        {"57P01", FailureKind::unavailable},    {"57P03", FailureKind::unavailable},
-        {"23505", FailureKind::refused},        {"23514", FailureKind::refused},
+        {"08000", FailureKind::unavailable},
+        {"08006", FailureKind::unavailable},
+        {"08P01", FailureKind::unavailable},
+        {"28000", FailureKind::configuration},
+        {"28P01", FailureKind::configuration},
+        {"3D000", FailureKind::configuration},
+        {"3F000", FailureKind::configuration},
+        {"40001", FailureKind::refused},
+        {"40P01", FailureKind::refused},
+        {"42501", FailureKind::configuration},
+        {"42P01", FailureKind::configuration},
+        {"42703", FailureKind::configuration},
+        {"42704", FailureKind::configuration},
+        {"42P10", FailureKind::configuration},
+        {"42883", FailureKind::configuration},
+        {"42601", FailureKind::refused},  // a syntax error is a bug
+        {"42P07", FailureKind::refused},
+        {"53000", FailureKind::unavailable},
+        {"53100", FailureKind::unavailable},
+        {"53200", FailureKind::unavailable},
+        {"53300", FailureKind::unavailable},
+        {"55P03", FailureKind::unavailable},
+        {"55006", FailureKind::refused},
+        {"57014", FailureKind::unavailable},
+        {"57P01", FailureKind::unavailable},
+        {"57P03", FailureKind::unavailable},
+        {"23505", FailureKind::refused},
+        {"23514", FailureKind::refused},
         {"23514", FailureKind::unavailable, "ERROR: no partition of relation \"t\" found for row"},
         {"0A000", FailureKind::refused},
         {"0A000", FailureKind::configuration, "ERROR: idem: generations need READ COMMITTED claims, not serializable"},

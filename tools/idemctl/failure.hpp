@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "cli.hpp"
-#include "postgres/sqlstate.hpp"
+#include "postgres/sansio/sqlstate.hpp"
 
 namespace idemctl {
 

@@ -10,7 +10,7 @@
 // statements of many requests on each one at once — each its own transaction (a claim is committed
 // when its Sync is answered) unless group commit puts concurrent ones together (below). The same
 // SQL, the same fences, and the same decisions as PostgresStore (one copy of the rules:
-// src/postgres/machine.hpp and rows.hpp), so every guarantee of
+// src/postgres/sansio/machine.hpp and rows.hpp), so every guarantee of
 // store.hpp holds: the winning claim is durable before the claim completes; a claim, save or
 // release interrupted by a broken connection is sent again on another connection with the same
 // fence and recognises its own earlier write; a server that cannot be reached is store_unavailable

@@ -17,11 +17,14 @@
 #include <string_view>
 #include <vector>
 
-#include "connection.hpp"
+#include "columns.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
 #include "machine.hpp"
+#include "params.hpp"
+#include "result.hpp"
 #include "rows.hpp"
+#include "sqlstate.hpp"
 
 namespace idem::pg {
 

@@ -1,11 +1,11 @@
 // The binary-format columns of a result, decoded (internal).
 #pragma once
 
-#include <libpq-fe.h>
-
 #include <chrono>
 #include <cstdint>
 #include <string_view>
+
+#include "result.hpp"
 
 namespace idem::pg {
 

@@ -5,9 +5,12 @@
 #include <string>
 #include <string_view>
 
-#include "connection.hpp"
+#include "columns.hpp"
 #include "idem/errors.hpp"
+#include "params.hpp"
+#include "result.hpp"
 #include "sql.hpp"
+#include "sqlstate.hpp"
 
 namespace idem::pg {
 
@@ -41,7 +44,7 @@ Record parse_record(const PGresult* r, int row) {
 }
 
 void parse_record(const PGresult* r, int row, Record& rec) {
-    if (PQnfields(r) < kRecordColumns || row < 0 || row >= PQntuples(r)) {
+    if (result_columns(r) < kRecordColumns || row < 0 || row >= result_rows(r)) {
         throw corrupt_record("idem: a stored row with missing columns");
     }
     const Row cols(r, row);

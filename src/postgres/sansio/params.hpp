@@ -2,8 +2,6 @@
 // its place in a pipeline.
 #pragma once
 
-#include <libpq-fe.h>
-
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -13,6 +11,9 @@
 #include <vector>
 
 namespace idem::pg {
+
+/// A type's object identifier in PostgreSQL's catalog (libpq's Oid).
+using Oid = unsigned int;
 
 /// A statement known to every connection of a store: its SQL and parameter types.
 struct StatementDef {
@@ -88,11 +89,5 @@ struct Step {
     bool sync_after = true;  ///< close the segment (own transaction) after this statement
     int result_format = 1;   ///< 1 binary (idem's own statements), 0 text
 };
-
-/// Queues `step` on `conn` (pipeline mode; the blocking and the asynchronous connection): its
-/// prepared statement, or its SQL unnamed when `prepared` is false or the statement has no name;
-/// then a Sync when step.sync_after. Returns what failed ("send <name>", "PQpipelineSync"), or
-/// nullopt; the connection is unusable after a failure.
-[[nodiscard]] std::optional<std::string> queue_step(PGconn* conn, const Step& step, bool prepared);
 
 }  // namespace idem::pg

@@ -103,13 +103,13 @@ ClaimAnswers ClaimRowsPlan::read(StepResults res) const {
     for (std::size_t i = 0; i < write_steps_; ++i) {
         if (!a.res[i].ok()) continue;  // its segment rolled back
         const PGresult* r = a.res[i].result.get();
-        if (r == nullptr || PQnfields(r) != 1) continue;  // BEGIN / COMMIT
-        for (int row = 0; row < PQntuples(r); ++row) a.won.insert(get_int8(r, row, 0));
+        if (r == nullptr || result_columns(r) != 1) continue;  // BEGIN / COMMIT
+        for (int row = 0; row < result_rows(r); ++row) a.won.insert(get_int8(r, row, 0));
     }
     if (a.read_failure >= 0) return a;
     for (std::size_t i = write_steps_; i < a.res.size(); ++i) {
         const PGresult* r = a.res[i].result.get();
-        for (int row = 0; row < PQntuples(r); ++row) {
+        for (int row = 0; row < result_rows(r); ++row) {
             a.found.emplace(KeyRef(get_bytes(r, row, kRecordColumns), get_bytes(r, row, kRecordColumns + 1)),
                             RowRef(r, row));
         }
@@ -183,7 +183,7 @@ SaveAnswers SaveRowsPlan::read(StepResults res) const {
     for (const StepResult& step : a.res) {
         if (!step.ok()) continue;
         const PGresult* r = step.result.get();
-        for (int row = 0; row < PQntuples(r); ++row) a.saved.emplace(get_int8(r, row, 0), get_bool(r, row, 1));
+        for (int row = 0; row < result_rows(r); ++row) a.saved.emplace(get_int8(r, row, 0), get_bool(r, row, 1));
     }
     return a;
 }

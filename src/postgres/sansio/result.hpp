@@ -1,38 +1,68 @@
-// What a pipeline answers (internal): one StepResult per statement, read from libpq's results by
-// the same rules for the blocking and the asynchronous connection.
+// What a statement answered, as the I/O-free core reads it (internal).
+//
+// The core never includes libpq: a result is an opaque libpq PGresult owned by ResultPtr, read
+// through the accessors of columns.hpp. The drivers (../connection.hpp, ../../asio/connection.hpp)
+// fill StepResults from the wire (../pipeline.hpp); the core's unit tests fill them with results made
+// by hand. ../results.cpp implements the accessors over libpq.
 #pragma once
 
-#include <libpq-fe.h>
-
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
 
-#include "handles.hpp"
-#include "sqlstate.hpp"
+extern "C" {
+struct pg_result;  // libpq's PGresult
+}
 
 namespace idem::pg {
 
+using PGresult = ::pg_result;
+using Clock = std::chrono::steady_clock;
+
+/// Frees a result (PQclear).
+struct ResultDeleter {
+    void operator()(PGresult* result) const noexcept;
+};
+using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
+
+/// The number of rows of a result (PQntuples), and of columns (PQnfields).
+[[nodiscard]] int result_rows(const PGresult* r) noexcept;
+[[nodiscard]] int result_columns(const PGresult* r) noexcept;
+
 /// The answer to one Step: a result (TUPLES_OK/COMMAND_OK), or the error result with its SQLSTATE,
 /// or "aborted", or "rolled back". Small on purpose (16 bytes): it is moved around on every call;
-/// the error's SQLSTATE and message are read from the PGresult only when someone asks.
+/// the error's message is read from the result only when someone asks.
 ///
 /// ok() means the statement ran AND nothing later in its segment (up to its Sync, the implicit
 /// transaction's commit) failed: a statement whose transaction rolled back is never ok(), so a
 /// caller cannot act on an INSERT's row that a failed read or COMMIT after it undid.
 struct StepResult {
-    ResultPtr result;          ///< the statement's result (on failure: the error result); else null
+    ResultPtr result;          ///< the statement's result (on failure: the error result, if any); else null
     bool failed = false;       ///< the statement (or its segment's COMMIT) failed: sqlstate(), message()
     bool aborted = false;      ///< skipped because an earlier statement of its segment failed
     bool rolled_back = false;  ///< ran, but a later statement or the COMMIT of its segment failed
 
+    /// Marks the statement failed with `sqlstate` (five characters; anything else reads as XX000).
+    void fail(std::string_view sqlstate) noexcept {
+        failed = true;
+        code_ = {};
+        if (sqlstate.size() == code_.size()) sqlstate.copy(code_.data(), code_.size());
+    }
     [[nodiscard]] bool ok() const noexcept { return !failed && !aborted && !rolled_back; }
-    [[nodiscard]] int rows() const noexcept { return result && !failed ? PQntuples(result.get()) : 0; }
+    [[nodiscard]] int rows() const noexcept { return result && !failed ? result_rows(result.get()) : 0; }
     /// Empty when the statement succeeded or was skipped; "XX000" for an error without one.
-    [[nodiscard]] std::string_view sqlstate() const noexcept;
+    [[nodiscard]] std::string_view sqlstate() const noexcept {
+        if (!failed) return {};
+        return code_[0] != '\0' ? std::string_view(code_.data(), code_.size()) : std::string_view("XX000");
+    }
+    /// The error's message (the server's, trimmed), or why the statement did not count.
     [[nodiscard]] std::string message() const;
+
+private:
+    std::array<char, 5> code_{};
 };
 
 /// The answers to one pipeline, in Step order. Up to kInline of them live inside the object: a
@@ -66,44 +96,6 @@ private:
     std::array<StepResult, kInline> inline_;
     std::unique_ptr<StepResult[]> heap_;
     std::size_t size_ = 0;
-};
-
-/// The answers of a pipeline did not follow the protocol (a result missing, an extra one, a Sync
-/// out of place): the connection is unusable. what() is the bare reason; the connection adds
-/// libpq's own message.
-class pipeline_surprise : public connection_broken {
-public:
-    using connection_broken::connection_broken;
-};
-
-/// Turns the results libpq hands back for one pipeline into StepResults, one PGresult at a time.
-/// Shared by Connection::run (blocking) and the asynchronous connection of idem::asio, so both read
-/// a pipeline's answers by the same rules:
-///   per statement: its result (or PIPELINE_ABORTED), then NULL; per segment: a PIPELINE_SYNC,
-///   preceded by an error result and a NULL when the implicit transaction's COMMIT failed.
-/// When a statement or its segment's COMMIT fails, the statements before it in the segment come back
-/// rolled_back, and a failed COMMIT is reported as the failure of the segment's last statement.
-class PipelineAnswers {
-public:
-    explicit PipelineAnswers(std::size_t steps) : out_(steps) {}
-
-    /// Feeds the next PGresult (null included). `sync_after` is that of step index(). Returns true
-    /// once every answer is in. Throws connection_broken on a protocol surprise or when the server
-    /// closed the session (57P01, ...): the connection is unusable afterwards.
-    bool feed(ResultPtr r, bool sync_after);
-    /// The step whose answer comes next.
-    [[nodiscard]] std::size_t index() const noexcept { return i_; }
-    [[nodiscard]] bool complete() const noexcept { return i_ == out_.size(); }
-    [[nodiscard]] StepResults take() noexcept { return std::move(out_); }
-
-private:
-    enum class Expect { result, null, sync, null_after_commit_error };
-    void take_error(StepResult& step, ResultPtr r);
-    void close_segment();
-    StepResults out_;
-    std::size_t i_ = 0;        // current step
-    std::size_t segment_ = 0;  // first step of the current segment
-    Expect expect_ = Expect::result;
 };
 
 }  // namespace idem::pg

@@ -162,7 +162,7 @@ void SaveGroupPlan::read(StepResults res) const {
         SaveSlot& v = *sent_[0];
         if (!res[0].ok()) return;  // it goes alone (a 40001 is retried there, ...)
         const PGresult* r = res[0].result.get();
-        v.got = PQntuples(r) == 1 ? SaveSlot::Got::saved : SaveSlot::Got::lost;
+        v.got = result_rows(r) == 1 ? SaveSlot::Got::saved : SaveSlot::Got::lost;
         if (v.got == SaveSlot::Got::saved) v.waiters = get_bool(r, 0, 0);
         return;
     }

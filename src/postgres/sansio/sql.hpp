@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "connection.hpp"
+#include "columns.hpp"
+#include "params.hpp"
+#include "result.hpp"
+#include "sqlstate.hpp"
 
 namespace idem::pg {
 

@@ -20,9 +20,12 @@
 #include <utility>
 #include <vector>
 
-#include "connection.hpp"
+#include "columns.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
+#include "params.hpp"
+#include "result.hpp"
+#include "sqlstate.hpp"
 
 namespace idem::pg {
 

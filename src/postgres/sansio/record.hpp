@@ -1,9 +1,8 @@
 // Decoding a stored row into a Record (internal; also the target of the row-decoding fuzzer).
 #pragma once
 
-#include <libpq-fe.h>
-
 #include "idem/store.hpp"
+#include "result.hpp"
 
 namespace idem::pg {
 

@@ -24,12 +24,15 @@
 #include <string>
 #include <string_view>
 
-#include "connection.hpp"
+#include "columns.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
 #include "machine.hpp"
+#include "params.hpp"
+#include "result.hpp"
 #include "sql.hpp"
+#include "sqlstate.hpp"
 
 namespace idem::pg {
 

@@ -1,6 +1,6 @@
 #include "ops.hpp"
 
-#include "../resend_rules.hpp"
+#include "../../resend_rules.hpp"
 #include "machine.hpp"
 #include "record.hpp"
 

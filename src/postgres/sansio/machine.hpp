@@ -13,13 +13,16 @@
 #include <optional>
 #include <string_view>
 
-#include "../poll_schedule.hpp"
-#include "../retry_policy.hpp"
-#include "connection.hpp"
+#include "../../poll_schedule.hpp"
+#include "../../retry_policy.hpp"
+#include "columns.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
+#include "params.hpp"
+#include "result.hpp"
+#include "sqlstate.hpp"
 
 namespace idem::pg {
 

@@ -56,20 +56,6 @@ Params& Params::int8_array(const std::vector<std::int64_t>& items) {
     return array(oid::int8, views);
 }
 
-std::optional<std::string> queue_step(PGconn* conn, const Step& step, bool prepared) {
-    const StatementDef& def = *step.def;
-    const Params& p = *step.params;
-    const int ok = prepared && !def.name.empty()
-                       ? PQsendQueryPrepared(conn, def.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(),
-                                             step.result_format)
-                       : PQsendQueryParams(conn, def.sql.c_str(), p.size(),
-                                           def.param_types.empty() ? nullptr : def.param_types.data(), p.values(),
-                                           p.lengths(), p.formats(), step.result_format);
-    if (ok != 1) return "send " + def.name;
-    if (step.sync_after && PQpipelineSync(conn) != 1) return "PQpipelineSync";
-    return std::nullopt;
-}
-
 Params& Params::number(std::uint64_t v, int width) {
     if (size_ == kCapacity) too_many();
     auto& buf = numbers_[static_cast<std::size_t>(size_)];
