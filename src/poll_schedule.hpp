@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "clock.hpp"
+
 namespace idem::detail {
 
 /// The poll schedule of ClaimOptions::wait: a caller that waits for another attempt's save reads
@@ -17,11 +19,12 @@ public:
     static constexpr std::chrono::milliseconds kFirstInterval{20};
     static constexpr std::chrono::milliseconds kMaxInterval{200};
 
-    explicit PollSchedule(Clock::time_point end) noexcept : end_(end) {}
+    /// `now`: the clock the schedule reads (a test's, to step through it).
+    explicit PollSchedule(Clock::time_point end, SteadyNow now = &Clock::now) noexcept : end_(end), now_(now) {}
 
     /// The time of the next poll; each call moves on one step.
     [[nodiscard]] Clock::time_point next() noexcept {
-        const Clock::time_point at = std::min(Clock::now() + interval_, end_);
+        const Clock::time_point at = std::min(now_() + interval_, end_);
         interval_ = std::min(interval_ * 2, std::chrono::duration_cast<Clock::duration>(kMaxInterval));
         return at;
     }
@@ -30,6 +33,7 @@ public:
 
 private:
     Clock::time_point end_;
+    SteadyNow now_;
     Clock::duration interval_ = kFirstInterval;
 };
 

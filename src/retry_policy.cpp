@@ -10,13 +10,14 @@ unsigned jitter(unsigned cap) noexcept {
     return 1 + static_cast<unsigned>(random() % std::max(cap, 1u));
 }
 
-RetryPolicy::RetryPolicy(int attempts, Clock::duration keep_trying) noexcept
+RetryPolicy::RetryPolicy(int attempts, Clock::duration keep_trying, SteadyNow now) noexcept
     : attempts_(attempts),
-      retry_until_(keep_trying > Clock::duration::zero() ? Clock::now() + keep_trying : Clock::time_point{}) {}
+      now_(now),
+      retry_until_(keep_trying > Clock::duration::zero() ? now() + keep_trying : Clock::time_point{}) {}
 
 std::optional<std::chrono::milliseconds> RetryPolicy::after(Failure failure) noexcept {
     const int attempt = attempt_++;
-    const bool in_window = Clock::now() < retry_until_;
+    const bool in_window = now_() < retry_until_;
     switch (failure) {
         case Failure::conflict:
             if (++conflicts_ >= attempts_ && !in_window) return std::nullopt;

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <optional>
 
+#include "clock.hpp"
+
 namespace idem::detail {
 
 /// 1 + a random number below `cap` (at least 1), per thread: spreads out callers that failed together.
@@ -32,7 +34,8 @@ public:
         conflict,
     };
 
-    RetryPolicy(int attempts, Clock::duration keep_trying) noexcept;
+    /// `now`: the clock of the `keep_trying` window (a test's, to step through it).
+    RetryPolicy(int attempts, Clock::duration keep_trying, SteadyNow now = &Clock::now) noexcept;
 
     /// After a failed attempt: the pause before the next one, or nullopt to give up.
     [[nodiscard]] std::optional<std::chrono::milliseconds> after(Failure failure) noexcept;
@@ -41,6 +44,7 @@ public:
 
 private:
     int attempts_;
+    SteadyNow now_;
     Clock::time_point retry_until_{};
     std::chrono::milliseconds backoff_{25};
     int conflicts_ = 0;

@@ -95,14 +95,16 @@ RetryPolicy::Next RetryPolicy::after_failure(const std::exception_ptr& failure, 
 // ---- ClaimMachine -----------------------------------------------------------------------------------
 
 ClaimMachine::ClaimMachine(Claim& out, Fence fence, const Fingerprint& fp, const ClaimOptions& options,
-                           int claim_attempts, std::chrono::milliseconds max_retry_after) noexcept
+                           int claim_attempts, std::chrono::milliseconds max_retry_after,
+                           detail::SteadyNow now) noexcept
     : out_(out),
       fence_(fence),
       fp_(fp),
       resume_stale_(options.resume_stale),
       claim_attempts_(claim_attempts),
       max_retry_after_(max_retry_after),
-      polls_(options.wait > Clock::duration::zero() ? Clock::now() + options.wait : Clock::time_point{}) {}
+      now_(now),
+      polls_(options.wait > Clock::duration::zero() ? now() + options.wait : Clock::time_point{}, now) {}
 
 ClaimMachine::Next ClaimMachine::claimed(std::optional<Record> taken) {
     out_.status = ClaimStatus::claimed;
@@ -162,7 +164,7 @@ ClaimMachine::Next ClaimMachine::found() {
     out_.fence = 0;
     if (out_.status != ClaimStatus::in_progress) return Next::done;
     if (resume_stale_ && record.lease_expired) return Next::take_over;
-    if (Clock::now() < polls_.end()) return Next::wait;
+    if (now_() < polls_.end()) return Next::wait;
     return on_waited(false);
 }
 
@@ -208,7 +210,7 @@ ClaimMachine::Next ClaimMachine::on_polled(const StepResults& res) {
         out_.existing.reset();
         return Next::round_trip;
     }
-    if (Clock::now() < polls_.end()) return Next::wait;
+    if (now_() < polls_.end()) return Next::wait;
     return on_waited(false);
 }
 

@@ -73,7 +73,9 @@ enum class ReclaimAnswer {
 /// `keep_trying`). Any other error goes to the caller as it is.
 class RetryPolicy {
 public:
-    RetryPolicy(int claim_attempts, Clock::duration keep_trying) noexcept : policy_(claim_attempts, keep_trying) {}
+    /// `now`: the clock of the `keep_trying` window (a test's, to step through it).
+    RetryPolicy(int claim_attempts, Clock::duration keep_trying, detail::SteadyNow now = &Clock::now) noexcept
+        : policy_(claim_attempts, keep_trying, now) {}
 
     struct Next {
         std::chrono::milliseconds pause{0};  ///< wait this long, then try again
@@ -104,8 +106,9 @@ public:
         done,             ///< result() is the answer
     };
 
+    /// `now`: the clock of the wait (ClaimOptions::wait) and its polls (a test's, to step through it).
     ClaimMachine(Claim& out, Fence fence, const Fingerprint& fp, const ClaimOptions& options, int claim_attempts,
-                 std::chrono::milliseconds max_retry_after) noexcept;
+                 std::chrono::milliseconds max_retry_after, detail::SteadyNow now = &Clock::now) noexcept;
 
     /// The answers of [INSERT, SELECT] (the blocking store's group commit delivers the same pair).
     /// Throws the statement's error when nothing of the attempt committed and no retry helps.
@@ -148,6 +151,7 @@ private:
     const bool resume_stale_;
     const int claim_attempts_;
     const std::chrono::milliseconds max_retry_after_;
+    const detail::SteadyNow now_;
     int failures_ = 0;
     std::chrono::milliseconds pause_{0};
     bool retrying_ = false;
