@@ -103,12 +103,7 @@ Claim MemoryStore::claim(const Key& key, const Fingerprint& plain, const ClaimOp
 }
 
 void MemoryStore::save(const Key& key, Fence fence, std::string_view result) {
-    if (result.size() > impl_->options.max_result_bytes) {
-        throw response_too_large("idem: result of " + std::to_string(result.size()) +
-                                     " bytes exceeds max_result_bytes " +
-                                     std::to_string(impl_->options.max_result_bytes),
-                                 std::string(result));
-    }
+    detail::check_result_size(result, impl_->options.max_result_bytes);
     {
         std::lock_guard lock(impl_->mutex);
         ++impl_->stats.saves;

@@ -2,10 +2,18 @@
 
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "idem/errors.hpp"
 
 namespace idem {
+
+response_too_large detail::result_too_large(std::string result, std::size_t max_bytes, std::string_view note) {
+    std::string what = "idem: result of " + std::to_string(result.size()) + " bytes exceeds max_result_bytes " +
+                       std::to_string(max_bytes);
+    if (!note.empty()) what.append(" ").append(note);
+    return response_too_large(what, std::move(result));
+}
 
 namespace {
 

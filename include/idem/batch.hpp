@@ -216,7 +216,7 @@ template <class F>
             case SaveStatus::too_large:
                 entry.outcome = BatchOutcome::failed;
                 entry.error = std::make_exception_ptr(
-                    response_too_large("idem: result exceeds max_result_bytes", std::string(saves[j].result)));
+                    detail::result_too_large(std::string(saves[j].result), store.max_result_bytes()));
                 store.emit(Event::unknown, &saves[j].key);
                 break;
         }

@@ -28,6 +28,7 @@
 // Thread-safety: exception objects are immutable after construction.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -143,6 +144,15 @@ namespace detail {
 [[nodiscard]] inline std::string_view without_prefix(std::string_view what) noexcept {
     constexpr std::string_view prefix = "idem: ";
     return what.substr(0, prefix.size()) == prefix ? what.substr(prefix.size()) : what;
+}
+
+/// The response_too_large of every store: carries the result, worded "idem: result of N bytes
+/// exceeds max_result_bytes M", then `note` when given.
+[[nodiscard]] response_too_large result_too_large(std::string result, std::size_t max_bytes,
+                                                  std::string_view note = {});
+/// Every store's check of a result against its max_result_bytes, made before any I/O.
+inline void check_result_size(std::string_view result, std::size_t max_bytes, std::string_view note = {}) {
+    if (result.size() > max_bytes) throw result_too_large(std::string(result), max_bytes, note);
 }
 }  // namespace detail
 

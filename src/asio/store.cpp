@@ -90,11 +90,7 @@ net::awaitable<std::optional<Record>> AsyncPostgresStore::Impl::take_over(const 
 }
 
 net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence, std::string_view result) {
-    if (result.size() > options.max_result_bytes) {
-        throw response_too_large("idem: result of " + std::to_string(result.size()) +
-                                     " bytes exceeds max_result_bytes " + std::to_string(options.max_result_bytes),
-                                 std::string(result));
-    }
+    idem::detail::check_result_size(result, options.max_result_bytes);
     // Sealed once: every attempt below, and the recognition of an earlier one's write, use these bytes.
     std::string sealed;
     result = idem::detail::seal_result(options.sealing, options.table, key, fence, result, sealed);

@@ -155,9 +155,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
         }
         if (bytes.size() > m.options.max_result_bytes) {
             rollback();
-            throw response_too_large(
-                "idem: result of " + std::to_string(bytes.size()) + " bytes exceeds max_result_bytes (rolled back)",
-                std::move(bytes));
+            detail::check_result_size(bytes, m.options.max_result_bytes, "(rolled back)");
         }
         Params none, save;
         std::string sealed;

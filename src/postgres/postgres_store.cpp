@@ -140,11 +140,7 @@ Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, con
 
 void PostgresStore::save(const Key& key, Fence fence, std::string_view result) {
     Impl& m = *impl_;
-    if (result.size() > m.options.max_result_bytes) {
-        throw response_too_large("idem: result of " + std::to_string(result.size()) +
-                                     " bytes exceeds max_result_bytes " + std::to_string(m.options.max_result_bytes),
-                                 std::string(result));
-    }
+    detail::check_result_size(result, m.options.max_result_bytes);
     std::string sealed;
     save_stored(key, fence, detail::seal_result(m.options.sealing, m.options.table, key, fence, result, sealed));
 }

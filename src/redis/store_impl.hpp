@@ -465,11 +465,7 @@ struct RedisStore::Impl {
     }
 
     void check_size(std::string_view result) const {
-        if (result.size() > options.max_result_bytes) {
-            throw response_too_large(fmt::format("idem: result of {} bytes exceeds max_result_bytes {}", result.size(),
-                                                 options.max_result_bytes),
-                                     std::string(result));
-        }
+        idem::detail::check_result_size(result, options.max_result_bytes);
     }
 };
 
