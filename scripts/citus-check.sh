@@ -9,9 +9,9 @@
 #   --build          (re)configure and build DIR even if it exists
 #   --by COLUMN      distribute idem's tables by this column only (scope or key; may be repeated);
 #                    default: both, one after the other
-#   --shards N       shards per distributed table (default 8, 4 per worker: every multi-key
-#                    statement still spans shards on both workers, and each test's CREATE TABLE
-#                    makes a quarter of Citus's default 32 shard tables)
+#   --shards N       shards per distributed table (default 4, 2 per worker: every multi-key
+#                    statement still spans shards on both workers and more than one on each, and
+#                    each test's CREATE TABLE makes an eighth of Citus's default 32 shard tables)
 #   --log-dir DIR    where the logs go (default /tmp): citus-check-<by>.log (the ctest output) and
 #                    citus-check-<by>.server.log (what the 3 servers logged during that run,
 #                    each line with its SQLSTATE), citus-check-<by>.junit.xml (ctest's timings)
@@ -85,7 +85,7 @@ build_dir=build/debug
 force_build=0
 log_dir=/tmp
 bys=()
-shards=8
+shards=4
 ctest_args=()
 exec_cmd=()
 while (($# > 0)); do
