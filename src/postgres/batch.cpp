@@ -109,30 +109,24 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
                         out[i] = claim_with_fence(keys[i], fps[i], options, rows[j].fence);
                         continue;
                     }
-                    std::optional<Record> record;
-                    if (auto it = a.found.find(Impl::KeyRef(rows[j].scope, rows[j].key)); it != a.found.end()) {
-                        record = parse_record(it->second.first, it->second.second);
-                    }
-                    if (record && record->fence == rows[j].fence && record->state == RecordState::in_progress) {
-                        // ours: an attempt whose answer was lost with its connection committed it
-                        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
-                        out[i] = Claim{ClaimStatus::claimed, rows[j].fence, std::nullopt, {}};
-                        continue;
-                    }
-                    const ClaimStatus status = record ? classify(*record, fps[i]) : ClaimStatus::in_progress;
-                    // The rare cases (a vanished row, an expired record, resume or wait requested) take
-                    // the single-key path, which knows them all.
-                    if (!record || record->expired ||
-                        (status == ClaimStatus::in_progress && (options.resume_stale || options.wait.count() > 0))) {
+                    // The record read decides, as for a single claim (pg::ClaimMachine): replayed,
+                    // refused, in progress, or ours from an attempt whose answer was lost.
+                    auto it = a.found.find(Impl::KeyRef(rows[j].scope, rows[j].key));
+                    Claim c;
+                    pg::ClaimMachine machine(c, rows[j].fence, fps[i], options, m.options.claim_attempts,
+                                             m.options.max_retry_after);
+                    if (it != a.found.end()) parse_record(it->second.first, it->second.second, c.existing.emplace());
+                    if (it == a.found.end() || machine.on_found() != pg::ClaimMachine::Next::done) {
+                        // The rare cases (a vanished row, an expired record, a take-over or a wait)
+                        // take the single-key path, which runs them all.
                         m.counters().claims.fetch_sub(1, std::memory_order_relaxed);
                         out[i] = claim_with_fence(keys[i], fps[i], options, rows[j].fence);
                         continue;
                     }
-                    Claim c{status, 0, std::move(record), {}};
-                    detail::open_claim(m.options.sealing, m.options.table, keys[i], c);
-                    if (status == ClaimStatus::in_progress) {
-                        c.retry_after = detail::retry_after_hint(
-                            c.existing->lease_until, std::chrono::system_clock::now(), m.options.max_retry_after);
+                    if (machine.won()) {
+                        m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
+                    } else {
+                        detail::open_claim(m.options.sealing, m.options.table, keys[i], c);
                     }
                     out[i] = std::move(c);
                 }

@@ -41,15 +41,34 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             (*conn)->mark_broken();
         }
     };
-    // The claim: BEGIN; claim; read. Nothing commits before the effect has run, so a pooled
-    // connection found dead (a restart or failover since its last use) is simply replaced, as the
-    // other entry points do (claim_attempts in all).
-    // lock_wait: the claim's INSERT alone runs under that lock_timeout (set_config,
-    // local to the transaction), which is back to the session's before fn runs.
+    // The claim: BEGIN; claim; read, in one round trip, the transaction left open. Nothing commits
+    // before the effect has run, so a pooled connection found dead (a restart or failover since its
+    // last use) is simply replaced, as the other entry points do (claim_attempts in all).
+    // lock_wait: the claim's INSERT alone runs under that lock_timeout (set_config, local to the
+    // transaction), which is back to the session's before fn runs.
     static const pg::StatementDef set_lock_wait{"", "SELECT set_config('lock_timeout', $1, true)", {pg::oid::text}};
     static const pg::StatementDef reset_lock_wait{"", "SET LOCAL lock_timeout TO DEFAULT", {}};
     const std::size_t shift = lock_wait ? 1 : 0;  // the claim's results move one step down
-    for (int failures = 0, broken = 0;;) {
+    // The decisions are pg::ClaimMachine's, as for every claim. This mode neither waits for another
+    // attempt's save nor takes one over: the effect runs inside the claim's own transaction, so both
+    // are off for the machine, which then answers in_progress for a key another attempt holds.
+    ClaimOptions decide = options;
+    decide.resume_stale = false;
+    decide.wait = std::chrono::milliseconds(0);
+    Claim claim;
+    pg::ClaimMachine machine(claim, fence, fp, decide, m.options.claim_attempts, m.options.max_retry_after);
+    using Next = pg::ClaimMachine::Next;
+    // What the machine says, the transaction rolled back first when it throws.
+    const auto decide_or_roll_back = [&](const auto& ask) {
+        try {
+            return ask();
+        } catch (...) {
+            rollback();
+            throw;
+        }
+    };
+    pg::RetryPolicy broken_connections(m.options.claim_attempts, Clock::duration::zero());
+    for (Next next = Next::round_trip; next == Next::round_trip;) {
         if (!conn) conn.emplace(m.acquire());
         try {
             Params none, ins, sel, wait_ms;
@@ -70,70 +89,57 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                 {&m.defs[pg::kClaimInsert], &ins, false}, {&m.defs[pg::kSelect], &sel, false},
                 {&reset_lock_wait, &none, false},         {&m.defs[pg::kSeqscanLocalOn], &none, true}};
             auto res = lock_wait ? m.run(**conn, waiting) : m.run(**conn, plain);
-            // Any failure aborted the transaction: the INSERT's row is not ours, whatever it said.
-            const StepResult* failure = res.first_failure();
-            bool won = failure == nullptr && res[1 + shift].rows() == 1;
-            if (failure == nullptr && !won && res[2 + shift].rows() == 1) {
-                Record record = parse_record(res[2 + shift].result.get(), 0);
-                if (record.expired) {
-                    const Step reclaim[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
-                                            {&m.defs[pg::kReclaimExpired], &ins, false},
-                                            {&m.defs[pg::kSeqscanLocalOn], &none, true}};
-                    auto r = m.run(**conn, reclaim);
-                    if (const StepResult* f = r.first_failure()) {
-                        rollback();
-                        // 40001: a concurrent re-claimer moved the row to another generation, or
-                        // the row's generation is closed (this transaction began before it ended):
-                        // read again in a new transaction, whose now() is in the current one.
-                        const bool conflict = f->sqlstate() == "40001" || f->sqlstate() == "40P01";
-                        if (!conflict || ++failures >= m.options.claim_attempts) {
-                            throw_statement_error(*f, "claim (expired)");
-                        }
-                        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-                        continue;
-                    }
-                    won = r[1].rows() == 1;
-                }
-                if (!won) {
-                    rollback();
-                    if (record.expired) continue;  // someone else re-claimed it first: read again
-                    const ClaimStatus status = classify(record, fp);
-                    TransactionOutcome out{status, {}, {}};
-                    if (status == ClaimStatus::completed) {
-                        detail::open_result(m.options.sealing, m.options.table, key, record.fence, record.result);
-                        out.result = std::move(*record.result);
-                    }
-                    if (status == ClaimStatus::in_progress) {
-                        out.retry_after = detail::retry_after_hint(record.lease_until, std::chrono::system_clock::now(),
-                                                                   m.options.max_retry_after);
-                    }
-                    return out;
-                }
+            StepResult* const failure = const_cast<StepResult*>(res.first_failure());
+            if (lock_wait && failure == &res[1 + shift] && failure->sqlstate() == "55P03") {
+                // Another open transaction holds the key past lock_wait: answer at once.
+                next = machine.on_busy();
+            } else {
+                // [INSERT, SELECT] as the machine reads them; any failure aborted the transaction
+                // (a failed BEGIN or setting stands for the INSERT's).
+                pg::StepResults two(2);
+                two[0] = std::move(failure != nullptr && failure < &res[1 + shift] ? *failure : res[1 + shift]);
+                two[1] = std::move(failure != nullptr && failure > &res[2 + shift] ? *failure : res[2 + shift]);
+                next = decide_or_roll_back([&] { return machine.on_round_trip(two); });
             }
-            if (won) break;
+            if (next == Next::reclaim_expired) {
+                // Past retention: claimed again inside this transaction (pg::ReclaimExpiredOp's rule).
+                pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
+                op.start(1);
+                Params again;
+                op.bind(again);
+                const Step reclaim[] = {{&m.defs[pg::kSeqscanLocalDefault], &none, false},
+                                        {&m.defs[pg::kReclaimExpired], &again, false},
+                                        {&m.defs[pg::kSeqscanLocalOn], &none, true}};
+                auto r = m.run(**conn, reclaim);
+                StepResult* const f = const_cast<StepResult*>(r.first_failure());
+                pg::StepResults one(1);
+                one[0] = std::move(f != nullptr ? *f : r[1]);
+                decide_or_roll_back([&] { return op.feed(one); });
+                next = machine.on_reclaimed(op.answer());
+            }
+            if (next == Next::done && machine.won()) break;
+            // Not claimed (the transaction, aborted or not, is ended): answered, or tried again.
             rollback();
-            if (failure != nullptr && !claim_retryable(failure->sqlstate())) {
-                throw_statement_error(*failure, failure == &res[0] ? "begin" : "claim");
+            if (next == Next::round_trip && machine.retrying()) {
+                m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+                if (machine.pause().count() > 0) std::this_thread::sleep_for(machine.pause());
             }
-            if (lock_wait && failure != nullptr && failure->sqlstate() == "55P03") {
-                // Another open transaction holds the key: answer at once instead of waiting.
-                return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
-            }
-            // Lock timeout on a concurrent open transaction, or the row vanished: bounded retry.
-            if (++failures >= m.options.claim_attempts) {
-                return TransactionOutcome{ClaimStatus::in_progress, {}, m.options.max_retry_after};
-            }
-            m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-        } catch (const pg::connection_broken& e) {
+        } catch (const pg::connection_broken&) {
             conn.reset();  // broken: closed as its lease ends
-            m.pool->suspect_idle();
-            if (++broken >= m.options.claim_attempts) {
-                throw store_unavailable(
-                    std::string("idem: in-transaction claim: ") + std::string(detail::without_prefix(e.what())),
-                    e.sqlstate());
-            }
+            const auto again = broken_connections.after_failure(std::current_exception(), "in-transaction claim",
+                                                                [&m] { m.pool->suspect_idle(); });
             m.counters().retries.fetch_add(1, std::memory_order_relaxed);
+            if (again.pause.count() > 0) std::this_thread::sleep_for(again.pause);
         }
+    }
+    if (!machine.won()) {
+        TransactionOutcome out{claim.status, {}, claim.retry_after};
+        if (claim.status == ClaimStatus::completed) {
+            Record& record = *claim.existing;
+            detail::open_result(m.options.sealing, m.options.table, key, record.fence, record.result);
+            out.result = std::move(*record.result);
+        }
+        return out;
     }
     m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
 

@@ -303,3 +303,13 @@ TEST_CASE("a group's answers go through the same decisions") {
         CHECK(m.pause() > 0ms);
     }
 }
+
+TEST_CASE("a caller that answers a busy key at once gets in_progress with the longest retry-after") {
+    Fixture f;
+    auto m = f.machine();
+    CHECK(m.on_busy() == Next::done);
+    CHECK(f.out.status == ClaimStatus::in_progress);
+    CHECK(f.out.fence == 0);
+    CHECK(f.out.retry_after == kMaxRetryAfter);
+    CHECK_FALSE(m.won());
+}

@@ -736,6 +736,52 @@ TEST_CASE("generations: a re-claim that waits past lock_timeout on a concurrent 
     CHECK(store.claim(key, fp, short_retention).status == idem::ClaimStatus::claimed);  // free again: re-claimed
 }
 
+TEST_CASE("generations: an in-transaction re-claim that waits past lock_timeout on a re-claimer answers in_progress",
+          "[generations]") {
+    // The same wait from in-transaction mode, whose claim decides by the same machine: busy, tried
+    // again, then in_progress — never store_unavailable.
+    const auto url = race::require_db();
+    Tables tables(url);
+    auto options = gen_options(tables.idem, 2, 20);
+    options.lock_timeout = 200ms;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    PgConn admin(url), mover(url);
+    const idem::Key key(idem_test::unique_name("held_tx"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions short_retention;
+    short_retention.retention = 1s;
+    const auto first = store.claim(key, fp, short_retention);
+    REQUIRE(first.status == idem::ClaimStatus::claimed);
+    store.save(key, first.fence, "first");
+    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
+             {key.scope()});
+    mover.exec("BEGIN");
+    REQUIRE(
+        mover
+            .exec("UPDATE " + tables.idem +
+                      " SET generation = DEFAULT, state = 'in_progress', fence = 7, result = NULL, "
+                      "lease_until = now() + interval '1 hour', expires_at = now() + interval '1 hour' "
+                      "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
+                  {key.scope(), key.value()})
+            .rows() == 1);
+    std::atomic<int> runs{0};
+    const auto second = store.run_in_transaction(key, fp, short_retention, [&](idem::Transaction&) {
+        ++runs;
+        return "second"s;
+    });  // before: store_unavailable (55P03 from the re-claim's UPDATE)
+    CHECK(second.status == idem::ClaimStatus::in_progress);
+    CHECK(second.retry_after == options.max_retry_after);
+    CHECK(runs == 0);
+    mover.exec("ROLLBACK");
+    const auto third = store.run_in_transaction(key, fp, short_retention, [&](idem::Transaction&) {
+        ++runs;
+        return "third"s;
+    });
+    CHECK(third.status == idem::ClaimStatus::claimed);  // free again: re-claimed, and run once
+    CHECK(runs == 1);
+}
+
 TEST_CASE("generations: generations a maintenance left behind are dropped by the next one", "[generations]") {
     const auto url = race::require_db();
     Tables tables(url);

@@ -141,16 +141,23 @@ ClaimMachine::Next ClaimMachine::on_absent(bool conflicted) {
     // Nothing to read: the conflicting claim was released or rolled back in between, or we timed
     // out waiting for a concurrent uncommitted claim. Try again; past the bound, tell the caller the
     // key is busy — never a generic failure.
-    if (++failures_ >= claim_attempts_) {
-        out_.status = ClaimStatus::in_progress;
-        out_.fence = 0;
-        out_.existing.reset();
-        out_.retry_after = max_retry_after_;
-        return Next::done;
-    }
+    if (++failures_ >= claim_attempts_) return busy();
     retrying_ = true;
     if (conflicted) pause_ = std::chrono::milliseconds(jitter(10u * static_cast<unsigned>(failures_)));
     return Next::round_trip;
+}
+
+ClaimMachine::Next ClaimMachine::on_busy() {
+    step();
+    return busy();
+}
+
+ClaimMachine::Next ClaimMachine::busy() {
+    out_.status = ClaimStatus::in_progress;
+    out_.fence = 0;
+    out_.existing.reset();
+    out_.retry_after = max_retry_after_;
+    return Next::done;
 }
 
 ClaimMachine::Next ClaimMachine::found() {

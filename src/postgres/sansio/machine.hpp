@@ -118,6 +118,9 @@ public:
     Next on_won() { return step(), claimed(); }
     Next on_found() { return step(), found(); }
     Next on_absent(bool conflicted);
+    /// The key is busy and the caller answers at once instead of trying again (in-transaction
+    /// mode's TransactionOptions::lock_wait passed): in_progress, retry after max_retry_after.
+    Next on_busy();
     Next on_reclaimed(ReclaimAnswer answer);
     Next on_taken_over(std::optional<Record> taken);
     /// `still_waiting`: the wait ended with a reason to read again (a save was announced, or a poll
@@ -144,6 +147,7 @@ public:
 private:
     void step() noexcept { retrying_ = false, pause_ = {}; }
     Next claimed(std::optional<Record> taken = std::nullopt);
+    Next busy();
     Next found();
     Claim& out_;
     const Fence fence_;
