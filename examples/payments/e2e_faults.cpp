@@ -140,15 +140,27 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         }
         return charges;
     };
-    // What the database and the servers' logs say about a key (on failure).
+    // What the database and the servers' logs say about a key (on failure): its row (state, age
+    // by the database's clock, lease left), its charges, and every line of A's and B's about it —
+    // the reconciler's say, for each sweep that took it, what it decided or why it left it (the
+    // key's age, the release age, a charge in flight, an error) and when it is stale again, so a
+    // key still in progress is seen waiting for its next look or stranded.
     const auto explain = [&](const std::string& key) {
-        for (const auto& row :
-             witness.query("SELECT state, fence, attempt, created_at, lease_until, now() FROM idem_keys "
-                           "WHERE scope = $1 AND key = $2",
-                           {"payments:acct:" + acct, key})) {
+        const auto rows = witness.query(
+            "SELECT state, fence, attempt, created_at, lease_until, now(), "
+            "floor(extract(epoch FROM now() - created_at) * 1000)::bigint, "
+            "floor(extract(epoch FROM lease_until - now()) * 1000)::bigint FROM idem_keys "
+            "WHERE scope = $1 AND key = $2",
+            {"payments:acct:" + acct, key});
+        if (rows.empty()) std::cout << "     idem row: none" << std::endl;
+        for (const auto& row : rows) {
             std::cout << "     idem row: state " << row[0] << ", fence " << row[1] << ", attempt " << row[2]
-                      << ", created " << row[3] << ", lease until " << row[4] << " (now " << row[5] << ")" << std::endl;
+                      << ", created " << row[3] << " (" << row[6] << " ms ago), lease until " << row[4] << " ("
+                      << row[7] << " ms from now " << row[5] << ")" << std::endl;
         }
+        const auto charged = witness.query(
+            "SELECT count(*) FROM gateway_charges WHERE account = $1 AND idempotency_key = $2", {acct, key});
+        std::cout << "     gateway charges: " << charged.at(0).at(0) << std::endl;
         for (std::size_t s = 0; s < logs.size(); ++s) {
             std::ifstream in(logs[s]);
             for (std::string line; std::getline(in, line);) {
@@ -157,6 +169,42 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
                               << "AB"[s] << ": " << line << std::endl;
             }
         }
+    };
+    // The servers' reconciler lines about no key (failed sweeps, clock samples), on failure: a
+    // thread that could not sweep leaves every key waiting.
+    const auto explain_sweeps = [&] {
+        for (std::size_t s = 0; s < logs.size(); ++s) {
+            std::ifstream in(logs[s]);
+            for (std::string line; std::getline(in, line);) {
+                if (line.find("reconciler: sweep failed") != std::string::npos ||
+                    line.find("reconciler: reading the database's clock") != std::string::npos)
+                    std::cout << "     log "
+                              << "AB"[s] << ": " << line << std::endl;
+            }
+        }
+    };
+    // Per instance, from its reconciler's sweeps that found stale keys ("reconciler: sweep: ...;
+    // started P ms after the previous one, took D ms"): the longest D and the longest P.
+    const auto longest_sweeps = [&] {
+        std::string out;
+        for (std::size_t s = 0; s < logs.size(); ++s) {
+            long took = 0, gap = 0;
+            int sweeps = 0;
+            std::ifstream in(logs[s]);
+            for (std::string line; std::getline(in, line);) {
+                if (line.find("reconciler: sweep: ") == std::string::npos) continue;
+                const auto started = line.find("; started ");
+                const auto took_at = line.rfind(", took ");
+                if (started == std::string::npos || took_at == std::string::npos) continue;
+                ++sweeps;
+                gap = std::max(gap, std::atol(line.c_str() + started + 10));
+                took = std::max(took, std::atol(line.c_str() + took_at + 7));
+            }
+            out += std::string(out.empty() ? "" : "; ") + "AB"[s] + ": " + std::to_string(sweeps) +
+                   " sweeps, the longest took " + std::to_string(took) + " ms, the latest started " +
+                   std::to_string(gap) + " ms after the previous";
+        }
+        return out;
     };
 
     // New payments must be paid on their first request, each charged once.
@@ -237,7 +285,9 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         if (intent.settled_at) latest = std::max(latest, seconds_between(last_fault, *intent.settled_at));
     }
     std::cout << "   answers to the clients (0: no response): " << histogram(all_statuses) << std::endl;
-    std::cout << "   the last key settled " << latest << " s after the last fault" << std::endl;
+    std::cout << "   the last key settled " << latest << " s after the last fault (bound " << fo.bound.count() << " ms)"
+              << std::endl;
+    std::cout << "   reconciler sweeps with stale keys: " << longest_sweeps() << std::endl;
     check(kills > 0, "the faults terminated backends");
     auto charges = ledger();
     int unsettled = 0;
@@ -277,6 +327,7 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
     for (const auto& key : after_keys) {
         if (charges[key].size() != 1) explain(key);
     }
+    if (unsettled > 0) explain_sweeps();
 
     section(
         "one more fault in a quiet moment (every backend terminated), then new payments: "
@@ -298,7 +349,7 @@ int run_faults(const std::string& server_exe, const std::string& db, const Fault
         const int status = stop_server(s);
         check(status == 0, "instance " + url + " exited with " + std::to_string(status));
     }
-    if (g_failures == 0) {
+    if (g_failures == 0 && !fo.keep_logs) {
         for (const auto& log : logs) std::remove(log.c_str());
         rmdir(log_dir.c_str());
     } else {

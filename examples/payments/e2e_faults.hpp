@@ -26,6 +26,7 @@ struct FaultOptions {
     std::chrono::milliseconds bound =
         kReleaseAfter + kFaultsLease + 2 * kFaultsReconcileEvery + kRetryMax + kSchedulingSlack;
     int keys = 40;
+    bool keep_logs = false;  // keep the instances' logs (and print where) even when every check passed
 };
 
 /// Two instances (lease 1 s, reconciler every 200 ms) while another session keeps terminating

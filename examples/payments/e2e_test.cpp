@@ -13,11 +13,13 @@
 // status: 0 if every check passed, 1 otherwise (each failure is printed).
 //
 //   payments-e2e --faults --server PATH [--db CONNINFO] [--bound-ms N] [--faults-ms N] [--keys N]
+//                [--keep-logs]
 //
 // Convergence after faults (CTest payments_e2e_faults): two instances (--lease-ms 1000
 // --reconcile-every-ms 200) whose database backends are terminated for 5 s while 40 payments
 // start, each retried; then every key must have its one 201 and one ledger charge within the
-// README's bound of the last fault. See run_faults.
+// README's bound of the last fault. The instances' logs are kept (their directory printed) when
+// a check fails, or with --keep-logs. See run_faults.
 #include <signal.h>
 
 #include <cstdlib>
@@ -44,6 +46,10 @@ int main(int argc, char** argv) {
             faults = true;
             continue;
         }
+        if (arg == "--keep-logs") {
+            fault_options.keep_logs = true;
+            continue;
+        }
         if (i + 1 >= argc) break;
         const std::string value = argv[++i];
         if (arg == "--server") server_exe = value;
@@ -67,7 +73,7 @@ int main(int argc, char** argv) {
     if (server_exe.empty() || client_exe.empty() || db.empty()) {
         std::cerr << "usage: payments-e2e --server PATH --client PATH [--db CONNINFO]\n"
                      "       payments-e2e --faults --server PATH [--db CONNINFO] [--bound-ms N] "
-                     "[--faults-ms N] [--keys N]\n"
+                     "[--faults-ms N] [--keys N] [--keep-logs]\n"
                      "(the database comes from IDEM_TEST_DATABASE_URL by default; see "
                      "scripts/with-postgres.sh)\n";
         return 2;

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <stop_token>
+#include <string>
+#include <string_view>
 #include <thread>
 
 namespace payments {
@@ -23,7 +25,12 @@ namespace payments {
 //     later by the database's clock, and one in flight holds its key's lock until its commit has
 //     ended: the ledger is read only while that lock is free, after the age) → release the key:
 //     the client's retry runs the payment;
-//   no charge yet, but one could still be on its way → leave it; it is listed again later.
+//   no charge yet, but one could still be on its way (none found, or one in flight) → leave it.
+// A key left, or one the ledger could not be read for or whose save or release failed, is stale
+// again once `lease` has passed.
+// Every key it takes gets one log line per sweep: what it decided, or why it left the key (the
+// key's age, the release age, the error) and when it is stale again. A sweep that found stale keys
+// also logs its counts, how long after the previous sweep it started and how long it took.
 // Every `every` it also samples the database's clock (every 5 s) and purges the rate limit's old
 // windows (every 10 s, when `limiter` is not null). The references must outlive the thread.
 class ReconcilerThread {
@@ -38,12 +45,16 @@ public:
 
 private:
     void resolve(idem::Reconciliation& r) const;
+    // Leaves the key with `why`; logs one line.
+    void leave(idem::Reconciliation& r, std::string_view account, std::string why) const;
+    void log_failures(const idem::Reconciler::Sweep& sweep) const;
     void run(const std::stop_token& stop);
 
     FakeGateway& gateway_;
     DatabaseClock& clock_;
     RateLimiter* limiter_;
     std::chrono::milliseconds every_;
+    std::chrono::milliseconds lease_;
     std::chrono::milliseconds release_after_;
     idem::Reconciler reconciler_;  // (after the members its resolver uses)
     std::jthread thread_;
