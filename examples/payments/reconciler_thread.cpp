@@ -22,7 +22,7 @@ namespace {
 idem::ReconcilerOptions reconciler_options(milliseconds lease) {
     idem::ReconcilerOptions options;
     options.scopes = idem::ScopeFilter::prefix(std::string(payment_scope_prefix()));
-    options.lease = lease;  // a key left undecided is looked at again after this
+    options.lease = lease;  // a key left undecided is looked at again after this (or sooner: leave())
     return options;
 }
 
@@ -42,7 +42,8 @@ std::string_view first_line(std::string_view message) { return message.substr(0,
 ReconcilerThread::ReconcilerThread(idem::IdempotencyStore& store, FakeGateway& gateway, DatabaseClock& clock,
                                    RateLimiter* limiter, milliseconds every, milliseconds lease,
                                    milliseconds release_after)
-    : gateway_(gateway),
+    : store_(store),
+      gateway_(gateway),
       clock_(clock),
       limiter_(limiter),
       every_(every),
@@ -89,7 +90,7 @@ void ReconcilerThread::resolve(idem::Reconciliation& r) const {
     }
     const std::string aged = "key " + ms(age) + " old, released from " + ms(release_after_);
     if (!settled) {
-        leave(r, *account, "a charge is in flight (its ledger lock is held), " + aged);
+        leave(r, *account, age, "a charge is in flight (its ledger lock is held), " + aged);
         return;
     }
     const std::vector<Charge>& charges = *settled;
@@ -106,13 +107,28 @@ void ReconcilerThread::resolve(idem::Reconciliation& r) const {
         log("reconciler: key '", r.key().value(), "' of account ", *account, ": never charged, ", aged, ": releasing");
         r.release();
     } else {
-        leave(r, *account, "no charge yet, " + aged);
+        leave(r, *account, age, "no charge yet, " + aged);
     }
 }
 
-void ReconcilerThread::leave(idem::Reconciliation& r, std::string_view account, std::string why) const {
+void ReconcilerThread::leave(idem::Reconciliation& r, std::string_view account, milliseconds age,
+                             std::string why) const {
+    // The key was taken with a lease of lease_. Left at an age just short of release_after_, it
+    // would wait that whole lease before the look that releases it: the lease is cut to end when
+    // the key is old enough (1 ms past it: the age is read in whole milliseconds, floored, and a
+    // key is released only once it is strictly older than release_after_).
+    milliseconds stale_in = lease_;
+    const milliseconds until_old_enough = release_after_ - age + 1ms;
+    if (age <= release_after_ && until_old_enough < lease_) {
+        try {
+            store_.extend_lease(r.key(), r.fence(), until_old_enough);
+            stale_in = until_old_enough;
+        } catch (const std::exception& e) {
+            why += "; its lease could not be cut (" + std::string(first_line(e.what())) + ")";
+        }
+    }
     log("reconciler: key '", r.key().value(), "' of account ", account, ": left: ", why, "; stale again in ",
-        ms(lease_));
+        ms(stale_in));
     r.leave(std::move(why));
 }
 

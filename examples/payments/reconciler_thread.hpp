@@ -26,8 +26,10 @@ namespace payments {
 //     ended: the ledger is read only while that lock is free, after the age) → release the key:
 //     the client's retry runs the payment;
 //   no charge yet, but one could still be on its way (none found, or one in flight) → leave it.
-// A key left, or one the ledger could not be read for or whose save or release failed, is stale
-// again once `lease` has passed.
+// A key left before it is `release_after` old is stale again the moment it reaches that age (its
+// lease is cut to the time left, when that is shorter than `lease`), so the first look that can
+// settle it is the next sweep after that moment, not a whole lease later. A key the ledger could
+// not be read for, or whose save or release failed, waits `lease` (idem::Reconciler's rule).
 // Every key it takes gets one log line per sweep: what it decided, or why it left the key (the
 // key's age, the release age, the error) and when it is stale again. A sweep that found stale keys
 // also logs its counts, how long after the previous sweep it started and how long it took.
@@ -45,11 +47,13 @@ public:
 
 private:
     void resolve(idem::Reconciliation& r) const;
-    // Leaves the key with `why`; logs one line.
-    void leave(idem::Reconciliation& r, std::string_view account, std::string why) const;
+    // Leaves the key with `why`, first cutting its lease to the time left until it is
+    // release_after old when that is shorter than lease_; logs one line.
+    void leave(idem::Reconciliation& r, std::string_view account, std::chrono::milliseconds age, std::string why) const;
     void log_failures(const idem::Reconciler::Sweep& sweep) const;
     void run(const std::stop_token& stop);
 
+    idem::IdempotencyStore& store_;
     FakeGateway& gateway_;
     DatabaseClock& clock_;
     RateLimiter* limiter_;
