@@ -45,7 +45,8 @@ inline idem::pg::ResultPtr rows(int columns, const std::vector<std::vector<Cell>
     std::vector<std::string> names;
     for (int c = 0; c < columns; ++c) names.push_back("c" + std::to_string(c));
     for (int c = 0; c < columns; ++c) {
-        attrs[static_cast<std::size_t>(c)] = PGresAttDesc{names[static_cast<std::size_t>(c)].data(), 0, 0, 1, 17, -1, -1};
+        attrs[static_cast<std::size_t>(c)] =
+            PGresAttDesc{names[static_cast<std::size_t>(c)].data(), 0, 0, 1, 17, -1, -1};
     }
     if (PQsetResultAttrs(r.get(), columns, attrs.data()) == 0) throw std::runtime_error("PQsetResultAttrs");
     for (std::size_t row = 0; row < rows.size(); ++row) {

@@ -69,8 +69,8 @@ TEST_CASE("pg::RetryPolicy sorts PostgreSQL's failures") {
     idem::pg::RetryPolicy retry(2, 0s, &now);
     SECTION("a broken connection: suspect the idle ones, retry on a fresh one, then store_unavailable") {
         int suspected = 0;
-        const auto next = retry.after_failure(failure<idem::pg::connection_broken>("08006"), "save",
-                                              [&] { ++suspected; });
+        const auto next =
+            retry.after_failure(failure<idem::pg::connection_broken>("08006"), "save", [&] { ++suspected; });
         CHECK(next.broken);
         CHECK(next.pause == 0ms);
         CHECK(suspected == 1);
