@@ -90,8 +90,9 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                 {&reset_lock_wait, &none, false},         {&m.defs[pg::kSeqscanLocalOn], &none, true}};
             auto res = lock_wait ? m.run(**conn, waiting) : m.run(**conn, plain);
             StepResult* const failure = const_cast<StepResult*>(res.first_failure());
-            if (lock_wait && failure == &res[1 + shift] && failure->sqlstate() == "55P03") {
-                // Another open transaction holds the key past lock_wait: answer at once.
+            if (lock_wait && failure != nullptr && failure->sqlstate() == "55P03") {
+                // Another open transaction holds the key (or its table, for the read) past
+                // lock_wait: answer at once.
                 next = machine.on_busy();
             } else {
                 // [INSERT, SELECT] as the machine reads them; any failure aborted the transaction
@@ -115,16 +116,24 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                 pg::StepResults one(1);
                 one[0] = std::move(f != nullptr ? *f : r[1]);
                 decide_or_roll_back([&] { return op.feed(one); });
-                next = machine.on_reclaimed(op.answer());
+                // Busy under lock_wait: answered at once, as for the claim's INSERT.
+                next = lock_wait && op.answer() == pg::ReclaimAnswer::busy ? machine.on_busy()
+                                                                           : machine.on_reclaimed(op.answer());
             }
             if (next == Next::done && machine.won()) break;
             // Not claimed (the transaction, aborted or not, is ended): answered, or tried again.
             rollback();
             if (next == Next::round_trip && machine.retrying()) {
                 m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-                if (machine.pause().count() > 0) std::this_thread::sleep_for(machine.pause());
+                if (machine.pause().count() > 0) {
+                    conn.reset();  // back to the pool while pausing
+                    std::this_thread::sleep_for(machine.pause());
+                }
             }
         } catch (const pg::connection_broken&) {
+            // Whatever the round trip was (the claim's or the re-claim's), nothing of it committed:
+            // the claim starts again on a fresh connection.
+            next = Next::round_trip;
             conn.reset();  // broken: closed as its lease ends
             const auto again = broken_connections.after_failure(std::current_exception(), "in-transaction claim",
                                                                 [&m] { m.pool->suspect_idle(); });

@@ -313,3 +313,78 @@ TEST_CASE("a caller that answers a busy key at once gets in_progress with the lo
     CHECK(f.out.retry_after == kMaxRetryAfter);
     CHECK_FALSE(m.won());
 }
+
+TEST_CASE("resume mode leaves a claim whose lease has not passed") {
+    Fixture f;
+    f.options.resume_stale = true;
+    canned::Row row;
+    row.fence = 99, row.fingerprint = f.fp;  // lease_expired false
+    auto m = f.machine();
+    auto res = read(row);
+    CHECK(m.on_round_trip(res) == Next::done);
+    CHECK(f.out.status == ClaimStatus::in_progress);
+    CHECK_FALSE(m.took_over());
+}
+
+TEST_CASE("in_progress says to retry when the owner's lease ends") {
+    Fixture f;
+    canned::Row row;
+    row.fence = 99, row.fingerprint = f.fp;
+    row.lease_until = std::chrono::system_clock::now() + 2s;
+    auto m = f.machine();
+    auto res = read(row);
+    REQUIRE(m.on_round_trip(res) == Next::done);
+    CHECK(f.out.retry_after > 1000ms);
+    CHECK(f.out.retry_after <= 2000ms);
+}
+
+TEST_CASE("a poll in resume mode that finds the lease passed reads again, to take it over") {
+    Fixture f;
+    f.options.resume_stale = true;
+    f.options.wait = 1000ms;
+    canned::Row row;
+    row.fence = 99, row.fingerprint = f.fp;
+    auto m = f.machine();
+    auto res = read(row);
+    REQUIRE(m.on_round_trip(res) == Next::wait);
+    auto passed = canned::answers(canned::ran(1, {{canned::boolean(true)}}));
+    CHECK(m.on_polled(passed) == Next::round_trip);
+    row.lease_expired = true;
+    auto again = read(row);
+    CHECK(m.on_round_trip(again) == Next::take_over);
+}
+
+TEST_CASE("our own in-progress row is ours even past its retention") {
+    // Ours is decided before expiry: re-claiming our own row would need a fence it already has.
+    Fixture f;
+    canned::Row row;
+    row.fence = kOurs, row.expired = true;
+    auto m = f.machine();
+    auto res = read(row);
+    CHECK(m.on_round_trip(res) == Next::done);
+    CHECK(m.won());
+}
+
+TEST_CASE("a claim won after a busy attempt carries nothing of it") {
+    Fixture f;
+    f.out.retry_after = 123ms, f.out.taken_over_fence = 5;
+    auto m = f.machine();
+    CHECK(m.on_absent(true) == Next::round_trip);
+    CHECK(m.pause() > 0ms);
+    auto res = inserted();
+    CHECK(m.on_round_trip(res) == Next::done);
+    CHECK(m.pause() == 0ms);
+    CHECK_FALSE(m.retrying());
+    CHECK(f.out.retry_after == 0ms);
+    CHECK(f.out.taken_over_fence == 0);
+    CHECK(f.out.fence == kOurs);
+}
+
+TEST_CASE("a busy answer after a retry does not ask for another pause") {
+    Fixture f;
+    auto m = f.machine();
+    CHECK(m.on_absent(true) == Next::round_trip);
+    CHECK(m.on_busy() == Next::done);
+    CHECK_FALSE(m.retrying());
+    CHECK(m.pause() == 0ms);
+}

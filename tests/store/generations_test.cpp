@@ -782,6 +782,50 @@ TEST_CASE("generations: an in-transaction re-claim that waits past lock_timeout 
     CHECK(runs == 1);
 }
 
+TEST_CASE("generations: an in-transaction re-claim whose connection breaks starts again on a fresh one",
+          "[generations]") {
+    // The re-claim's UPDATE waits on a row another transaction holds; its backend is terminated
+    // meanwhile. Nothing of the claim committed: it starts again, re-claims the key once the row
+    // is free and runs the effect once — not an in_progress answer for a key nobody holds.
+    const auto url = race::require_db();
+    Tables tables(url);
+    auto options = gen_options(tables.idem, 2, 20);
+    options.application_name = idem_test::unique_name("reclaim_broken");
+    options.statement_timeout = 60s;  // the re-claim waits on the row until the test lets it go
+    options.lock_timeout = 50s;
+    idem::PostgresStore store(url, options);
+    store.ensure_schema();
+    PgConn admin(url), mover(url);
+    const idem::Key key(idem_test::unique_name("broken_tx"), "k");
+    const auto fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions short_retention;
+    short_retention.retention = 1s;
+    const auto first = store.claim(key, fp, short_retention);
+    REQUIRE(first.status == idem::ClaimStatus::claimed);
+    store.save(key, first.fence, "first");
+    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
+             {key.scope()});
+    mover.exec("BEGIN");
+    mover.exec("SELECT 1 FROM " + tables.idem + " WHERE scope = $1 AND key = $2 FOR UPDATE",
+               {key.scope(), key.value()});
+    std::atomic<int> runs{0};
+    auto second = std::async(std::launch::async, [&] {
+        return store.run_in_transaction(key, fp, short_retention, [&](idem::Transaction&) {
+            ++runs;
+            return "second"s;
+        });
+    });
+    const std::string waiting = "FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'";
+    wait_for(admin, "SELECT count(*) " + waiting, {options.application_name});
+    CHECK(admin.scalar("SELECT count(pg_terminate_backend(pid)) " + waiting, {options.application_name}) == 1);
+    // The retry waits on the same row again: then it is free.
+    wait_for(admin, "SELECT count(*) " + waiting, {options.application_name});
+    mover.exec("ROLLBACK");
+    const auto outcome = second.get();  // before: in_progress, retry_after 0
+    CHECK(outcome.status == idem::ClaimStatus::claimed);
+    CHECK(runs == 1);
+}
+
 TEST_CASE("generations: generations a maintenance left behind are dropped by the next one", "[generations]") {
     const auto url = race::require_db();
     Tables tables(url);
