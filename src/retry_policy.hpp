@@ -1,6 +1,6 @@
 // When a store sends a failed attempt of an operation again (internal).
 //
-// One policy for every store and driver: PostgresStore and idem::asio (through pg::RetryPolicy,
+// One policy for every store and driver: PostgresStore and idem::asio (through pg::Retrier,
 // which sorts PostgreSQL's failures into the kinds below and words the final error) and RedisStore.
 // A driver sends an attempt, and after a failure asks after() whether, and after which pause, to
 // send the next one. One per operation; not thread-safe.

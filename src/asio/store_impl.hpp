@@ -253,12 +253,12 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     }
 
     // Runs f(conn, attempt) -> awaitable<T> on a connection; retried as PostgresStore's
-    // with_connection is (pg::RetryPolicy, the same rules).
+    // with_connection is (pg::Retrier, the same rules).
     // Within keep_trying, every wait for a connection ends with it too (or at `until`, if sooner).
     template <class T, class F>
     net::awaitable<T> with_connection(const char* what, F f, Clock::duration keep_trying = Clock::duration::zero(),
                                       Clock::time_point until = Clock::time_point::max()) {
-        pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        pg::Retrier retry(options.claim_attempts, keep_trying);
         if (keep_trying > Clock::duration::zero()) until = std::min(until, Clock::now() + keep_trying);
         for (;;) {
             std::exception_ptr failure;

@@ -67,7 +67,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
             throw;
         }
     };
-    pg::RetryPolicy broken_connections(m.options.claim_attempts, Clock::duration::zero());
+    pg::Retrier broken_connections(m.options.claim_attempts, Clock::duration::zero());
     for (Next next = Next::round_trip; next == Next::round_trip;) {
         if (!conn) conn.emplace(m.acquire());
         try {

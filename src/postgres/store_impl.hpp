@@ -220,7 +220,7 @@ struct PostgresStore::Impl {
     template <class F>
     auto with_connection(const char* what, F&& f, Clock::duration keep_trying = Clock::duration::zero(),
                          FirstTry first = {}) {
-        pg::RetryPolicy retry(options.claim_attempts, keep_trying);
+        pg::Retrier retry(options.claim_attempts, keep_trying);
         if (first.failure) {  // the first attempt already failed to open its connection
             try {
                 std::rethrow_exception(first.failure);
@@ -250,7 +250,7 @@ struct PostgresStore::Impl {
 
     // In a catch block of with_connection: the retry policy's verdict (throws to give up), counted,
     // and its pause.
-    void after_failure(pg::RetryPolicy& retry, const char* what) {
+    void after_failure(pg::Retrier& retry, const char* what) {
         const auto next = retry.after_failure(std::current_exception(), what, [this] { pool->suspect_idle(); });
         counters().retries.fetch_add(1, std::memory_order_relaxed);
         if (next.pause.count() > 0) std::this_thread::sleep_for(next.pause);

@@ -1,5 +1,5 @@
 // The retry schedule (detail::RetryPolicy) and how PostgreSQL's failures are sorted into its kinds
-// (pg::RetryPolicy), with a clock moved by hand: no database, no sleeping.
+// (pg::Retrier), with a clock moved by hand: no database, no sleeping.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -65,8 +65,8 @@ TEST_CASE("a conflict is retried after a jittered pause, attempts in all or with
     CHECK(window.after(Failure::conflict));
 }
 
-TEST_CASE("pg::RetryPolicy sorts PostgreSQL's failures") {
-    idem::pg::RetryPolicy retry(2, 0s, &now);
+TEST_CASE("pg::Retrier sorts PostgreSQL's failures") {
+    idem::pg::Retrier retry(2, 0s, &now);
     SECTION("a broken connection: suspect the idle ones, retry on a fresh one, then store_unavailable") {
         int suspected = 0;
         const auto next =

@@ -60,10 +60,10 @@ std::optional<Record> take_over_answer(const StepResults& res, std::chrono::mill
     return taken;
 }
 
-// ---- RetryPolicy ------------------------------------------------------------------------------------
+// ---- Retrier ----------------------------------------------------------------------------------------
 
-RetryPolicy::Next RetryPolicy::after_failure(const std::exception_ptr& failure, const char* what,
-                                             const std::function<void()>& on_broken) {
+Retrier::Next Retrier::after_failure(const std::exception_ptr& failure, const char* what,
+                                     const std::function<void()>& on_broken) {
     using Failure = detail::RetryPolicy::Failure;
     std::string message, sqlstate;
     Failure kind = Failure::unreachable;

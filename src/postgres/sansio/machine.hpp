@@ -71,10 +71,10 @@ enum class ReclaimAnswer {
 /// (claim_attempts in all), a failed connect (the server is away: retried only within
 /// `keep_trying`), a serialization failure or deadlock (40001, 40P01: claim_attempts, or
 /// `keep_trying`). Any other error goes to the caller as it is.
-class RetryPolicy {
+class Retrier {
 public:
     /// `now`: the clock of the `keep_trying` window (a test's, to step through it).
-    RetryPolicy(int claim_attempts, Clock::duration keep_trying, detail::SteadyNow now = &Clock::now) noexcept
+    Retrier(int claim_attempts, Clock::duration keep_trying, detail::SteadyNow now = &Clock::now) noexcept
         : policy_(claim_attempts, keep_trying, now) {}
 
     struct Next {
