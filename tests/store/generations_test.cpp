@@ -692,6 +692,37 @@ TEST_CASE("generations: an in-transaction re-claim that loses to a concurrent re
     CHECK(runs == 1);
 }
 
+// A key saved with a retention of 1 s and past it now (its row completed and expired), for the
+// tests of a re-claim. reclaim_in(mover): `mover` re-claims the row (fence 7), as a concurrent
+// re-claimer would, and keeps its transaction open, holding the row.
+struct ExpiredKey {
+    idem::Key key;
+    idem::Fingerprint fp = idem::fingerprint("POST"s, "k"s);
+    idem::ClaimOptions options;
+    std::string table;
+
+    ExpiredKey(idem::PostgresStore& store, PgConn& admin, std::string idem_table, const std::string& name)
+        : key(idem_test::unique_name(name), "k"), table(std::move(idem_table)) {
+        options.retention = 1s;
+        const auto first = store.claim(key, fp, options);
+        REQUIRE(first.status == idem::ClaimStatus::claimed);
+        store.save(key, first.fence, "first");
+        wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + table + " WHERE scope = $1",
+                 {key.scope()});
+    }
+    void reclaim_in(PgConn& mover) const {
+        mover.exec("BEGIN");
+        REQUIRE(mover
+                    .exec("UPDATE " + table +
+                              " SET generation = DEFAULT, state = 'in_progress', fence = 7, result = NULL, "
+                              "lease_until = now() + interval '1 hour', expires_at = now() + interval '1 hour' "
+                              "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() "
+                              "RETURNING fence",
+                          {key.scope(), key.value()})
+                    .rows() == 1);
+    }
+};
+
 TEST_CASE("generations: a re-claim that waits past lock_timeout on a concurrent re-claimer answers in_progress",
           "[generations]") {
     // Another re-claimer (an in-transaction one, say) holds the expired row while its effect runs.
@@ -704,24 +735,11 @@ TEST_CASE("generations: a re-claim that waits past lock_timeout on a concurrent 
     idem::PostgresStore store(url, options);
     store.ensure_schema();
     PgConn admin(url), mover(url);
-    const idem::Key key(idem_test::unique_name("held"), "k");
-    const auto fp = idem::fingerprint("POST"s, "k"s);
-    idem::ClaimOptions short_retention;
-    short_retention.retention = 1s;
-    const auto first = store.claim(key, fp, short_retention);
-    REQUIRE(first.status == idem::ClaimStatus::claimed);
-    store.save(key, first.fence, "first");
-    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
-             {key.scope()});
-    mover.exec("BEGIN");
-    REQUIRE(
-        mover
-            .exec("UPDATE " + tables.idem +
-                      " SET generation = DEFAULT, state = 'in_progress', fence = 7, result = NULL, "
-                      "lease_until = now() + interval '1 hour', expires_at = now() + interval '1 hour' "
-                      "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
-                  {key.scope(), key.value()})
-            .rows() == 1);
+    const ExpiredKey expired(store, admin, tables.idem, "held");
+    const auto& key = expired.key;
+    const auto& fp = expired.fp;
+    const auto& short_retention = expired.options;
+    expired.reclaim_in(mover);
     std::atomic<int> runs{0};
     const auto second = idem::execute_once(
         store, key, fp,
@@ -747,24 +765,11 @@ TEST_CASE("generations: an in-transaction re-claim that waits past lock_timeout 
     idem::PostgresStore store(url, options);
     store.ensure_schema();
     PgConn admin(url), mover(url);
-    const idem::Key key(idem_test::unique_name("held_tx"), "k");
-    const auto fp = idem::fingerprint("POST"s, "k"s);
-    idem::ClaimOptions short_retention;
-    short_retention.retention = 1s;
-    const auto first = store.claim(key, fp, short_retention);
-    REQUIRE(first.status == idem::ClaimStatus::claimed);
-    store.save(key, first.fence, "first");
-    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
-             {key.scope()});
-    mover.exec("BEGIN");
-    REQUIRE(
-        mover
-            .exec("UPDATE " + tables.idem +
-                      " SET generation = DEFAULT, state = 'in_progress', fence = 7, result = NULL, "
-                      "lease_until = now() + interval '1 hour', expires_at = now() + interval '1 hour' "
-                      "WHERE scope = $1 AND key = $2 AND state = 'completed' AND expires_at < now() RETURNING fence",
-                  {key.scope(), key.value()})
-            .rows() == 1);
+    const ExpiredKey expired(store, admin, tables.idem, "held_tx");
+    const auto& key = expired.key;
+    const auto& fp = expired.fp;
+    const auto& short_retention = expired.options;
+    expired.reclaim_in(mover);
     std::atomic<int> runs{0};
     const auto second = store.run_in_transaction(key, fp, short_retention, [&](idem::Transaction&) {
         ++runs;
@@ -796,18 +801,11 @@ TEST_CASE("generations: an in-transaction re-claim whose connection breaks start
     idem::PostgresStore store(url, options);
     store.ensure_schema();
     PgConn admin(url), mover(url);
-    const idem::Key key(idem_test::unique_name("broken_tx"), "k");
-    const auto fp = idem::fingerprint("POST"s, "k"s);
-    idem::ClaimOptions short_retention;
-    short_retention.retention = 1s;
-    const auto first = store.claim(key, fp, short_retention);
-    REQUIRE(first.status == idem::ClaimStatus::claimed);
-    store.save(key, first.fence, "first");
-    wait_for(admin, "SELECT (expires_at < clock_timestamp())::int FROM " + tables.idem + " WHERE scope = $1",
-             {key.scope()});
-    mover.exec("BEGIN");
-    mover.exec("SELECT 1 FROM " + tables.idem + " WHERE scope = $1 AND key = $2 FOR UPDATE",
-               {key.scope(), key.value()});
+    const ExpiredKey expired(store, admin, tables.idem, "broken_tx");
+    const auto& key = expired.key;
+    const auto& fp = expired.fp;
+    const auto& short_retention = expired.options;
+    expired.reclaim_in(mover);
     std::atomic<int> runs{0};
     auto second = std::async(std::launch::async, [&] {
         return store.run_in_transaction(key, fp, short_retention, [&](idem::Transaction&) {
