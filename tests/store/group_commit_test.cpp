@@ -58,14 +58,7 @@ struct Table {
     explicit Table(std::string u) : url(std::move(u)), admin(url) {
         idem::PostgresStore(url, options()).ensure_schema();
     }
-    ~Table() {
-        try {
-            PgConn conn(url);
-            conn.exec("DROP TABLE IF EXISTS " + name);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name});
-        } catch (...) {
-        }
-    }
+    ~Table() { idem_test::drop_idem_table(url, name); }
     Table(const Table&) = delete;
     Table& operator=(const Table&) = delete;
 

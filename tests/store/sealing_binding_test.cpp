@@ -38,14 +38,7 @@ std::string require_db() {
 struct Table {
     std::string url, name = idem_test::unique_name("idem_bind");
     explicit Table(std::string u) : url(std::move(u)) {}
-    ~Table() {
-        try {
-            PgConn conn(url);
-            conn.exec("DROP TABLE IF EXISTS " + name);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name});
-        } catch (...) {
-        }
-    }
+    ~Table() { idem_test::drop_idem_table(url, name); }
     [[nodiscard]] idem::PostgresOptions options(std::string context = {}, bool format_1 = true) const {
         idem::PostgresOptions o;
         o.table = name;

@@ -74,6 +74,17 @@ private:
 };
 
 /// Drops a table (and everything depending on it) when it goes out of scope.
+/// Drops one of idem's tables and its row in idem_schema_version, at the end of a test. Never
+/// throws: the server may be down (disruptive tests), and the throwaway cluster goes anyway.
+inline void drop_idem_table(const std::string& conninfo, const std::string& table) noexcept {
+    try {
+        PgConn conn(conninfo);
+        conn.exec("DROP TABLE IF EXISTS " + table);
+        conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table});
+    } catch (...) {
+    }
+}
+
 class DropTable {
 public:
     DropTable(std::string conninfo, std::string table) : conninfo_(std::move(conninfo)), table_(std::move(table)) {}
