@@ -6,7 +6,8 @@
 #include <mutex>
 #include <utility>
 
-#include "common.hpp"
+#include "process.hpp"
+#include "store_rules.hpp"
 #include "idem/errors.hpp"
 
 namespace idem {
@@ -64,7 +65,7 @@ MemoryStore::MemoryStore(MemoryStoreOptions options) : impl_(std::make_unique<Im
 MemoryStore::~MemoryStore() = default;
 
 Fingerprint MemoryStore::key_fingerprint(const Fingerprint& fp) const {
-    return impl_->options.fingerprint_secret ? impl_->options.fingerprint_secret->key(fp) : fp;
+    return detail::keyed(impl_->options.fingerprint_secret, fp);
 }
 
 Claim MemoryStore::claim(const Key& key, const Fingerprint& plain, const ClaimOptions& options) {

@@ -11,8 +11,8 @@
 #include <optional>
 #include <span>
 
-#include "common.hpp"
 #include "idem/errors.hpp"
+#include "process.hpp"
 
 namespace idem {
 

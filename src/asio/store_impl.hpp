@@ -25,7 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../common.hpp"
+#include "../process.hpp"
 #include "../postgres/counters.hpp"
 #include "../postgres/sansio/group_plan.hpp"
 #include "../postgres/sansio/machine.hpp"
@@ -35,6 +35,7 @@
 #include "../postgres/sansio/sql.hpp"
 #include "../replay_rules.hpp"
 #include "../sealed_results.hpp"
+#include "../store_rules.hpp"
 #include "connection.hpp"
 
 namespace idem::asio {
@@ -113,7 +114,7 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     static void count(std::atomic<std::uint64_t>& c) noexcept { pg::bump(c); }
 
     Clock::time_point deadline() const {
-        return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
+        return Clock::now() + idem::detail::answer_wait(options.statement_timeout, options.lock_timeout);
     }
 
     // The open connection with the fewest requests in flight; a new one while there is room and

@@ -13,11 +13,7 @@ std::vector<Claim> PostgresStore::claim_batch(std::span<const Key> keys, std::sp
     // Keyed once (PostgresOptions::fingerprint_secret): the rows sent, the classification of the
     // rows found and the keys settled alone (claim_with_fence) all use these.
     std::vector<Fingerprint> keyed;
-    if (m.options.fingerprint_secret) {
-        keyed.reserve(fps.size());
-        for (const Fingerprint& fp : fps) keyed.push_back(m.options.fingerprint_secret->key(fp));
-        fps = keyed;
-    }
+    fps = detail::keyed(m.options.fingerprint_secret, fps, keyed);
     const auto lease = options.lease.value_or(m.options.default_lease);
     const auto retention = options.retention.value_or(m.options.default_retention);
     std::vector<std::optional<Claim>> out(keys.size());

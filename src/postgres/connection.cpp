@@ -9,7 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "../common.hpp"
+#include "../process.hpp"
 
 namespace idem::pg {
 

@@ -153,7 +153,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
 
     try {
-        Transaction tx(&**conn, key, m.options.statement_timeout + m.options.lock_timeout + std::chrono::seconds(1));
+        Transaction tx(&**conn, key, detail::answer_wait(m.options.statement_timeout, m.options.lock_timeout));
         std::string bytes;
         try {
             // Marked as inside this store's effect: a call to the store from fn needs a second

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "../common.hpp"
+#include "../process.hpp"
 
 namespace idem::pg {
 

@@ -61,7 +61,7 @@ const PostgresOptions& PostgresStore::options() const noexcept { return impl_->o
 std::size_t PostgresStore::max_result_bytes() const noexcept { return impl_->options.max_result_bytes; }
 
 Fingerprint PostgresStore::key_fingerprint(const Fingerprint& fp) const {
-    return impl_->options.fingerprint_secret ? impl_->options.fingerprint_secret->key(fp) : fp;
+    return detail::keyed(impl_->options.fingerprint_secret, fp);
 }
 
 Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options) {

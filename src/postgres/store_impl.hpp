@@ -22,9 +22,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "../common.hpp"
+#include "../process.hpp"
 #include "../resend_rules.hpp"
 #include "../sealed_results.hpp"
+#include "../store_rules.hpp"
 #include "connection.hpp"
 #include "counters.hpp"
 #include "group.hpp"
@@ -131,7 +132,7 @@ struct PostgresStore::Impl {
     pg::Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
     Clock::time_point deadline() const {
-        return Clock::now() + options.statement_timeout + options.lock_timeout + std::chrono::seconds(1);
+        return Clock::now() + idem::detail::answer_wait(options.statement_timeout, options.lock_timeout);
     }
 
     pg::StepResults run(pg::Connection& conn, std::span<const Step> steps) {

@@ -12,11 +12,7 @@ std::vector<Claim> RedisStore::claim_batch(std::span<const Key> keys, std::span<
     // Keyed once (RedisOptions::fingerprint_secret): what the scripts store and compare, and what
     // the records found are classified with.
     std::vector<Fingerprint> keyed;
-    if (m.options.fingerprint_secret) {
-        keyed.reserve(fps.size());
-        for (const Fingerprint& fp : fps) keyed.push_back(m.options.fingerprint_secret->key(fp));
-        fps = keyed;
-    }
+    fps = detail::keyed(m.options.fingerprint_secret, fps, keyed);
     m.counters.claims.fetch_add(keys.size(), std::memory_order_relaxed);
     std::vector<Fence> fences(keys.size());
     for (auto& f : fences) f = detail::new_fence();

@@ -6,9 +6,9 @@
 #include <atomic>
 
 #include "cache_entry.hpp"
-#include "common.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
+#include "process.hpp"
 #include "sealed_results.hpp"
 
 namespace idem {

@@ -41,7 +41,7 @@ RedisStore::RedisStore(RedisOptions options) {
 RedisStore::~RedisStore() = default;
 
 Fingerprint RedisStore::key_fingerprint(const Fingerprint& fp) const {
-    return impl_->options.fingerprint_secret ? impl_->options.fingerprint_secret->key(fp) : fp;
+    return detail::keyed(impl_->options.fingerprint_secret, fp);
 }
 
 Claim RedisStore::claim(const Key& key, const Fingerprint& plain, const ClaimOptions& options) {

@@ -15,7 +15,7 @@
 #include <thread>
 #include <utility>
 
-#include "common.hpp"
+#include "process.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
 #include "poll_schedule.hpp"
@@ -24,6 +24,7 @@
 #include "retry_policy.hpp"
 #include "scripts.hpp"
 #include "sealed_results.hpp"
+#include "store_rules.hpp"
 
 namespace idem {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../../common.hpp"
+#include "../../store_rules.hpp"
 #include "record.hpp"
 
 namespace idem::pg {

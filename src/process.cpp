@@ -1,4 +1,4 @@
-#include "common.hpp"
+#include "process.hpp"
 
 #include <openssl/rand.h>
 #include <pthread.h>

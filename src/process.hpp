@@ -1,9 +1,9 @@
-// Helpers shared by the stores (internal).
+// What the stores keep per process (internal): the fence counter no other process shares, the
+// fork generation that tells a store it was inherited by a child, and a thread's small index for
+// sharding counters.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,17 +25,6 @@ inline std::size_t thread_index() noexcept {
     static std::atomic<std::size_t> next{0};
     thread_local const std::size_t index = next.fetch_add(1, std::memory_order_relaxed);
     return index;
-}
-
-/// Retry-after hint for an in-progress key: the lease's remaining time, kept within
-/// [100 ms, max]. A stale lease (awaiting reconciliation) gives the maximum.
-inline std::chrono::milliseconds retry_after_hint(std::chrono::system_clock::time_point lease_until,
-                                                  std::chrono::system_clock::time_point now,
-                                                  std::chrono::milliseconds max) {
-    using std::chrono::milliseconds;
-    auto left = std::chrono::duration_cast<milliseconds>(lease_until - now);
-    if (left <= milliseconds(0)) return max;
-    return std::clamp(left, std::min(milliseconds(100), max), max);
 }
 
 }  // namespace idem::detail
