@@ -6,90 +6,81 @@
 
 namespace idem::asio {
 
-net::awaitable<Claim> AsyncPostgresStore::Impl::claim(const Key& key, const Fingerprint& plain,
-                                                      const ClaimOptions& options_) {
-    count(counters.claims);
+// The Asio driver of pg::run_claim (sansio/runner.hpp): each call is a coroutine on the store's
+// strand, suspended while its round trip is in flight.
+struct AsyncPostgresStore::Impl::ClaimDriver {
+    template <class T>
+    using Task = net::awaitable<T>;
+    using Next = pg::ClaimMachine::Next;
+
+    Impl& m;
+    Claim& out;
+
+    // The first attempt may share a transaction with concurrent claims (group commit), or wait for
+    // its turn to go alone.
+    net::awaitable<std::optional<Next>> first_attempt(const pg::ClaimCall& c, pg::ClaimMachine& machine) {
+        ClaimMember me;
+        me.key = &c.key, me.fp = &c.fp, me.fence = c.fence, me.lease = c.lease, me.retention = c.retention;
+        me.out = &out;
+        co_await m.claim_first(me);
+        co_return pg::after_group(machine, me);
+    }
+    net::awaitable<pg::StepResults> round_trip(const pg::ClaimCall& c) {
+        return m.with_connection<pg::StepResults>("claim", [this, &c](AsyncConnection& conn, int) {
+            return m.claim_round_trip(conn, c.key, c.fp, c.fence, c.lease, c.retention);
+        });
+    }
+    template <class Op>
+    net::awaitable<void> drive(const char* what, Op& op) {
+        return m.drive(what, op);
+    }
+    // No LISTEN here (it would hold a connection per waiter): the key is polled, 20 ms at first,
+    // then up to 200 ms apart, until the wait's end (the machine's schedule, as PostgresStore's
+    // wait_strategy poll). The call's cancellation (or deadline) ends the wait: in_progress now.
+    static net::awaitable<Next> wait_for_save(const pg::ClaimCall&, pg::ClaimMachine& machine) {
+        const auto left = machine.wait_until() - Clock::now();
+        const auto state = co_await net::this_coro::cancellation_state;
+        if (left <= Clock::duration::zero() || state.cancelled() != net::cancellation_type::none) {
+            co_return machine.on_waited(false);
+        }
+        // (rounded up: a poll due at the deadline reads after it, and so answers)
+        co_await pause_for(std::chrono::ceil<std::chrono::milliseconds>(machine.next_poll() - Clock::now()));
+        co_return machine.on_waited(true);
+    }
+    static net::awaitable<void> pause(std::chrono::milliseconds d) { return pause_for(d); }
+    void tally(pg::Tally t) const noexcept {
+        auto& c = m.counters;
+        count(t == pg::Tally::claim ? c.claims : t == pg::Tally::claim_won ? c.claims_won : c.retries);
+    }
+    void taken_over(const Key& key) const { m.owner->emit(Event::taken_over, &key); }
+};
+
+net::awaitable<Claim> AsyncPostgresStore::Impl::claim_on_strand(const Key& key, const Fingerprint& plain,
+                                                                const ClaimOptions& options_) {
     // Keyed once (PostgresOptions::fingerprint_secret), as PostgresStore::claim does: the shared
     // transaction, every retry and the found row's classification use it.
-    const Fingerprint fp = options.fingerprint_secret ? options.fingerprint_secret->key(plain) : plain;
+    const Fingerprint fp = idem::detail::keyed(options.fingerprint_secret, plain);
     // One fence for every attempt: after a broken connection, the retry recognises its own claim.
     const Fence fence = idem::detail::new_fence();
-    const auto lease = options_.lease.value_or(options.default_lease);
-    const auto retention = options_.retention.value_or(options.default_retention);
     Claim out;
+    const pg::ClaimCall call{key, fp, fence, options_.lease.value_or(options.default_lease),
+                             options_.retention.value_or(options.default_retention)};
     pg::ClaimMachine machine(out, fence, fp, options_, options.claim_attempts, options.max_retry_after);
-    bool first = true;
-    using Next = pg::ClaimMachine::Next;
-    for (Next next = Next::round_trip; next != Next::done;) {
-        switch (next) {
-            case Next::round_trip: {
-                if (first) {
-                    // The first attempt may share a transaction with concurrent claims (group
-                    // commit), or wait for its turn to go alone.
-                    first = false;
-                    ClaimMember me;
-                    me.key = &key, me.fp = &fp, me.fence = fence, me.lease = lease, me.retention = retention;
-                    me.out = &out;
-                    co_await claim_first(me);
-                    if (auto after = pg::after_group(machine, me)) {
-                        next = *after;
-                        break;
-                    }
-                }
-                auto res = co_await with_connection<pg::StepResults>("claim", [&](AsyncConnection& conn, int) {
-                    return claim_round_trip(conn, key, fp, fence, lease, retention);
-                });
-                next = machine.on_round_trip(res);
-                break;
-            }
-            case Next::reclaim_expired: {
-                pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
-                co_await drive("claim (expired)", op);
-                next = machine.on_reclaimed(op.answer());
-                break;
-            }
-            case Next::take_over: {
-                auto taken = co_await take_over(key, machine.stale_fence(), fence, lease, true);
-                if (taken) owner->emit(Event::taken_over, &key);
-                next = machine.on_taken_over(std::move(taken));
-                break;
-            }
-            case Next::wait: {
-                // No LISTEN here (it would hold a connection per waiter): poll the key, 20 ms
-                // at first, then up to 200 ms apart, until the wait's end (the machine's
-                // schedule, as PostgresStore's wait_strategy poll).
-                const auto left = machine.wait_until() - Clock::now();
-                // The call's cancellation (or deadline) ends the wait: in_progress now.
-                const auto state = co_await net::this_coro::cancellation_state;
-                if (left <= Clock::duration::zero() || state.cancelled() != net::cancellation_type::none) {
-                    next = machine.on_waited(false);
-                    break;
-                }
-                // (rounded up: a poll due at the deadline reads after it, and so answers)
-                co_await pause_for(std::chrono::ceil<std::chrono::milliseconds>(machine.next_poll() - Clock::now()));
-                next = machine.on_waited(true);
-                break;
-            }
-            case Next::done: break;
-        }
-        if (next == Next::round_trip && machine.retrying()) {
-            count(counters.retries);
-            if (machine.pause().count() > 0) co_await pause_for(machine.pause());
-        }
-    }
-    if (machine.won()) count(counters.claims_won);
+    ClaimDriver driver{*this, out};
+    co_await pg::run_claim(driver, call, machine);
     co_return out;
 }
 
-net::awaitable<std::optional<Record>> AsyncPostgresStore::Impl::take_over(const Key& key, Fence stale, Fence fresh,
-                                                                          std::chrono::milliseconds lease,
-                                                                          bool new_attempt) {
+net::awaitable<std::optional<Record>> AsyncPostgresStore::Impl::take_over_on_strand(const Key& key, Fence stale,
+                                                                                    Fence fresh,
+                                                                                    std::chrono::milliseconds lease,
+                                                                                    bool new_attempt) {
     pg::TakeOverOp op(key, stale, fresh, lease, new_attempt);
     co_await drive("take_over", op);
     co_return std::move(op.taken());
 }
 
-net::awaitable<void> AsyncPostgresStore::Impl::save(const Key& key, Fence fence, std::string_view result) {
+net::awaitable<void> AsyncPostgresStore::Impl::save_on_strand(const Key& key, Fence fence, std::string_view result) {
     idem::detail::check_result_size(result, options.max_result_bytes);
     // Sealed once: every attempt below, and the recognition of an earlier one's write, use these bytes.
     std::string sealed;
@@ -151,7 +142,7 @@ net::awaitable<void> AsyncPostgresStore::Impl::notify_waiters(const Key& key) {
     }
 }
 
-net::awaitable<void> AsyncPostgresStore::Impl::release(const Key& key, Fence fence) {
+net::awaitable<void> AsyncPostgresStore::Impl::release_on_strand(const Key& key, Fence fence) {
     count(counters.releases);
     pg::ReleaseOp op(key, fence);
     co_await drive("release", op);
@@ -200,7 +191,7 @@ net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, Clai
         }
         asked_at = cache->now();  // before the database is asked (replay_rules.hpp)
     }
-    Claim claim = co_await impl->claim(key, fp, options);
+    Claim claim = co_await impl->claim_on_strand(key, fp, options);
     idem::detail::open_claim(impl->options.sealing, impl->options.table, key, claim);
     if (cache && idem::detail::cacheable(claim)) cache->insert(key, *claim.existing, asked_at);
     co_return claim;
@@ -209,13 +200,13 @@ net::awaitable<Claim> AsyncPostgresStore::co_claim(Key key, Fingerprint fp, Clai
 net::awaitable<void> AsyncPostgresStore::co_save(Key key, Fence fence, std::string result) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
-    co_await impl->save(key, fence, result);
+    co_await impl->save_on_strand(key, fence, result);
 }
 
 net::awaitable<void> AsyncPostgresStore::co_release(Key key, Fence fence) {
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
-    co_await impl->release(key, fence);
+    co_await impl->release_on_strand(key, fence);
 }
 
 net::awaitable<void> AsyncPostgresStore::co_extend_lease(Key key, Fence fence, std::chrono::milliseconds lease) {
@@ -236,7 +227,7 @@ net::awaitable<std::optional<Fence>> AsyncPostgresStore::co_take_over(Key key, F
     co_await net::this_coro::throw_if_cancelled(false);  // an idem error or an answer, never operation_aborted
     auto impl = impl_;
     const Fence fence = idem::detail::new_fence();
-    if (!co_await impl->take_over(key, stale_fence, fence, lease, new_attempt)) co_return std::nullopt;
+    if (!co_await impl->take_over_on_strand(key, stale_fence, fence, lease, new_attempt)) co_return std::nullopt;
     emit(Event::taken_over, &key);
     co_return fence;
 }

@@ -25,14 +25,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../process.hpp"
 #include "../postgres/counters.hpp"
 #include "../postgres/sansio/group_plan.hpp"
 #include "../postgres/sansio/machine.hpp"
 #include "../postgres/sansio/ops.hpp"
 #include "../postgres/sansio/record.hpp"
 #include "../postgres/sansio/rows.hpp"
+#include "../postgres/sansio/runner.hpp"
 #include "../postgres/sansio/sql.hpp"
+#include "../process.hpp"
 #include "../replay_rules.hpp"
 #include "../sealed_results.hpp"
 #include "../store_rules.hpp"
@@ -70,6 +71,10 @@ using detail::blocking_options;
 using detail::pause_for;
 
 struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStore::Impl> {
+    // The coroutine type of the engine's runners (pg::run_claim, pg::run_op) on this store.
+    template <class T>
+    using Task = net::awaitable<T>;
+
     Impl(net::any_io_executor ex, std::string conninfo, PostgresOptions opts)
         : strand(net::make_strand(ex)),
           options(std::move(opts)),
@@ -231,12 +236,7 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     // Runs one attempt of an operation of ops.hpp on `conn`: its statements, one at a time.
     template <class Op>
     net::awaitable<void> run_op(AsyncConnection& conn, Op& op, int attempt) {
-        op.start(attempt);
-        for (;;) {
-            Params p;
-            op.bind(p);
-            if (op.feed(co_await run_one(conn, op.statement(), p))) co_return;
-        }
+        return pg::run_op(*this, conn, op, attempt);
     }
 
     // Runs an operation with the store's retries (with_connection); `op` is done after it.
@@ -365,11 +365,13 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     template <class Member>
     static std::vector<Member*> next_group(std::deque<Member*>& queue);
 
-    // ---- The operations (store.cpp) ----
-    net::awaitable<Claim> claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options_);
-    net::awaitable<std::optional<Record>> take_over(const Key& key, Fence stale, Fence fresh,
-                                                    std::chrono::milliseconds lease, bool new_attempt);
-    net::awaitable<void> save(const Key& key, Fence fence, std::string_view result);
+    // ---- The operations (store.cpp): coroutines on the strand, behind the public co_ calls ----
+    // pg::run_claim's driver on this store.
+    struct ClaimDriver;
+    net::awaitable<Claim> claim_on_strand(const Key& key, const Fingerprint& fp, const ClaimOptions& options_);
+    net::awaitable<std::optional<Record>> take_over_on_strand(const Key& key, Fence stale, Fence fresh,
+                                                              std::chrono::milliseconds lease, bool new_attempt);
+    net::awaitable<void> save_on_strand(const Key& key, Fence fence, std::string_view result);
     /// A save by itself: [UPDATE | Sync], retried until `until` — the save's start plus
     /// save_retry_window — (outside the transaction bound after its first attempt failed to reach
     /// the server); no wait for a connection lasts past it. `resent`: a group's statement may
@@ -380,7 +382,7 @@ struct AsyncPostgresStore::Impl : std::enable_shared_from_this<AsyncPostgresStor
     /// A blocking store's caller waits for this key (ClaimOptions::wait): NOTIFY it. Best effort —
     /// a waiter also wakes at its deadline and re-reads.
     net::awaitable<void> notify_waiters(const Key& key);
-    net::awaitable<void> release(const Key& key, Fence fence);
+    net::awaitable<void> release_on_strand(const Key& key, Fence fence);
     net::awaitable<void> owned_write(pg::OwnedWriteOp op) { co_await drive(op.what(), op); }
 };
 

@@ -2,6 +2,10 @@
 // counters. The state and the drivers are store_impl.hpp.
 #include "idem/postgres_store.hpp"
 
+#include <thread>
+#include <utility>
+
+#include "sansio/runner.hpp"
 #include "store_impl.hpp"
 
 namespace idem {
@@ -70,70 +74,76 @@ Claim PostgresStore::claim(const Key& key, const Fingerprint& fp, const ClaimOpt
     return claim_with_fence(key, key_fingerprint(fp), options, detail::new_fence());
 }
 
-Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options, Fence fence) {
-    Impl& m = *impl_;
-    m.counters().claims.fetch_add(1, std::memory_order_relaxed);
-    const auto lease = options.lease.value_or(m.options.default_lease);
-    const auto retention = options.retention.value_or(m.options.default_retention);
-    // Every path fills and returns this one object (so it is built in the caller's Claim: a
-    // replay decodes its row straight into it, with no Record moved or copied on the way out).
-    // The decisions are pg::ClaimMachine's (shared with idem::asio); this loop does its I/O.
-    Claim out;
+// The blocking driver of pg::run_claim (sansio/runner.hpp): each call does its I/O on this thread
+// and returns its answer.
+struct PostgresStore::Impl::ClaimDriver {
+    template <class T>
+    using Task = pg::Immediate<T>;
+    using Next = pg::ClaimMachine::Next;
+
+    PostgresStore::Impl& m;
+    const PostgresStore& store;
+    Claim& out;
     // Group commit takes the first attempt only (one round trip), and only when no pooled
     // connection is free (Impl::free_connection); whatever follows (retries, an expired record,
     // resume, wait) goes alone. Not from inside this store's own in-transaction effect: that call
     // must not wait behind a group (acquire() says why).
-    bool grouped = m.options.group_commit && in_effect_of != &m;
+    bool grouped;
+    std::optional<FirstTry> free;  // the first attempt's connection, when taken before
 
-    pg::ClaimMachine machine(out, fence, fp, options, m.options.claim_attempts, m.options.max_retry_after);
-    auto next = pg::ClaimMachine::Next::round_trip;
-    while (next != pg::ClaimMachine::Next::done) {
-        switch (next) {
-            case pg::ClaimMachine::Next::round_trip: {
-                Impl::FirstTry free = grouped ? m.free_connection() : Impl::FirstTry();
-                if (grouped && !free.found()) {
-                    pg::ClaimSlot slot;
-                    slot.key = &key, slot.fp = &fp, slot.fence = fence, slot.lease = lease, slot.retention = retention,
-                    slot.out = &out;
-                    (void)m.claim_in_group(slot, *free.deadline);
-                    grouped = false;
-                    if (auto after = pg::after_group(machine, slot)) {
-                        next = *after;
-                        break;
-                    }
-                    // A group's failed statement counts as an attempt: going alone after it is a
-                    // retry, with a wait for a connection of its own. Nothing sent: the first
-                    // attempt's wait goes on to the same deadline.
-                    if (slot.sent) {
-                        m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-                        free.deadline.reset();
-                    }
-                }
-                grouped = false;
-                auto res = m.claim_round_trip(key, fp, fence, lease, retention, nullptr, std::move(free));
-                next = machine.on_round_trip(res);
-                break;
-            }
-            case pg::ClaimMachine::Next::reclaim_expired: {
-                pg::ReclaimExpiredOp op(key, fp, fence, lease, retention);
-                next = machine.on_reclaimed(m.drive("claim (expired)", op).answer());
-                break;
-            }
-            case pg::ClaimMachine::Next::take_over: {
-                auto taken = m.take_over(key, machine.stale_fence(), fence, lease, true);
-                if (taken) emit(Event::taken_over, &key);
-                next = machine.on_taken_over(std::move(taken));
-                break;
-            }
-            case pg::ClaimMachine::Next::wait: next = m.wait_for_save(key, machine); break;
-            case pg::ClaimMachine::Next::done: break;
+    std::optional<Next> first_attempt(const pg::ClaimCall& c, pg::ClaimMachine& machine) {
+        if (!grouped) return std::nullopt;
+        free.emplace(m.free_connection());
+        if (free->found()) return std::nullopt;
+        pg::ClaimSlot slot;
+        slot.key = &c.key, slot.fp = &c.fp, slot.fence = c.fence, slot.lease = c.lease, slot.retention = c.retention,
+        slot.out = &out;
+        (void)m.claim_in_group(slot, *free->deadline);
+        if (auto after = pg::after_group(machine, slot)) return after;
+        // A group's failed statement counts as an attempt: going alone after it is a retry, with a
+        // wait for a connection of its own. Nothing sent: the first attempt's wait goes on to the
+        // same deadline.
+        if (slot.sent) {
+            tally(pg::Tally::retry);
+            free->deadline.reset();
         }
-        if (next == pg::ClaimMachine::Next::round_trip && machine.retrying()) {
-            m.counters().retries.fetch_add(1, std::memory_order_relaxed);
-            if (machine.pause().count() > 0) std::this_thread::sleep_for(machine.pause());
-        }
+        return std::nullopt;
     }
-    if (machine.won()) m.counters().claims_won.fetch_add(1, std::memory_order_relaxed);
+    pg::StepResults round_trip(const pg::ClaimCall& c) {
+        if (!free) return m.claim_round_trip(c.key, c.fp, c.fence, c.lease, c.retention);
+        FirstTry first(std::move(*free));  // the first round trip only
+        free.reset();
+        return m.claim_round_trip(c.key, c.fp, c.fence, c.lease, c.retention, nullptr, std::move(first));
+    }
+    template <class Op>
+    Op& drive(const char* what, Op& op) {
+        return m.drive(what, op);
+    }
+    Next wait_for_save(const pg::ClaimCall& c, pg::ClaimMachine& machine) { return m.wait_for_save(c.key, machine); }
+    static pg::Done pause(std::chrono::milliseconds d) {
+        std::this_thread::sleep_for(d);
+        return {};
+    }
+    void tally(pg::Tally t) noexcept {
+        auto& c = m.counters();
+        (t == pg::Tally::claim       ? c.claims
+         : t == pg::Tally::claim_won ? c.claims_won
+                                     : c.retries)
+            .fetch_add(1, std::memory_order_relaxed);
+    }
+    void taken_over(const Key& key) const { store.emit(Event::taken_over, &key); }
+};
+
+Claim PostgresStore::claim_with_fence(const Key& key, const Fingerprint& fp, const ClaimOptions& options, Fence fence) {
+    Impl& m = *impl_;
+    // Every path fills and returns this one object (so it is built in the caller's Claim: a
+    // replay decodes its row straight into it, with no Record moved or copied on the way out).
+    Claim out;
+    const pg::ClaimCall call{key, fp, fence, options.lease.value_or(m.options.default_lease),
+                             options.retention.value_or(m.options.default_retention)};
+    pg::ClaimMachine machine(out, fence, fp, options, m.options.claim_attempts, m.options.max_retry_after);
+    Impl::ClaimDriver driver{m, *this, out, m.options.group_commit && in_effect_of != &m, std::nullopt};
+    pg::run_claim(driver, call, machine).get();
     detail::open_claim(m.options.sealing, m.options.table, key, out);
     return out;
 }

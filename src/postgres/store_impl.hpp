@@ -29,12 +29,14 @@
 #include "connection.hpp"
 #include "counters.hpp"
 #include "group.hpp"
+#include "immediate.hpp"
 #include "pool.hpp"
 #include "sansio/group_plan.hpp"
 #include "sansio/machine.hpp"
 #include "sansio/ops.hpp"
 #include "sansio/record.hpp"
 #include "sansio/rows.hpp"
+#include "sansio/runner.hpp"
 #include "sansio/sql.hpp"
 
 namespace idem {
@@ -60,6 +62,10 @@ inline thread_local const void* in_effect_of = nullptr;
 using pgstore::in_effect_of;
 
 struct PostgresStore::Impl {
+    // The coroutine type of the engine's runners (sansio/runner.hpp) on this store: blocking.
+    template <class T>
+    using Task = pg::Immediate<T>;
+
     PostgresOptions options;
     pg::ConnectSettings settings;
     pg::TableName table;
@@ -174,12 +180,7 @@ struct PostgresStore::Impl {
     // Runs one attempt of an operation of ops.hpp on `conn`: its statements, one at a time.
     template <class Op>
     void run_op(pg::Connection& conn, Op& op, int attempt) {
-        op.start(attempt);
-        for (;;) {
-            Params p;
-            op.bind(p);
-            if (op.feed(run_one(conn, op.statement(), p))) return;
-        }
+        pg::run_op(*this, conn, op, attempt).get();
     }
 
     // A first attempt's connection, taken before with_connection (free_connection): the lease, or
@@ -192,6 +193,9 @@ struct PostgresStore::Impl {
         std::optional<Clock::time_point> deadline;
         bool found() const noexcept { return lease.has_value() || failure != nullptr; }
     };
+
+    // pg::run_claim's driver on this store (postgres_store.cpp).
+    struct ClaimDriver;
 
     // Runs an operation with the store's retries (with_connection); returns it, done.
     template <class Op>

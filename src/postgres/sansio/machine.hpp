@@ -1,8 +1,9 @@
 // The decisions of PostgresStore's operations, apart from their I/O (internal).
 //
 // One claim, save or release decides the same way whether its statements went through the blocking
-// pool (PostgresStore) or through a non-blocking connection on an event loop (idem::asio): both feed
-// the answers of their round trips into the code here and do what it says next. So there is one
+// pool (PostgresStore) or through a non-blocking connection on an event loop (idem::asio): one
+// runner (runner.hpp) feeds the answers of their round trips into the code here and has the
+// store's driver do what it says next. So there is one
 // copy of the rules — which answer means "won", "ours from a lost answer", "busy, try again",
 // "retry on a fresh connection" — and the stores differ only in how they wait.
 #pragma once
@@ -95,7 +96,8 @@ private:
 };
 
 /// The claim's decisions. Every path fills one Claim object (the caller's, so a replay decodes its
-/// row straight into it). The driver loops: do what next() asks, feed its answer back, until done.
+/// row straight into it). pg::run_claim (runner.hpp) loops over a driver: do what the last answer
+/// asks next, feed its answer back, until done; in-transaction mode and batches feed it too.
 class ClaimMachine {
 public:
     enum class Next {

@@ -1,9 +1,9 @@
 // PostgresStore's single-key operations, apart from their I/O (internal).
 //
 // Each operation is an object that says which statement to send next and is fed what came back;
-// it does no I/O and holds no connection. A driver — the blocking store's (a pooled connection,
-// one thread) or idem::asio's (a pipelined connection, a coroutine) — runs every operation the
-// same way, inside its retry loop (RetryPolicy), once per attempt:
+// it does no I/O and holds no connection. pg::run_op (runner.hpp) runs every operation over a
+// driver — the blocking store's (a pooled connection, one thread) or idem::asio's (a pipelined
+// connection, a coroutine) — inside the driver's retry loop (Retrier), once per attempt:
 //
 //     op.start(attempt);                  // 1, then 2, 3 … on a fresh connection after a failure
 //     do { Params p; op.bind(p); res = <run op.statement() with p, alone>; } while (!op.feed(res));
@@ -11,8 +11,8 @@
 //
 // feed() returns true when the operation is done, false when it wants statement() sent next (a
 // read-back after a resend), and throws the caller's error (statement failures as idem errors,
-// lease_lost). The claim's decisions are the ClaimMachine's (machine.hpp); its statements are
-// ClaimRoundTrip and ReclaimExpiredOp here; groups and batches are the plans of rows.hpp. Not
+// lease_lost). The claim's decisions are the ClaimMachine's (machine.hpp), run by pg::run_claim;
+// its statements are ClaimRoundTrip and ReclaimExpiredOp here; groups and batches are the plans of rows.hpp. Not
 // thread-safe; an operation refers to the key and the bytes (result, phase, data) it
 // was given, which must outlive it.
 #pragma once
