@@ -6,9 +6,9 @@
 #include <mutex>
 #include <utility>
 
+#include "idem/errors.hpp"
 #include "process.hpp"
 #include "store_rules.hpp"
-#include "idem/errors.hpp"
 
 namespace idem {
 
@@ -84,7 +84,7 @@ Claim MemoryStore::claim(const Key& key, const Fingerprint& plain, const ClaimOp
             const Fence fence = m.fresh_claim(record, fp, options, now);
             return Claim{ClaimStatus::claimed, fence, std::nullopt, {}};
         }
-        Claim claim{classify(record, fp), 0, Impl::view(record, now), {}};
+        Claim claim{claim_status(record, fp), 0, Impl::view(record, now), {}};
         if (claim.status != ClaimStatus::in_progress) return claim;
         if (options.resume_stale && record.lease_until < now) {
             const Fence stale = record.fence;

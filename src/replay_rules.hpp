@@ -15,10 +15,10 @@ namespace idem::detail {
 /// What a claim answers from a cached completed record: the same as the store would, with no
 /// round trip (a completed record answers completed or mismatch, whatever the claim's options).
 /// `keyed_fp` is the claim's fingerprint keyed as the store keys it (key_fingerprint()), so
-/// classify() compares the cached record by its own algorithm, as the store compares its row.
-/// Throws config_error as classify() does (a keyed record, an unkeyed fingerprint).
+/// claim_status() compares the cached record by its own algorithm, as the store compares its row.
+/// Throws config_error as claim_status() does (a keyed record, an unkeyed fingerprint).
 [[nodiscard]] inline Claim from_cache(const Record& record, const Fingerprint& keyed_fp) {
-    return Claim{classify(record, keyed_fp), 0, record, {}};
+    return Claim{claim_status(record, keyed_fp), 0, record, {}};
 }
 
 /// Whether the store's answer to a claim may be kept: completed, or a mismatch on a completed

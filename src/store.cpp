@@ -37,7 +37,7 @@ bool same_request(const Fingerprint& stored, const Fingerprint& fp) {
 
 }  // namespace
 
-ClaimStatus classify(const Record& existing, const Fingerprint& fp) {
+ClaimStatus claim_status(const Record& existing, const Fingerprint& fp) {
     // The fingerprint is checked first: a reused key with another request is the client's error
     // whatever state the first request is in.
     if (!same_request(existing.fingerprint, fp)) return ClaimStatus::mismatch;

@@ -41,7 +41,7 @@ enum class FingerprintAlgorithm : std::int16_t {
 }
 
 /// The SHA-256 of a request's parts (see fingerprint()), or that digest keyed with a
-/// FingerprintSecret: a reused key with another fingerprint is a mismatch (classify()).
+/// FingerprintSecret: a reused key with another fingerprint is a mismatch (claim_status()).
 class Fingerprint {
 public:
     /// Digest size in bytes.

@@ -11,7 +11,7 @@
 // hmac_sha256 (2). The store keys the fingerprint itself, on every claim path; callers keep passing
 // the plain one.
 //
-// Comparison follows the row's algorithm (classify()): a row written without a secret (sha256) is
+// Comparison follows the row's algorithm (claim_status()): a row written without a secret (sha256) is
 // compared with the plain digest, a keyed row with the keyed one. So a table moves to keyed rows
 // without false mismatches, and without rewriting anything. A keyed row met by a store without a
 // secret is config_error, never a mismatch or a re-run. A keyed row met with another secret is a

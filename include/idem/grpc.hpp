@@ -10,6 +10,7 @@
 
 #include "idem/grpc/method.hpp"
 #include "idem/grpc/record.hpp"
+#include "idem/grpc/retry_status.hpp"
 #include "idem/grpc/serve.hpp"
 
 /// \namespace idem::grpc

@@ -304,7 +304,7 @@ decltype(auto) run_handler(F&& f) {
 
 /// The storage policy's verdict on a handler's response: returns it (store) or throws (release:
 /// not_performed; unknown: unknown_response).
-[[nodiscard]] Response classify(const Route& route, Response produced);
+[[nodiscard]] Response apply_policy(const Route& route, Response produced);
 
 /// The response for execute_once's result; a replay goes through route.on_replay with `request`.
 [[nodiscard]] Response answer(Result<Response>&& result, const Key& key, const Route& route, const Request& request);
@@ -353,7 +353,7 @@ template <class Handler>
         result.emplace(execute_once(
             store, *admission.key, *admission.fp,
             [&](Context& context) -> Response {
-                return detail::classify(
+                return detail::apply_policy(
                     route, detail::run_handler([&] { return idem::detail::invoke_effect(handler, context); }));
             },
             route.claim));

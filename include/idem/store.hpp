@@ -245,7 +245,7 @@ public:
     [[nodiscard]] virtual std::size_t max_result_bytes() const noexcept = 0;
 
     /// The fingerprint this store writes for a new claim of a request whose fingerprint is `fp`,
-    /// and compares found records with (classify()): `fp` itself by default; keyed with the
+    /// and compares found records with (claim_status()): `fp` itself by default; keyed with the
     /// store's FingerprintSecret when it has one (idem/fingerprint_secret.hpp). claim() and
     /// claim_batch() key by themselves: callers pass the plain fingerprint. A store wrapping
     /// another (CachedStore) answers for the store it wraps.
@@ -281,6 +281,6 @@ private:
 /// keyed digest (a store moving to a FingerprintSecret still replays the rows written before).
 /// Throws config_error for a keyed record and an unkeyed `fp` (a store without the secret its
 /// rows were written with): neither a mismatch nor a reason to run the effect again.
-[[nodiscard]] ClaimStatus classify(const Record& existing, const Fingerprint& fp);
+[[nodiscard]] ClaimStatus claim_status(const Record& existing, const Fingerprint& fp);
 
 }  // namespace idem

@@ -186,7 +186,7 @@ Response checked(Response produced) {
     return produced;
 }
 
-Response classify(const Route& route, Response produced) {
+Response apply_policy(const Route& route, Response produced) {
     produced = checked(std::move(produced));
     switch (route.storage(produced)) {
         case Disposition::store: break;

@@ -59,7 +59,7 @@ Claim RedisStore::claim(const Key& key, const Fingerprint& plain, const ClaimOpt
             return m.claim_answer(*reply, key, fp, fence, options, *this);
         });
         // Resume mode on a stale record written before the fingerprint secret (fa 1): the script
-        // did not compare it (it never sees the plain digest); classify() here found it the same
+        // did not compare it (it never sees the plain digest); claim_status() here found it the same
         // request, so take it over by its fence, with this claim's fence.
         if (claim.status == ClaimStatus::in_progress && options.resume_stale && claim.existing &&
             claim.existing->lease_expired && claim.existing->fingerprint.algorithm() != fp.algorithm()) {

@@ -15,10 +15,10 @@
 #include <thread>
 #include <utility>
 
-#include "process.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
 #include "poll_schedule.hpp"
+#include "process.hpp"
 #include "record.hpp"
 #include "resend_rules.hpp"
 #include "retry_policy.hpp"
@@ -457,7 +457,7 @@ struct RedisStore::Impl {
             store.emit(Event::taken_over, &key);
             return Claim{ClaimStatus::claimed, fence, std::move(record), {}, stale};
         }
-        Claim claim{classify(*record, fp), 0, std::move(record), {}};
+        Claim claim{claim_status(*record, fp), 0, std::move(record), {}};
         if (claim.status == ClaimStatus::in_progress) {
             claim.retry_after =
                 detail::retry_after_hint(claim.existing->lease_until, from_ms(now), options.max_retry_after);

@@ -1,5 +1,5 @@
 // fingerprint(): SHA-256 over a domain-tagged, type-tagged, length-prefixed encoding of the parts;
-// FingerprintSecret: the keyed form, and how classify() compares records of either algorithm.
+// FingerprintSecret: the keyed form, and how claim_status() compares records of either algorithm.
 #include "idem/fingerprint.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint_secret.hpp"
@@ -151,7 +151,7 @@ TEST_CASE("FingerprintSecret::key is HMAC-SHA256(secret, domain tag || plain dig
     CHECK_THROWS_AS(idem::FingerprintSecret(""), idem::config_error);
 }
 
-TEST_CASE("classify compares a record by its own algorithm", "[fingerprint]") {
+TEST_CASE("claim_status compares a record by its own algorithm", "[fingerprint]") {
     const idem::FingerprintSecret a(std::string(32, 'a')), b(std::string(32, 'b'));
     const auto same = idem::fingerprint("req"s, 1), other = idem::fingerprint("req"s, 2);
     idem::Record plain_row;
@@ -160,16 +160,16 @@ TEST_CASE("classify compares a record by its own algorithm", "[fingerprint]") {
     idem::Record keyed_row = plain_row;
     keyed_row.fingerprint = a.key(same).stored();
     // A plain row: with the plain digest, whether the request's fingerprint is keyed or not.
-    CHECK(idem::classify(plain_row, same) == idem::ClaimStatus::completed);
-    CHECK(idem::classify(plain_row, a.key(same)) == idem::ClaimStatus::completed);
-    CHECK(idem::classify(plain_row, a.key(other)) == idem::ClaimStatus::mismatch);
+    CHECK(idem::claim_status(plain_row, same) == idem::ClaimStatus::completed);
+    CHECK(idem::claim_status(plain_row, a.key(same)) == idem::ClaimStatus::completed);
+    CHECK(idem::claim_status(plain_row, a.key(other)) == idem::ClaimStatus::mismatch);
     // A keyed row: with the keyed digest; another secret's is a mismatch; none is config_error.
-    CHECK(idem::classify(keyed_row, a.key(same)) == idem::ClaimStatus::completed);
-    CHECK(idem::classify(keyed_row, a.key(other)) == idem::ClaimStatus::mismatch);
-    CHECK(idem::classify(keyed_row, b.key(same)) == idem::ClaimStatus::mismatch);
-    CHECK_THROWS_AS(idem::classify(keyed_row, same), idem::config_error);
+    CHECK(idem::claim_status(keyed_row, a.key(same)) == idem::ClaimStatus::completed);
+    CHECK(idem::claim_status(keyed_row, a.key(other)) == idem::ClaimStatus::mismatch);
+    CHECK(idem::claim_status(keyed_row, b.key(same)) == idem::ClaimStatus::mismatch);
+    CHECK_THROWS_AS(idem::claim_status(keyed_row, same), idem::config_error);
     // A keyed fingerprint rebuilt from storage carries no plain digest: a plain row cannot match it.
-    CHECK(idem::classify(plain_row, keyed_row.fingerprint) == idem::ClaimStatus::mismatch);
+    CHECK(idem::claim_status(plain_row, keyed_row.fingerprint) == idem::ClaimStatus::mismatch);
 }
 
 TEST_CASE("MemoryStore with a secret keeps keyed fingerprints and replays by them", "[fingerprint]") {

@@ -45,7 +45,7 @@
 // Replay cache (opt-in: set_replay_cache): a ReplayCache (idem/replay_cache.hpp) in front of the
 // database, with CachedStore's rules (idem/cached_store.hpp): a claim whose key has a cached
 // completed record answers completed, or mismatch for another fingerprint (compared as the
-// database compares its row: key_fingerprint(), classify()), with no round trip; a completed
+// database compares its row: key_fingerprint(), claim_status()), with no round trip; a completed
 // answer of the database (or a mismatch on a completed record) is kept for the retention the
 // database stated, from the cache's clock read before the database was asked; in-progress records
 // never are, so in_progress, waiting and resume mode always ask the database. The cache holds the

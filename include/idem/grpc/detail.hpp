@@ -22,6 +22,7 @@
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/grpc/method.hpp"
+#include "idem/grpc/retry_status.hpp"
 #include "idem/key.hpp"
 #include "idem/outcome.hpp"
 #include "idem/response.hpp"
@@ -136,11 +137,6 @@ using RecordReader = std::function<std::optional<Record>(const Key&)>;
 [[nodiscard]] ::grpc::Status internal(const Method& method, const std::string& what);
 
 }  // namespace detail
-
-/// An ABORTED or UNAVAILABLE status whose details are a google.rpc.Status carrying a
-/// google.rpc.RetryInfo with `retry_delay` (what grpc-status-details-bin holds; docs/grpc.md).
-[[nodiscard]] ::grpc::Status retry_status(::grpc::StatusCode code, const std::string& message,
-                                          std::chrono::milliseconds retry_delay);
 
 }  // namespace idem::grpc
 

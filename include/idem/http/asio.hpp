@@ -143,7 +143,7 @@ boost::asio::awaitable<Response> async_respond_steps(idem::asio::AsyncPostgresSt
             store, *admission.key, *admission.fp,
             [&](idem::asio::AsyncContext& context) -> boost::asio::awaitable<Response> {
                 Response produced = co_await run_async_handler(handler, context);
-                co_return classify(route, std::move(produced));
+                co_return apply_policy(route, std::move(produced));
             },
             idem::asio::AsyncOptions{.claim = route.claim}, boost::asio::use_awaitable));
     } catch (...) {

@@ -49,7 +49,7 @@ template <class Handler>
         result.emplace(execute_once_in_transaction(
             store, *admission.key, *admission.fp,
             [&](Transaction& tx) -> Response {
-                return detail::classify(route, detail::run_handler([&] { return std::invoke(handler, tx); }));
+                return detail::apply_policy(route, detail::run_handler([&] { return std::invoke(handler, tx); }));
             },
             route.claim, transaction));
     } catch (...) {

@@ -167,7 +167,7 @@ ClaimMachine::Next ClaimMachine::found() {
     }
     // Past retention: claim it again with a conditional UPDATE (one winner).
     if (record.expired) return Next::reclaim_expired;
-    out_.status = classify(record, fp_);
+    out_.status = claim_status(record, fp_);
     out_.fence = 0;
     if (out_.status != ClaimStatus::in_progress) return Next::done;
     if (resume_stale_ && record.lease_expired) return Next::take_over;
