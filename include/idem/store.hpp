@@ -59,10 +59,6 @@ struct ClaimOptions {
     /// as a backstop, or polling only behind a pooler such as PgBouncer
     /// (PostgresOptions::wait_strategy); idem::asio polls.
     std::chrono::milliseconds wait{0};
-    /// Deprecated, kept for existing code: in-transaction mode's lock wait is
-    /// TransactionOptions::lock_wait (idem/postgres_transaction.hpp), which takes precedence; this
-    /// one is still honoured when that is unset.
-    std::optional<std::chrono::milliseconds> transaction_lock_wait{};
 };
 
 /// A stored record's state: claimed and running (or of unknown outcome), or completed with its
@@ -154,15 +150,8 @@ struct StoreStats {
     std::uint64_t retries = 0;
     std::uint64_t connections_opened = 0;     ///< database connections opened
     std::uint64_t connections_discarded = 0;  ///< closed after an error or a failed health check
-    /// Deprecated, kept for existing code: group commit is PostgreSQL's, and its counters are in
-    /// PostgresStore::group_commit_stats() and AsyncPostgresStore::group_commit_stats()
-    /// (idem/group_commit_stats.hpp, the same fields). Still filled in; other stores leave them 0.
-    std::uint64_t claim_groups = 0;
-    std::uint64_t grouped_claims = 0;       ///< deprecated: GroupCommitStats::grouped_claims
-    std::uint64_t largest_claim_group = 0;  ///< deprecated: GroupCommitStats::largest_claim_group
-    std::uint64_t save_groups = 0;          ///< deprecated: GroupCommitStats::save_groups
-    std::uint64_t grouped_saves = 0;        ///< deprecated: GroupCommitStats::grouped_saves
-    std::uint64_t largest_save_group = 0;   ///< deprecated: GroupCommitStats::largest_save_group
+    // Group commit's counters are PostgreSQL's: group_commit_stats() of PostgresStore and
+    // AsyncPostgresStore (idem/group_commit_stats.hpp).
 };
 
 /// The interface every backend implements (see the top of this header for the states of a key).

@@ -304,7 +304,6 @@ std::size_t AsyncPostgresStore::purge_expired(std::size_t batch_size, std::size_
 StoreStats AsyncPostgresStore::stats() const {
     StoreStats s = impl_->blocking.stats();
     impl_->counters.add_to(s);
-    impl_->largest.add_to(s);
     return s;
 }
 

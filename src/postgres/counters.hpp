@@ -31,17 +31,12 @@ struct alignas(64) Counters {
         s.retries += get(retries);
         s.connections_opened += get(opened);
         s.connections_discarded += get(discarded);
-        add_groups_to(s);  // (StoreStats' deprecated copy of GroupCommitStats)
     }
-    void add_to(GroupCommitStats& g) const noexcept { add_groups_to(g); }
-
-private:
-    template <class Stats>
-    void add_groups_to(Stats& s) const noexcept {
-        s.claim_groups += claim_groups.load(std::memory_order_relaxed);
-        s.grouped_claims += grouped_claims.load(std::memory_order_relaxed);
-        s.save_groups += save_groups.load(std::memory_order_relaxed);
-        s.grouped_saves += grouped_saves.load(std::memory_order_relaxed);
+    void add_to(GroupCommitStats& g) const noexcept {
+        g.claim_groups += claim_groups.load(std::memory_order_relaxed);
+        g.grouped_claims += grouped_claims.load(std::memory_order_relaxed);
+        g.save_groups += save_groups.load(std::memory_order_relaxed);
+        g.grouped_saves += grouped_saves.load(std::memory_order_relaxed);
     }
 };
 
@@ -51,8 +46,7 @@ inline void bump(std::atomic<std::uint64_t>& counter) noexcept { counter.fetch_a
 struct LargestGroups {
     std::atomic<std::uint64_t> claims{0}, saves{0};
 
-    template <class Stats>  // GroupCommitStats, or StoreStats' deprecated copy of it
-    void add_to(Stats& s) const noexcept {
+    void add_to(GroupCommitStats& s) const noexcept {
         const std::uint64_t c = claims.load(std::memory_order_relaxed), v = saves.load(std::memory_order_relaxed);
         if (c > s.largest_claim_group) s.largest_claim_group = c;
         if (v > s.largest_save_group) s.largest_save_group = v;

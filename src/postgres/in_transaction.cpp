@@ -18,9 +18,7 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     const std::function<std::string(Transaction&)>& effect) {
     Impl& m = *impl_;
     const Fingerprint fp = key_fingerprint(request);  // PostgresOptions::fingerprint_secret
-    // TransactionOptions::lock_wait, else the deprecated ClaimOptions::transaction_lock_wait.
-    const std::optional<std::chrono::milliseconds> lock_wait =
-        transaction.lock_wait ? transaction.lock_wait : options.transaction_lock_wait;
+    const std::optional<std::chrono::milliseconds>& lock_wait = transaction.lock_wait;
     // A lock wait the statement timeout cuts short would cancel the claim (57014) instead of
     // answering in_progress: refused before any I/O.
     if (lock_wait && *lock_wait >= m.options.statement_timeout) {

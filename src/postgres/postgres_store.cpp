@@ -233,7 +233,6 @@ GroupCommitStats PostgresStore::group_commit_stats() const {
 StoreStats PostgresStore::stats() const {
     StoreStats s;
     for (const auto& c : impl_->counter_shards) c.add_to(s);
-    impl_->largest.add_to(s);
     return s;
 }
 

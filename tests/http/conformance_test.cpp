@@ -57,8 +57,8 @@ public:
             std::string effects_table)
         : effects(std::move(effects_table)), store_(store), down_(down), misconfigured_(misconfigured) {
         routes_["/tx"].key_required = false;  // ignored: in-transaction mode always needs the key
-        routes_["/tx-slow"].claim.transaction_lock_wait = 1ms;
-        routes_["/tx-lockwait"].claim.transaction_lock_wait = 5s;  // = the store's statement_timeout
+        tx_options_["/tx-slow"].lock_wait = 1ms;
+        tx_options_["/tx-lockwait"].lock_wait = 5s;  // = the store's statement_timeout
         http::Route& token = routes_["/token"];
         token.key_form = http::KeyForm::sf_string_or_token;
         routes_["/strict"].key_form = http::KeyForm::sf_string;
@@ -102,13 +102,17 @@ public:
         idem::PostgresStore& store = path == "/down" ? down_ : path == "/misconfigured" ? misconfigured_ : store_;
         const std::string scope = "conformance:" + path;
         if (path.starts_with("/tx")) {
-            return http::respond_in_transaction(store_, request, scope, route, [&](idem::Transaction& tx) {
-                const int n = count(tx.key().value());
-                tx.exec("INSERT INTO " + effects + " (key) VALUES ($1)", {tx.key().value()});
-                if (path == "/tx-throw") throw std::runtime_error("the effect failed");
-                if (path == "/tx-slow") wait_at_gate();
-                return idem::Response{201, "tx " + std::to_string(n), {{"X-Tx", "1"}}};
-            });
+            const auto tx_options = tx_options_.find(path);
+            return http::respond_in_transaction(
+                store_, request, scope, route,
+                [&](idem::Transaction& tx) {
+                    const int n = count(tx.key().value());
+                    tx.exec("INSERT INTO " + effects + " (key) VALUES ($1)", {tx.key().value()});
+                    if (path == "/tx-throw") throw std::runtime_error("the effect failed");
+                    if (path == "/tx-slow") wait_at_gate();
+                    return idem::Response{201, "tx " + std::to_string(n), {{"X-Tx", "1"}}};
+                },
+                tx_options == tx_options_.end() ? idem::TransactionOptions{} : tx_options->second);
         }
         return http::respond(store, request, scope, route, [&](idem::Context& context) {
             const std::string who = path.starts_with("/optional") ? std::string(request.body) : context.key().value();
@@ -229,7 +233,8 @@ private:
     idem::PostgresStore& store_;
     idem::PostgresStore& down_;
     idem::PostgresStore& misconfigured_;
-    std::map<std::string, http::Route> routes_;  // filled before the server starts: read-only after
+    std::map<std::string, http::Route> routes_;                   // filled before the server starts: read-only after
+    std::map<std::string, idem::TransactionOptions> tx_options_;  // the in-transaction routes' (as routes_)
     std::mutex mutex_;
     std::condition_variable gate_;
     bool gate_open_ = true;
@@ -712,7 +717,7 @@ const std::vector<Row>& table() {
              CHECK(e.service->runs(k) == 1);
          }},
         {"T02",
-         "in-transaction with transaction_lock_wait: a duplicate while the transaction is open gets 409 "
+         "in-transaction with TransactionOptions::lock_wait: a duplicate while the transaction is open gets 409 "
          "+ Retry-After at once",
          false,
          [](Env& e) {
@@ -741,7 +746,8 @@ const std::vector<Row>& table() {
              CHECK(is_problem(e.post("/tx-throw", quoted(k)), 500, "internal_error"));
              CHECK(e.service->runs(k) == 2);
          }},
-        {"T05", "in-transaction: transaction_lock_wait not below statement_timeout is refused (500), nothing runs",
+        {"T05",
+         "in-transaction: TransactionOptions::lock_wait not below statement_timeout is refused (500), nothing runs",
          false,
          [](Env& e) {
              const auto k = e.key("T05");

@@ -179,17 +179,10 @@ TEST_CASE(
     auto& store = backend.make_pg(knobs(8, "idem_lifecycle_test", 4500ms, 1));
     const auto scope = fresh_scope("txnowait");
     const auto fp = idem::fingerprint("POST /orders"s, 4200);
-    // Set through TransactionOptions, or through the deprecated ClaimOptions field (still honoured).
-    const bool deprecated_field = GENERATE(false, true);
-    CAPTURE(deprecated_field);
     idem::ClaimOptions claim;
     idem::TransactionOptions at_once;
-    if (deprecated_field) {
-        claim.transaction_lock_wait = 1ms;
-    } else {
-        at_once.lock_wait = 1ms;
-    }
-    const idem::Key key(scope + (deprecated_field ? "-deprecated" : ""), "order-nowait");
+    at_once.lock_wait = 1ms;
+    const idem::Key key(scope, "order-nowait");
     std::atomic<int> runs{0};
 
     // The winner's own statements run under the session's lock_timeout, not the short one.
@@ -259,8 +252,7 @@ TEST_CASE(
     CHECK(runs == 1);
 }
 
-TEST_CASE("in-transaction mode: TransactionOptions::lock_wait is checked before any I/O and takes precedence",
-          "[lifecycle][transaction]") {
+TEST_CASE("in-transaction mode: TransactionOptions::lock_wait is checked before any I/O", "[lifecycle][transaction]") {
     PostgresBackend backend;
     auto& store = backend.make_pg(knobs(2, "idem_lifecycle_test", 1000ms, 1));
     const auto scope = fresh_scope("txwaitcheck");
@@ -276,11 +268,4 @@ TEST_CASE("in-transaction mode: TransactionOptions::lock_wait is checked before 
                     idem::config_error);
     CHECK_FALSE(store.read(idem::Key(scope, "k1")));
     CHECK(runs == 0);
-    // The new option decides when both are set: the deprecated one alone would be refused.
-    idem::ClaimOptions deprecated;
-    deprecated.transaction_lock_wait = store.options().statement_timeout;
-    const idem::TransactionOptions short_wait{.lock_wait = 1ms};
-    CHECK(idem::execute_once_in_transaction(store, idem::Key(scope, "k2"), fp, effect, deprecated, short_wait)
-              .outcome() == Outcome::executed);
-    CHECK(runs == 1);
 }

@@ -3,7 +3,6 @@
 // without running the effect, and a Redis replay tier that cannot be reached must be a miss.
 #include <idem/idem.hpp>
 #include <idem/redis.hpp>
-#include <idem/redis_store.hpp>  // the former path, kept for existing code: installed and compiling
 
 #include <cstdio>
 #include <memory>

@@ -201,15 +201,11 @@ TEST_CASE("claims that find no connection free share one group: each keeps its o
         });
     }
     const auto stats = store.stats();
-    INFO("groups " << stats.claim_groups << ", grouped claims " << stats.grouped_claims << ", largest "
-                   << stats.largest_claim_group);
-    CHECK(stats.largest_claim_group > 1);                 // a group did form
-    CHECK(stats.grouped_claims == stats.claims - kHeld);  // all but the held ones, which found a connection
-    // group_commit_stats() says the same (StoreStats' copy of it is deprecated).
     const idem::GroupCommitStats groups = store.group_commit_stats();
-    CHECK(groups.claim_groups == stats.claim_groups);
-    CHECK(groups.grouped_claims == stats.grouped_claims);
-    CHECK(groups.largest_claim_group == stats.largest_claim_group);
+    INFO("groups " << groups.claim_groups << ", grouped claims " << groups.grouped_claims << ", largest "
+                   << groups.largest_claim_group);
+    CHECK(groups.largest_claim_group > 1);                 // a group did form
+    CHECK(groups.grouped_claims == stats.claims - kHeld);  // all but the held ones, which found a connection
     for (int i = 0; i < kDistinct; ++i) {
         const auto& c = claims[static_cast<std::size_t>(i)];
         const std::string k = "k" + std::to_string(i);
@@ -459,7 +455,7 @@ TEST_CASE("saves that find no connection free share one UPDATE: each keeps its o
         });
     }
     t.await_lock_waiters(kHeld);
-    const auto before = store.stats();
+    const idem::GroupCommitStats before = store.group_commit_stats();
 
     // Saver 0: a result over max_result_bytes (refused before any I/O, alone); saver 1: a fence that
     // does not own its key (lease_lost, alone in its group); saver 2 twice with the same fence (one
@@ -487,15 +483,11 @@ TEST_CASE("saves that find no connection free share one UPDATE: each keeps its o
     for (auto& th : held) th.join();
     for (auto& th : savers) th.join();
 
-    const auto stats = store.stats();
-    INFO("save groups " << stats.save_groups << ", grouped " << stats.grouped_saves << ", largest "
-                        << stats.largest_save_group);
-    CHECK(stats.largest_save_group > 1);
-    CHECK(stats.grouped_saves - before.grouped_saves == kSavers);  // saver 0 never got to a group
     const idem::GroupCommitStats groups = store.group_commit_stats();
-    CHECK(groups.save_groups == stats.save_groups);
-    CHECK(groups.grouped_saves == stats.grouped_saves);
-    CHECK(groups.largest_save_group == stats.largest_save_group);
+    INFO("save groups " << groups.save_groups << ", grouped " << groups.grouped_saves << ", largest "
+                        << groups.largest_save_group);
+    CHECK(groups.largest_save_group > 1);
+    CHECK(groups.grouped_saves - before.grouped_saves == kSavers);  // saver 0 never got to a group
     CHECK(outcome[0] == "too_large");
     CHECK(outcome[1] == "lease_lost");
     CHECK(((outcome[2] == "saved") != (outcome[kSavers] == "saved")));
@@ -561,9 +553,8 @@ TEST_CASE("group commit under a cancel storm: no key claimed twice, every claim 
     });
     stop = true;
     canceller.join();
-    const auto stats = store.stats();
     INFO("claims " << attempts << ", cancels " << cancels << ", unavailable " << unavailable << ", largest group "
-                   << stats.largest_claim_group);
+                   << store.group_commit_stats().largest_claim_group);
     CHECK(cancels > 0);
     CHECK(attempts >= kThreads);
     int anomalies = 0;
@@ -638,7 +629,7 @@ TEST_CASE("group commit with backends terminated: members retry with their own f
     killer.join();
     const auto stats = store.stats();
     INFO("kills " << kills << ", unavailable " << unavailable << ", retries " << stats.retries << ", largest group "
-                  << stats.largest_claim_group);
+                  << store.group_commit_stats().largest_claim_group);
     CHECK(kills > 0);
     CHECK(not_claimed == 0);
     int anomalies = 0;
@@ -744,6 +735,7 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
     }
     await_waiters(store, static_cast<std::size_t>(kQueued));  // they queue behind blocker-1's group
     const auto before = store.stats();
+    const idem::GroupCommitStats groups_before = store.group_commit_stats();
     first.exec("ROLLBACK");  // the lone claim wins; its leader relays the queued group
     leader.join();
     REQUIRE(lone.status == ClaimStatus::claimed);
@@ -764,10 +756,12 @@ TEST_CASE("a relayed group whose connection dies in flight: every member goes al
     second.exec("ROLLBACK");
     for (auto& th : queued) th.join();
     const auto stats = store.stats();
-    INFO("groups " << stats.claim_groups - before.claim_groups << ", retries " << stats.retries - before.retries);
+    const idem::GroupCommitStats groups = store.group_commit_stats();
+    INFO("groups " << groups.claim_groups - groups_before.claim_groups << ", retries "
+                   << stats.retries - before.retries);
     // A group formed, and its members went again alone (all ten, unless a busy machine started
     // some of their threads only after the release).
-    CHECK(stats.largest_claim_group >= 2);
+    CHECK(groups.largest_claim_group >= 2);
     CHECK(stats.retries - before.retries >= 2);
     for (int i = 0; i < kQueued; ++i) {
         const std::string k = i == kQueued - 1 ? "held-2" : "k" + std::to_string(i);
