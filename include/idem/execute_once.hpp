@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "idem/attempt.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
@@ -46,40 +47,25 @@
 
 namespace idem {
 
-/// What the effect may know about, and do with, the claim it runs under.
-class Context {
+/// What the effect may know about (Attempt: key, fence, attempt, phase), and do with, the claim it
+/// runs under.
+class Context : public Attempt {
 public:
     /// Made by execute_once for the effect; `taken_over` is the earlier attempt's record after a
     /// resume-mode takeover, else null.
     Context(IdempotencyStore& store, const Key& key, Fence fence, const Record* taken_over) noexcept
-        : store_(store), key_(key), fence_(fence), taken_over_(taken_over) {}
-
-    /// The key this call claimed.
-    [[nodiscard]] const Key& key() const noexcept { return key_; }
-    /// The fence token of this claim (pass it on if a downstream write should be fenced too).
-    [[nodiscard]] Fence fence() const noexcept { return fence_; }
-    /// 1 for the first attempt at this key; more when resume mode took over a stale attempt.
-    [[nodiscard]] int attempt() const noexcept { return taken_over_ ? taken_over_->attempt : 1; }
-    /// The last recovery point an earlier attempt recorded, and its data (resume mode).
-    [[nodiscard]] std::optional<std::string> phase() const { return taken_over_ ? taken_over_->phase : std::nullopt; }
-    /// The data recorded with phase() (resume mode).
-    [[nodiscard]] std::optional<std::string> phase_data() const {
-        return taken_over_ ? taken_over_->phase_data : std::nullopt;
-    }
+        : Attempt(key, fence, taken_over), store_(store) {}
 
     /// Records a recovery point ("charge_created", provider id). Durable when it returns.
     /// Throws lease_lost if this attempt no longer owns the key: stop, someone else took over.
     void record_phase(std::string_view phase, std::string_view data = {}) {
-        store_.record_phase(key_, fence_, phase, data);
+        store_.record_phase(key(), fence(), phase, data);
     }
     /// Heartbeat for long effects: this attempt keeps the key for `lease` from now. Throws lease_lost.
-    void extend_lease(std::chrono::milliseconds lease) { store_.extend_lease(key_, fence_, lease); }
+    void extend_lease(std::chrono::milliseconds lease) { store_.extend_lease(key(), fence(), lease); }
 
 private:
     IdempotencyStore& store_;
-    const Key& key_;
-    Fence fence_;
-    const Record* taken_over_;
 };
 
 namespace detail {

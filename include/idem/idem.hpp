@@ -1,6 +1,7 @@
 // idem/idem.hpp — the whole public API of idem in one include.
 #pragma once
 
+#include "idem/attempt.hpp"               // IWYU pragma: export
 #include "idem/batch.hpp"                 // IWYU pragma: export
 #include "idem/cached_store.hpp"          // IWYU pragma: export
 #include "idem/errors.hpp"                // IWYU pragma: export

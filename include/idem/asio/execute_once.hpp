@@ -67,6 +67,7 @@
 #include <utility>
 
 #include "idem/asio/store.hpp"
+#include "idem/attempt.hpp"
 #include "idem/errors.hpp"
 #include "idem/execute_once.hpp"
 #include "idem/fingerprint.hpp"
@@ -77,41 +78,25 @@ namespace idem::asio {
 
 /// What an asynchronous effect may know about, and do with, the claim it runs under (the
 /// counterpart of idem::Context, with awaitable writes).
-class AsyncContext {
+class AsyncContext : public Attempt {
 public:
     /// Made by async_execute_once for the effect; `taken_over` is the earlier attempt's record
     /// after a resume-mode takeover, else null.
     AsyncContext(AsyncPostgresStore& store, const Key& key, Fence fence, const Record* taken_over) noexcept
-        : store_(store), key_(key), fence_(fence), taken_over_(taken_over) {}
-
-    /// The key this call claimed.
-    [[nodiscard]] const Key& key() const noexcept { return key_; }
-    /// The fence token of this claim.
-    [[nodiscard]] Fence fence() const noexcept { return fence_; }
-    /// 1 for the first attempt at this key; more when resume mode took over a stale attempt.
-    [[nodiscard]] int attempt() const noexcept { return taken_over_ ? taken_over_->attempt : 1; }
-    /// The last recovery point an earlier attempt recorded (resume mode).
-    [[nodiscard]] std::optional<std::string> phase() const { return taken_over_ ? taken_over_->phase : std::nullopt; }
-    /// The data recorded with phase().
-    [[nodiscard]] std::optional<std::string> phase_data() const {
-        return taken_over_ ? taken_over_->phase_data : std::nullopt;
-    }
+        : Attempt(key, fence, taken_over), store_(store) {}
 
     /// A recovery point, durable when the awaitable completes. Throws lease_lost if this attempt no
     /// longer owns the key.
     boost::asio::awaitable<void> record_phase(std::string phase, std::string data = {}) {
-        return store_.co_record_phase(key_, fence_, std::move(phase), std::move(data));
+        return store_.co_record_phase(key(), fence(), std::move(phase), std::move(data));
     }
     /// Heartbeat: this attempt keeps the key for `lease` from now. Throws lease_lost.
     boost::asio::awaitable<void> extend_lease(std::chrono::milliseconds lease) {
-        return store_.co_extend_lease(key_, fence_, lease);
+        return store_.co_extend_lease(key(), fence(), lease);
     }
 
 private:
     AsyncPostgresStore& store_;
-    const Key& key_;
-    Fence fence_;
-    const Record* taken_over_;
 };
 
 /// Per-call settings of async_execute_once.
