@@ -108,7 +108,7 @@ void PostgresStore::distribute(DistributeBy by) {
         if (db.distribution_column(m.table.qualified) != column) throw;
     }
     m.citus.store(true, std::memory_order_relaxed);
-    m.distribution.store(by == DistributeBy::scope ? Impl::kByScope : Impl::kByKey, std::memory_order_relaxed);
+    m.known_layout(by == DistributeBy::scope ? pg::Layout::by_scope : pg::Layout::by_key);
 }
 
 Deployment PostgresStore::inspect() {
@@ -119,7 +119,7 @@ Deployment PostgresStore::inspect() {
     const auto version = db.citus_version();
     if (!version) {
         m.citus.store(false, std::memory_order_relaxed);
-        m.distribution.store(Impl::kPlain, std::memory_order_relaxed);
+        m.known_layout(pg::Layout::plain);
         return d;
     }
     d.citus = true;
@@ -129,10 +129,9 @@ Deployment PostgresStore::inspect() {
     const auto column = db.distribution_column(m.table.qualified);
     if (column == "scope") d.distributed_by = DistributeBy::scope;
     if (column == "key") d.distributed_by = DistributeBy::key;
-    m.distribution.store(!d.distributed_by                          ? Impl::kPlain
-                         : *d.distributed_by == DistributeBy::scope ? Impl::kByScope
-                                                                    : Impl::kByKey,
-                         std::memory_order_relaxed);
+    m.known_layout(!d.distributed_by                          ? pg::Layout::plain
+                   : *d.distributed_by == DistributeBy::scope ? pg::Layout::by_scope
+                                                              : pg::Layout::by_key);
     if (!d.coordinator) {
         d.warnings.push_back(
             "connected to a Citus worker node: ensure_schema() and distribute() refuse there, and "

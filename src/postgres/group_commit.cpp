@@ -173,7 +173,7 @@ struct PostgresStore::Impl::GroupCommit {
             }
             // A distributed table: one-shard segments (pg::ClaimRowsPlan), in blocks where needed.
             note_claims(slots.size());
-            const pg::ClaimGroupPlan plan(s.defs, s.layout_of(s.layout(**conn)), slots);
+            const pg::ClaimGroupPlan plan(s.defs, s.layout(**conn), slots);
             for (pg::ClaimSlot* c : slots) c->sent = true;
             try {
                 plan.read(plan.blocks() ? s.run_block(**conn, plan.steps(), plan.segments())
@@ -199,7 +199,7 @@ struct PostgresStore::Impl::GroupCommit {
             try {
                 note_saves(group.size());
                 auto f = std::make_unique<SaveFlight>();
-                const pg::Layout layout = s.layout_of(s.layout(*conn));
+                const pg::Layout layout = s.layout(*conn);
                 const pg::SaveGroupPlan& plan = f->plan.emplace(s.defs, layout, slots);
                 const auto segments = plan.segments();
                 f->deadline =

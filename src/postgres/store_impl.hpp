@@ -1,8 +1,9 @@
-// PostgresStore's state and its drivers (internal): the connections, the retry loop that runs
-// the operations of ops.hpp, LISTEN/NOTIFY waiting, the layout of a distributed table and group
-// commit. Shared by the files that implement PostgresStore: postgres_store.cpp (the single-key
-// calls), admin.cpp (schema, distribution, inspection, stale keys, purge), batch.cpp (claim_batch,
-// save_batch) and in_transaction.cpp (run_in_transaction).
+// PostgresStore's state and its blocking driver (internal): the connections, the retry loop in
+// which the engine's runners (sansio/runner.hpp) run the operations of ops.hpp, and the entry
+// points of group commit. Shared by the files that implement PostgresStore: postgres_store.cpp
+// (the single-key calls), admin.cpp (schema, distribution, inspection, stale keys, purge),
+// batch.cpp (claim_batch, save_batch), in_transaction.cpp (run_in_transaction), wait.cpp
+// (ClaimOptions::wait), layout.cpp (a distributed table's layout) and group_commit.cpp.
 #pragma once
 
 #include "idem/postgres_store.hpp"
@@ -130,11 +131,11 @@ struct PostgresStore::Impl {
     std::atomic<bool> purge_distributed{false};
     // How the table is laid out, as far as this store knows: shapes the batch and group statements
     // (docs/scale-out.md). Found on the first batch or group (one catalog query), or by inspect()
-    // and distribute(); kUnknown until then.
-    enum Distribution : int { kUnknown, kPlain, kByScope, kByKey };
-    std::atomic<int> distribution{kUnknown};
+    // and distribute(); `layout_known` false until then.
+    std::atomic<pg::Layout> distribution{pg::Layout::plain};
+    std::atomic<bool> layout_known{false};
     std::atomic<bool> citus{false};                // the citus extension is installed
-    std::atomic<Clock::rep> recheck_layout_at{0};  // kPlain with Citus: ask again from then on
+    std::atomic<Clock::rep> recheck_layout_at{0};  // plain with Citus: ask again from then on
     pg::Counters& counters() noexcept { return counter_shards[detail::thread_index() % counter_shards.size()]; }
 
     Clock::time_point deadline() const {
@@ -279,160 +280,29 @@ struct PostgresStore::Impl {
         return std::move(drive("take_over", op).taken());
     }
 
-    // ClaimOptions::wait (docs/design.md, "Waiting instead of 409"). Until the machine's deadline:
-    // read the key again now and then (a poll, kWaitPoll: one primary-key SELECT) and, where LISTEN
-    // works, wake at once on the saver's NOTIFY. Polling is what makes waiting work everywhere: a
-    // pooler in transaction mode (PgBouncer) runs LISTEN on a server connection it then hands to
-    // other clients, and the NOTIFY never reaches the waiter. With LISTEN too, polls are the
-    // backstop: a notification that does not come (a failed best-effort NOTIFY, a save through
-    // another Citus node) costs one interval at most, instead of the rest of the wait. Returns
+    // ClaimOptions::wait (wait.cpp; docs/design.md, "Waiting instead of 409"): until the machine's
+    // deadline, polls the key and, where LISTEN works, wakes at once on the saver's NOTIFY. Returns
     // what the machine decided next.
-    pg::ClaimMachine::Next wait_for_save(const Key& key, pg::ClaimMachine& machine) {
-        using Strategy = PostgresOptions::WaitStrategy;
-        const Fence waited_for = machine.stale_fence();
-        const bool pooled = session.load(std::memory_order_relaxed) == kSessionPooled;
-        if (options.wait_strategy != Strategy::poll && !pooled) {
-            // Listeners hold a connection while they wait: never more than pool_size - 1 of them,
-            // so the owner's save always finds one. Past that, wait by polling (notify: in_progress).
-            if (waiting.fetch_add(1) + 1 < options.pool_size) {
-                struct Done {
-                    std::atomic<std::size_t>& n;
-                    ~Done() { n.fetch_sub(1); }
-                } leave{waiting};
-                if (auto next = listen_for_save(key, machine, waited_for)) return *next;
-            } else {
-                waiting.fetch_sub(1);
-                if (options.wait_strategy == Strategy::notify) return machine.on_waited(false);
-            }
-        }
-        // Polling: the connection goes back to the pool between polls.
-        std::this_thread::sleep_until(machine.next_poll());
-        try {
-            return with_connection("wait", [&](pg::Connection& conn, int) {
-                return machine.on_polled(poll_waited(conn, key, waited_for));
-            });
-        } catch (const pool_timeout&) {
-            return machine.on_waited(false);  // no connection to look with: the key was in progress
-        }
-    }
+    pg::ClaimMachine::Next wait_for_save(const Key& key, pg::ClaimMachine& machine);
+    pg::StepResults poll_waited(pg::Connection& conn, const Key& key, Fence waited_for);
+    // Whether LISTEN on `conn` would be heard: not through a pooler. Asked once per store.
+    bool own_session(pg::Connection& conn);
+    // The listening wait, on one pooled connection; nullopt: LISTEN is not usable here (poll).
+    std::optional<pg::ClaimMachine::Next> listen_for_save(const Key& key, pg::ClaimMachine& machine, Fence waited_for);
 
-    pg::StepResults poll_waited(pg::Connection& conn, const Key& key, Fence waited_for) {
-        Params p;
-        p.text(key.scope()).text(key.value()).int8(waited_for);
-        return run_one(conn, pg::kWaitPoll, p);
-    }
-
-    // Whether LISTEN on `conn` would be heard (wait_strategy automatic): not through a pooler. The
-    // server's backend pid differs from the one libpq got at connect when a pooler (PgBouncer, any
-    // pool mode) made that up; a direct session, a TCP proxy or a Citus coordinator keeps it. Asked
-    // once per store (one round trip on its first wait): every connection goes the same way.
-    bool own_session(pg::Connection& conn) {
-        if (options.wait_strategy == PostgresOptions::WaitStrategy::notify) return true;
-        int known = session.load(std::memory_order_relaxed);
-        if (known == kSessionUnknown) {
-            Params pid;
-            pid.int4(PQbackendPID(conn.native()));
-            auto res = run_one(conn, pg::kOwnSession, pid);
-            if (!res[0].ok()) throw_statement_error(res[0], "wait");
-            known = pg::get_bool(res[0].result.get(), 0, 0) ? kSessionOwn : kSessionPooled;
-            session.store(known, std::memory_order_relaxed);
-        }
-        return known == kSessionOwn;
-    }
-
-    // The listening wait, on one pooled connection held throughout: LISTEN, flag the row as waited
-    // for, then wake on the saver's NOTIFY, on a poll that is due (automatic; notify polls at the
-    // deadline only), or at the deadline. nullopt: LISTEN is not usable here (a pooler): poll.
-    std::optional<pg::ClaimMachine::Next> listen_for_save(const Key& key, pg::ClaimMachine& machine, Fence waited_for) {
-        using Next = pg::ClaimMachine::Next;
-        return with_connection("wait", [&](pg::Connection& conn, int) -> std::optional<Next> {
-            if (!own_session(conn)) return std::nullopt;
-            const std::string payload = pg::notify_payload(table, key);
-            Params none, mark;
-            mark.text(key.scope()).text(key.value());
-            // LISTEN first: a save committed after the mark is then certain to be heard.
-            const Step steps[] = {{&defs[pg::kListen], &none}, {&defs[pg::kMarkWaiter], &mark}};
-            const bool polls = options.wait_strategy != PostgresOptions::WaitStrategy::notify;
-            std::optional<Next> next;
-            try {
-                auto res = run(conn, steps);
-                if (!res[0].ok()) throw_statement_error(res[0], "listen");
-                if (!res[1].ok()) throw_statement_error(res[1], "wait");
-                if (res[1].rows() == 0) next = machine.on_waited(true);  // no longer in progress: read it
-                while (!next) {
-                    const Clock::time_point until = polls ? machine.next_poll() : machine.wait_until();
-                    if (conn.wait_notification(pg::kChannel, payload, until)) {
-                        next = machine.on_waited(true);
-                        break;
-                    }
-                    const Next polled = machine.on_polled(poll_waited(conn, key, waited_for));
-                    if (polled != Next::wait) next = polled;
-                }
-            } catch (...) {
-                conn.mark_broken();  // may still be listening: never pool it again
-                throw;
-            }
-            // The answer stands whatever happens now: a connection that cannot stop listening is
-            // discarded, not retried with (that would wait again).
-            try {
-                auto done = run_one(conn, pg::kUnlisten, none);
-                if (!done[0].ok()) conn.mark_broken();
-                // Drop notifications that arrived meanwhile, so the pooled connection is clean.
-                conn.wait_notification(pg::kChannel, "", Clock::now());
-            } catch (...) {
-                conn.mark_broken();
-            }
-            return next;
-        });
-    }
 
     // ---- Statements for many keys: claim_batch, save_batch and groups share them ----
     // Plain PostgreSQL: one array statement for all rows. A Citus-distributed table: statements that
     // each stay on one shard (an array statement joins the table with unnest() and spans every
     // shard, through the coordinator), the writes inside BEGIN/COMMIT so that they commit together.
 
-    // The table's layout (see `distribution`); asked once per store, on a pooled connection, and
-    // like a connection's set-up not counted in stats().round_trips. A failed question is not
-    // remembered: the batch goes with arrays, which work everywhere, and asks next time.
-    int layout(pg::Connection& conn) {
-        switch (options.statement_shape) {
-            case PostgresOptions::StatementShape::arrays: return kPlain;
-            case PostgresOptions::StatementShape::per_scope: return kByScope;
-            case PostgresOptions::StatementShape::per_key: return kByKey;
-            case PostgresOptions::StatementShape::automatic: break;
-        }
-        const int known = distribution.load(std::memory_order_relaxed);
-        // Not distributed, but Citus is there: asked again now and then (the table may be
-        // distributed later, by distribute() in another process or by hand).
-        if (known != kUnknown &&
-            (known != kPlain || !citus.load(std::memory_order_relaxed) ||
-             Clock::now().time_since_epoch().count() < recheck_layout_at.load(std::memory_order_relaxed))) {
-            return known;
-        }
-        const auto ask = [&](pg::Stmt stmt, Params& p) {
-            const Step step{&defs[stmt], &p};
-            return conn.run(std::span(&step, 1), deadline());
-        };
-        Params none;
-        auto installed = ask(pg::kCitusInstalled, none);
-        if (!installed[0].ok() || installed[0].rows() != 1) return kPlain;
-        int found = kPlain;
-        const bool with_citus = pg::get_bool(installed[0].result.get(), 0, 0);
-        if (with_citus) {
-            Params p;
-            p.text(table.qualified);
-            auto column = ask(pg::kDistributionColumn, p);
-            if (!column[0].ok()) return kPlain;
-            if (column[0].rows() == 1) {
-                const std::string_view c = pg::get_bytes(column[0].result.get(), 0, 0);
-                found = c == "scope" ? kByScope : c == "key" ? kByKey : kPlain;
-            }
-        }
-        citus.store(with_citus, std::memory_order_relaxed);
-        recheck_layout_at.store((Clock::now() + std::chrono::seconds(60)).time_since_epoch().count(),
-                                std::memory_order_relaxed);
-        distribution.store(found, std::memory_order_relaxed);
-        return found;
+    // The table's layout (layout.cpp): asked once per store, on a pooled connection, and again
+    // now and then while Citus is installed and the table is not distributed.
+    pg::Layout layout(pg::Connection& conn);
+    // Records a layout learnt by distribute() or inspect().
+    void known_layout(pg::Layout l) noexcept {
+        distribution.store(l, std::memory_order_relaxed);
+        layout_known.store(true, std::memory_order_release);
     }
 
     using ClaimRow = pg::ClaimRow;
@@ -441,20 +311,16 @@ struct PostgresStore::Impl {
     using SaveRow = pg::SaveRow;
     using SaveAnswers = pg::SaveAnswers;
 
-    pg::Layout layout_of(int shape) const noexcept {
-        return shape == kByScope ? pg::Layout::by_scope : shape == kByKey ? pg::Layout::by_key : pg::Layout::plain;
-    }
-
     // The claims of a batch or a group in one round trip (pg::ClaimRowsPlan). Throws connection_broken.
     ClaimAnswers claim_rows(pg::Connection& conn, std::span<const ClaimRow> rows) {
-        const pg::ClaimRowsPlan plan(defs, layout_of(layout(conn)), rows);
+        const pg::ClaimRowsPlan plan(defs, layout(conn), rows);
         return plan.read(plan.blocks() ? run_block(conn, plan.steps(), plan.segments())
                                        : run(conn, plan.steps(), plan.segments()));
     }
 
     // The saves of a batch or a group in one round trip (pg::SaveRowsPlan). Throws connection_broken.
     SaveAnswers save_rows(pg::Connection& conn, std::span<const SaveRow> rows) {
-        const pg::SaveRowsPlan plan(defs, layout_of(layout(conn)), rows);
+        const pg::SaveRowsPlan plan(defs, layout(conn), rows);
         return plan.read(run(conn, plan.steps(), plan.segments()));
     }
 
@@ -501,7 +367,7 @@ struct PostgresStore::Impl {
     // distributed table's claims go in explicit blocks that may need a ROLLBACK after their answers
     // (run_block): the group's own leader sends those.
     bool relay_possible(pg::Connection& conn) {
-        return layout(conn) == kPlain && !citus.load(std::memory_order_relaxed);
+        return layout(conn) == pg::Layout::plain && !citus.load(std::memory_order_relaxed);
     }
 
     // A save's own round trips (without group commit, and after a group's failure): the one-row UPDATE,
