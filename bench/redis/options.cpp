@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 
 namespace bench::redis {
 namespace {

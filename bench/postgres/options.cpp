@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "util.hpp"
+#include "../common/util.hpp"
 
 namespace bench {
 namespace {

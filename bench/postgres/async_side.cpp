@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "options.hpp"
-#include "util.hpp"
 
 namespace bench {
 namespace {

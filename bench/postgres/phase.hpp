@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "admin.hpp"
 #include "cases.hpp"
-#include "util.hpp"
 
 namespace bench {
 
