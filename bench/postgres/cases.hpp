@@ -3,6 +3,7 @@
 // (bench/postgres/main.cpp describes them).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -16,6 +17,8 @@ inline constexpr std::int64_t kRetentionS = 86'400;
 inline constexpr int kWarmupCalls = 3;
 
 enum class Case { fresh, replay, conflict, replay_cached };
+/// Every case, in the order the matrix runs them unless --cases names others.
+inline constexpr std::array kCases{Case::fresh, Case::replay, Case::conflict, Case::replay_cached};
 
 inline const char* case_name(Case c) {
     switch (c) {

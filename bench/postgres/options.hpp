@@ -20,7 +20,7 @@ struct Options {
     /// The idem sides' pool per entry of `threads` (0: as many connections as threads): a thread
     /// per request on fewer connections, as a service usually runs (--threads 64/8, --pool N).
     std::vector<int> pools{0, 0, 0, 8, 16};
-    std::vector<Case> cases{Case::fresh, Case::replay, Case::conflict, Case::replay_cached};
+    std::vector<Case> cases = std::vector<Case>(kCases.begin(), kCases.end());
     std::vector<bool> group_commit{false, true};  ///< idem side(s): group commit off (idem), on (idem_gc)
     bool ideal = true;                            ///< run the ideal-grouping floor
     double seconds = 6;

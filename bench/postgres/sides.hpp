@@ -25,9 +25,6 @@
 
 namespace bench {
 
-/// The store's StoreStats as a phase's counters.
-Counters library_counters(const idem::IdempotencyStore& store);
-
 // Opens the whole pool before anything is timed (the pool opens connections lazily).
 void prewarm(idem::PostgresStore& store, int threads);
 
