@@ -18,7 +18,7 @@
 #include <exception>
 #include <vector>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 #include "child.hpp"
 
 namespace bench::inflight {

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 #include "child.hpp"
 
 namespace bench::inflight {

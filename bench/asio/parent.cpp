@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 #include "output.hpp"
 
 namespace bench::inflight {

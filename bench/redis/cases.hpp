@@ -2,6 +2,7 @@
 // it sends, the untimed calls before each phase, and the cases.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -16,6 +17,8 @@ inline constexpr std::int64_t kDayMs = 86'400'000;
 inline constexpr int kWarmupCalls = 3;
 
 enum class Case { fresh, replay, conflict };
+/// Every case, in the order a run takes them unless --cases names others.
+inline constexpr std::array kCases{Case::fresh, Case::replay, Case::conflict};
 inline const char* case_name(Case c) { return c == Case::fresh ? "new" : c == Case::replay ? "replay" : "conflict"; }
 
 }  // namespace bench::redis

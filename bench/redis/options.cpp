@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
-#include "../util.hpp"
+#include "../common/case_list.hpp"
+#include "../common/util.hpp"
 
 namespace bench::redis {
 namespace {
@@ -67,18 +69,10 @@ Options parse(int argc, char** argv) {
             if (o.threads.empty() || std::any_of(o.threads.begin(), o.threads.end(), [](int t) { return t < 1; }))
                 usage(2);
         } else if (arg == "--cases") {
-            o.cases.clear();
-            for (const auto& c : split(value())) {
-                if (c == "new") {
-                    o.cases.push_back(Case::fresh);
-                } else if (c == "replay") {
-                    o.cases.push_back(Case::replay);
-                } else if (c == "conflict") {
-                    o.cases.push_back(Case::conflict);
-                } else {
-                    usage(2);
-                }
-            }
+            std::string unknown;
+            auto cases = parse_cases(value(), kCases, unknown);
+            if (!cases) usage(2);
+            o.cases = std::move(*cases);
         } else if (arg == "--seconds") {
             o.seconds = std::strtod(value().c_str(), nullptr);
             if (!(o.seconds > 0)) usage(2);

@@ -15,7 +15,7 @@ namespace bench::redis {
 struct Options {
     std::string store;  // redis | tiered
     std::vector<int> threads{1, 4, 16};
-    std::vector<Case> cases{Case::fresh, Case::replay, Case::conflict};
+    std::vector<Case> cases = std::vector<Case>(kCases.begin(), kCases.end());
     double seconds = 6;
     int rounds = 3;
     std::int64_t preload = 100'000;

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 #include "options.hpp"
 
 namespace bench::redis {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 
 namespace bench::redis {
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 #include "redis/scripts.hpp"  // internal: the floor sends the library's own scripts
 
 namespace bench::redis {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "../util.hpp"
+#include "../common/util.hpp"
 #include "output.hpp"
 #include "raw.hpp"
 #include "sides.hpp"

@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "../admin.hpp"
-#include "../util.hpp"
+#include "../common/util.hpp"
+#include "../postgres/admin.hpp"
 #include "output.hpp"
 #include "raw.hpp"
 #include "sides.hpp"

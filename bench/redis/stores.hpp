@@ -1,4 +1,4 @@
-// The two runs of idem-bench --store redis | tiered (bench/redis.cpp describes them), and the
+// The two runs of idem-bench --store redis | tiered (bench/redis/redis_main.cpp describes them), and the
 // checks of --expect-round-trips on their figures.
 #pragma once
 

@@ -6,6 +6,7 @@
 #include "idem/asio.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -101,10 +102,9 @@ private:
 /// A private idem table, an io_context run by one thread, the store on it.
 struct Fixture {
     Fixture() : table(idem_test::unique_name("idem_blocking")) {
-        if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
         idem::PostgresOptions o;
         o.table = table;
-        store.emplace(io.get_executor(), idem_test::database_url(), o);
+        store.emplace(io.get_executor(), idem_test::require_db(), o);
         store->blocking().ensure_schema();
         runner = std::thread([this] {
             loop_thread = std::this_thread::get_id();

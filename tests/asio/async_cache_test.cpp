@@ -5,6 +5,7 @@
 #include "idem/asio.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -34,10 +35,9 @@ namespace {
 struct Fixture {
     explicit Fixture(idem::PostgresOptions o = {})
         : table(idem_test::unique_name("idem_async_cache")), app(idem_test::unique_name("idem_async_cache_app")) {
-        if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
         o.table = table;
         o.application_name = app;
-        store.emplace(io.get_executor(), idem_test::database_url(), o);
+        store.emplace(io.get_executor(), idem_test::require_db(), o);
         store->blocking().ensure_schema();
         runner = std::thread([this] { io.run(); });
     }

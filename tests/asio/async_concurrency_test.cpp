@@ -6,6 +6,7 @@
 #include "idem/idem.hpp"
 #include "pg.hpp"
 #include "race_run.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 #include "test_env.hpp"
 
@@ -33,7 +34,7 @@ using namespace std::chrono_literals;
 using idem_test::PgConn;
 
 namespace race = idem_test::race;
-using race::require_db;
+using idem_test::require_db;
 
 /// An idem table and an effects table, both dropped at the end.
 struct Tables : race::Tables {

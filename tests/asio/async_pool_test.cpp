@@ -5,6 +5,7 @@
 #include "idem/asio.hpp"
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -67,10 +68,10 @@ std::string line(const std::string& name, std::size_t value) {
 TEST_CASE("async pool_stats: 10 claims and a read held by a table lock on 2 connections: 2 open, 2 in use, 9 waiting",
           "[asio][metrics]") {
     IDEM_NOT_ON_CITUS("the table lock and pg_stat_activity are the coordinator's");
-    if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const std::string url = idem_test::require_db();
     const std::string table = idem_test::unique_name("idem_async_pool");
     const std::string app = idem_test::unique_name("idem_async_pool_app");
-    idem_test::DropTable drop(idem_test::database_url(), table);
+    idem_test::DropTable drop(url, table);
     idem::PostgresOptions o;
     o.table = table;
     o.pool_size = 2;
@@ -82,7 +83,7 @@ TEST_CASE("async pool_stats: 10 claims and a read held by a table lock on 2 conn
     o.prepared_statements = false;
     Loop loop;
     std::optional<idem::asio::AsyncPostgresStore> store;
-    store.emplace(loop.io.get_executor(), idem_test::database_url(), o);
+    store.emplace(loop.io.get_executor(), url, o);
     store->blocking().ensure_schema();
     auto metrics = std::make_shared<idem::PrometheusObserver>();
     metrics->set_pool_source([&store] { return store->pool_stats(); });
@@ -94,7 +95,7 @@ TEST_CASE("async pool_stats: 10 claims and a read held by a table lock on 2 conn
     CHECK(s.waiters == 0);
     CHECK(s.acquires == 0);
 
-    PgConn locker(idem_test::database_url());
+    PgConn locker(url);
     locker.exec("BEGIN");
     locker.exec("LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE");
     // 10 claims at once: the first goes out alone and waits on the lock; the other 9 queue for the
@@ -106,7 +107,7 @@ TEST_CASE("async pool_stats: 10 claims and a read held by a table lock on 2 conn
                                             net::use_future));
     }
     auto read = store->async_read(idem::Key("pool", "r"), net::use_future);
-    PgConn admin(idem_test::database_url());
+    PgConn admin(url);
     // Until the first claim and the read wait on the lock, and every claim was sent or queued.
     REQUIRE(eventually([&] {
         return admin.scalar(
@@ -235,14 +236,14 @@ TEST_CASE("async: an idle connection is watched for reading only, after connecti
     // The event loop re-arms a descriptor's events on every wait; one still registered for
     // writing, and writable, wakes the loop once more on every round trip, for nothing. Connecting
     // waits for writability, and so does a request larger than the socket takes at once.
-    if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const std::string url = idem_test::require_db();
     const std::string table = idem_test::unique_name("idem_async_watch");
     net::io_context io;
     idem::PostgresOptions o;
     o.table = table;
     o.pool_size = 2;
     {
-        idem::asio::AsyncPostgresStore store(io.get_executor(), idem_test::database_url(), o);
+        idem::asio::AsyncPostgresStore store(io.get_executor(), url, o);
         store.blocking().ensure_schema();
         const std::string big(4u << 20, 'x');  // larger than a socket's buffer
         int executed = 0;
@@ -267,5 +268,5 @@ TEST_CASE("async: an idle connection is watched for reading only, after connecti
             CHECK((events & EPOLLOUT) == 0);
         }
     }
-    PgConn(idem_test::database_url()).exec("DROP TABLE IF EXISTS " + table);
+    PgConn(url).exec("DROP TABLE IF EXISTS " + table);
 }

@@ -4,6 +4,7 @@
 #include "idem/idem.hpp"
 #include "idem/postgres_transaction.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -43,10 +44,9 @@ namespace {
 // A private table, an io_context run by one thread, and the store on it.
 struct Fixture {
     Fixture() : table(idem_test::unique_name("idem_async")) {
-        if (idem_test::database_url().empty()) FAIL(idem_test::kNoDatabaseMessage);
         idem::PostgresOptions o;
         o.table = table;
-        store.emplace(io.get_executor(), idem_test::database_url(), o);
+        store.emplace(io.get_executor(), idem_test::require_db(), o);
         store->blocking().ensure_schema();
         runner = std::thread([this] { io.run(); });
     }

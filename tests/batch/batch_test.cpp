@@ -17,6 +17,7 @@
 #include "batch_semantics.hpp"
 #include "idem/postgres_store.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 
 using namespace std::chrono_literals;
@@ -25,24 +26,13 @@ using idem_test::PgConn;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 /// idem's table for one test, with its schema; dropped (with its version row) at the end.
 class IdemTable {
 public:
     explicit IdemTable(std::string url) : url_(std::move(url)), name_(idem_test::unique_name("idem_batch")) {}
-    ~IdemTable() {
-        try {
-            PgConn conn(url_);
-            conn.exec("DROP TABLE IF EXISTS " + name_ + " CASCADE");
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name_});
-        } catch (...) {
-        }
-    }
+    ~IdemTable() { idem_test::drop_idem_table(url_, name_); }
     IdemTable(const IdemTable&) = delete;
     IdemTable& operator=(const IdemTable&) = delete;
 

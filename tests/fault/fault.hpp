@@ -14,6 +14,8 @@
 
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
+#include "shell.hpp"
 
 #include <dirent.h>
 #include <libpq-fe.h>
@@ -65,27 +67,13 @@ inline std::string env(const char* name) {
     return v ? std::string(v) : std::string();
 }
 
-inline std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 inline double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-inline std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) {
-        if (c == '\'') {
-            out += "'\\''";
-        } else {
-            out += c;
-        }
-    }
-    return out + "'";
-}
+using idem_test::shell_quote;
 
 /// A libpq connection opened with extra keywords over the test conninfo (application_name,
 /// options...). Returns null (with `error` set) if it cannot connect.
@@ -250,14 +238,7 @@ class IdemTable {
 public:
     explicit IdemTable(std::string direct_url)
         : url_(std::move(direct_url)), name_(idem_test::unique_name("idem_fault")) {}
-    ~IdemTable() {
-        try {
-            PgConn conn(url_);
-            conn.exec("DROP TABLE IF EXISTS " + name_);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name_});
-        } catch (...) {
-        }
-    }
+    ~IdemTable() { idem_test::drop_idem_table(url_, name_); }
     IdemTable(const IdemTable&) = delete;
     IdemTable& operator=(const IdemTable&) = delete;
     [[nodiscard]] const std::string& name() const { return name_; }

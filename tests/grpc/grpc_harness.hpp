@@ -42,6 +42,7 @@
 #include "idem/postgres_store.hpp"
 #include "idem_test.grpc.pb.h"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 namespace grpc_test {
@@ -385,7 +386,7 @@ public:
     static constexpr const char* kNowhere = "host=127.0.0.1 port=1 dbname=none connect_timeout=1";
 
     Harness()
-        : url_(require_db()),
+        : url_(idem_test::require_db()),
           db(url_),
           store(url_, options()),
           down_(kNowhere, down_options()),
@@ -457,11 +458,6 @@ public:
     Effects effects;
 
 private:
-    static std::string require_db() {
-        auto url = idem_test::database_url();
-        if (url.empty()) throw std::runtime_error(idem_test::kNoDatabaseMessage);
-        return url;
-    }
     static idem::PostgresOptions options() {
         idem::PostgresOptions o;
         o.pool_size = 48;  // the 32 waiting calls of the concurrency test each hold one

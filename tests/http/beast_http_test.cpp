@@ -26,6 +26,7 @@
 
 #include "http_support.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 #include "threads.hpp"
 
@@ -111,8 +112,7 @@ long long sample(const std::string& text, const std::string& series) {
 }  // namespace
 
 TEST_CASE("beast-http: the Beast example end to end over real HTTP", "[http][example][beast]") {
-    const auto db = idem_test::database_url();
-    if (db.empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const auto db = idem_test::require_db();
     // The provider takes 2 s: long enough for duplicates to arrive while a payment is in flight.
     const Example example(db, "2000");
     idem_test::PgConn pg(db);

@@ -27,6 +27,7 @@
 #include "idem/http/transaction.hpp"
 #include "idem/postgres_store.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 #include "threads.hpp"
 
@@ -828,11 +829,7 @@ bool runs_on(const Env& env, const Row& row) {
     return !row.http_only || env.over_http;
 }
 
-std::string require_db() {
-    auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 }  // namespace
 

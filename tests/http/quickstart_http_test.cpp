@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "http_support.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 #include "threads.hpp"
 
@@ -74,8 +75,7 @@ private:
 }  // namespace
 
 TEST_CASE("quickstart-http: every rule, with the example's ~20 lines of user code", "[http][example]") {
-    const auto db = idem_test::database_url();
-    if (db.empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const auto db = idem_test::require_db();
     const Example example(db);
     const std::string k = "qs-" + std::to_string(getpid());
 

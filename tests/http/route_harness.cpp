@@ -11,6 +11,7 @@
 #include "http_support.hpp"
 #include "idem/http/httplib.hpp"
 #include "idem/postgres_store.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #ifdef IDEM_TEST_BEAST
@@ -22,12 +23,6 @@
 namespace route_test {
 
 namespace {
-
-std::string require_db() {
-    auto url = idem_test::database_url();
-    if (url.empty()) throw std::runtime_error(idem_test::kNoDatabaseMessage);
-    return url;
-}
 
 constexpr const char* kNowhere = "host=127.0.0.1 port=1 dbname=none connect_timeout=1";
 
@@ -115,7 +110,7 @@ struct Harness::Servers {
 };
 
 Harness::Harness(std::map<std::string, idem::http::Route> routes)
-    : url_(require_db()),
+    : url_(idem_test::require_db()),
       run_id(std::to_string(::getpid()) + "-" +
              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000)),
       db(url_),

@@ -30,6 +30,7 @@
 #include "idem/response.hpp"
 #include "manual_clock.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 namespace lifecycle {
@@ -37,11 +38,7 @@ namespace lifecycle {
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
-inline std::string require_db() {
-    auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 /// Knobs for a PostgresStore (ignored by the memory backend).
 struct StoreKnobs {
@@ -81,12 +78,7 @@ public:
     PostgresBackend() : conninfo_(require_db()), table_(idem_test::unique_name("idem_lc")) {}
     ~PostgresBackend() {
         stores_.clear();  // close the pools before dropping the table
-        try {
-            idem_test::PgConn conn(conninfo_);
-            conn.exec("DROP TABLE IF EXISTS " + table_);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table_});
-        } catch (...) {
-        }
+        idem_test::drop_idem_table(conninfo_, table_);
     }
     PostgresBackend(const PostgresBackend&) = delete;
     PostgresBackend& operator=(const PostgresBackend&) = delete;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "idem/idem.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 #include "test_env.hpp"
 
@@ -40,11 +41,7 @@ std::string sample(const std::string& text, const std::string& series) {
     return text.substr(from, text.find('\n', from) - from);
 }
 
-std::string require_db() {
-    const std::string url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "idem/redis/store.hpp"
 #include "pg.hpp"
 #include "redis_server.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #include <atomic>
@@ -398,11 +399,10 @@ struct Tiered {
     }
     /// `secret`: the tier's entry_secret ("" for none).
     explicit Tiered(const RedisServer& server, const std::string& secret = kEntrySecret)
-        : url(idem_test::database_url()),
+        : url(idem_test::require_db()),
           table(idem_test::unique_name("idem_tier")),
           drop(url, table),
           primary(url, primary_options(table)) {
-        if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
         primary.ensure_schema();
         cache_options.connection.unix_socket = server.socket();
         cache_options.connection.key_prefix = idem_test::unique_name("c") + ":";

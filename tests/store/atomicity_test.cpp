@@ -7,6 +7,7 @@
 // restart: disruptive_test.cpp.) Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 #include "threads.hpp"
 
@@ -36,11 +37,7 @@ using idem_test::PgConn;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 idem::Fingerprint fp_of(int n) { return idem::fingerprint("POST /charges"s, n); }
 
@@ -62,11 +59,10 @@ public:
         admin_.exec("CREATE ROLE " + role_ + " LOGIN");
     }
     ~Fixture() {
+        idem_test::drop_idem_table(url_, table_);
         try {
             PgConn admin(url_);
-            admin.exec("DROP TABLE IF EXISTS " + table_ + " CASCADE");
             admin.exec("DROP FUNCTION IF EXISTS " + table_ + "_gate() CASCADE");
-            admin.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table_});
             admin.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", {role_});
             for (int i = 0; i < 200; ++i) {
                 if (admin.scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", {role_}) == 0) break;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "idem/idem.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 #include "test_env.hpp"
 
@@ -129,17 +130,9 @@ private:
 /// The private table of one database backend: its name, and its removal (best effort: the cluster
 /// is throwaway) once the backend's stores are gone.
 struct PrivateTable {
-    explicit PrivateTable(const std::string& prefix) : conninfo(database_url()), name(unique_name(prefix)) {
-        if (conninfo.empty()) FAIL(kNoDatabaseMessage);
-    }
+    explicit PrivateTable(const std::string& prefix) : conninfo(require_db()), name(unique_name(prefix)) {}
     void drop() const noexcept {
-        if (!created) return;
-        try {
-            PgConn conn(conninfo);
-            conn.exec("DROP TABLE IF EXISTS " + name);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name});
-        } catch (...) {
-        }
+        if (created) drop_idem_table(conninfo, name);
     }
     std::string conninfo;
     std::string name;

@@ -4,6 +4,7 @@
 // Tables whose name contains "_local_" are left undistributed by that trigger.
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -17,11 +18,7 @@ using idem_test::PgConn;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 std::string env(const char* name) {
     const char* v = std::getenv(name);
@@ -34,14 +31,7 @@ class Table {
 public:
     Table(std::string url, std::string prefix) : url_(std::move(url)), name_(idem_test::unique_name(prefix)) {}
     [[nodiscard]] const std::string& name() const { return name_; }
-    ~Table() {
-        try {
-            PgConn conn(url_);
-            conn.exec("DROP TABLE IF EXISTS " + name_ + " CASCADE");
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name_});
-        } catch (...) {
-        }
-    }
+    ~Table() { idem_test::drop_idem_table(url_, name_); }
     Table(const Table&) = delete;
     Table& operator=(const Table&) = delete;
     [[nodiscard]] idem::PostgresOptions options() const {

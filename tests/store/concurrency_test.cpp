@@ -9,6 +9,7 @@
 #include "idem/idem.hpp"
 #include "pg.hpp"
 #include "race_run.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 #if defined(IDEM_CONCURRENCY_REDIS) || defined(IDEM_CONCURRENCY_TIERED)
 #include "idem/redis/replay_cache.hpp"
@@ -39,7 +40,7 @@ using idem::Outcome;
 using idem::Response;
 using idem_test::PgConn;
 namespace race = idem_test::race;
-using race::require_db;
+using idem_test::require_db;
 
 namespace {
 

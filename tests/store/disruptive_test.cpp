@@ -4,6 +4,8 @@
 // (RUN_SERIAL).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
+#include "shell.hpp"
 #include "threads.hpp"
 
 #include <unistd.h>
@@ -27,17 +29,7 @@ std::string env(const char* name) {
     return v ? std::string(v) : std::string();
 }
 
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) {
-        if (c == '\'') {
-            out += "'\\''";
-        } else {
-            out += c;
-        }
-    }
-    return out + "'";
-}
+using idem_test::shell_quote;
 
 /// pg_ctl as the cluster's owner (runuser when we are root, directly when we are that user).
 int pg_ctl(const std::string& args) {
@@ -72,8 +64,7 @@ struct EnsureRunning {
 }  // namespace
 
 TEST_CASE("server stopped: store_unavailable without running fn; restarted: the store heals", "[disruptive]") {
-    const std::string url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const std::string url = idem_test::require_db();
     if (env("IDEM_PG_DATA").empty()) {
         WARN(
             "IDEM_PG_DATA is not set (the database was not started by scripts/with-postgres.sh): "
@@ -140,8 +131,7 @@ TEST_CASE("server stopped: store_unavailable without running fn; restarted: the 
 
 TEST_CASE("in-transaction mode after a restart: no call fails for the pool's dead connections",
           "[disruptive][transaction]") {
-    const std::string url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
+    const std::string url = idem_test::require_db();
     if (env("IDEM_PG_DATA").empty()) {
         WARN("IDEM_PG_DATA is not set: cannot restart the server; skipping");
         return;

@@ -9,6 +9,7 @@
 #include "idem/idem.hpp"
 #include "idem/postgres_transaction.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 
 #include <catch2/catch.hpp>
@@ -30,11 +31,7 @@ using idem_test::PgConn;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 // A low-entropy request: the kind a reader of the table could confirm by hashing guesses.
 idem::Fingerprint fp_of(std::int64_t cents) { return idem::fingerprint("POST /charges"s, cents, "BRL"s, "tok_visa"s); }

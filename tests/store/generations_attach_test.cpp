@@ -3,6 +3,7 @@
 // any of its keys in one of them — for a batch, a commit group and a single call. Effects are
 // counted by the test, outside the library; rows are counted with the test's own connection.
 #include "generations_support.hpp"
+#include "require_db.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -171,7 +172,7 @@ TEST_CASE("generations: a batch waiting on a key sees a claim made in a generati
     using Shape = idem::PostgresOptions::StatementShape;
     const auto shape = GENERATE(Shape::arrays, Shape::per_scope, Shape::per_key);
     CAPTURE(static_cast<int>(shape));
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     auto options = patient(tables.idem, 4, 1);
     options.statement_shape = shape;
@@ -207,7 +208,7 @@ TEST_CASE("generations: a commit group waiting on a key sees a claim made in a g
           "[generations]") {
     // The same with group commit: one connection, tied up by a claim that waits on a held key, so
     // that the claims of a2, b and c queue and go out as one group, which then waits on b.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, patient(tables.idem, 4, 1));
     store.ensure_schema();
@@ -254,7 +255,7 @@ TEST_CASE("generations: a single claim waiting on its key sees a claim of it in 
     // instance's claim would; a claim of the key waits on it. Maintenance attaches generations
     // meanwhile (or cannot, while the claim waits); the holder then writes its claim of the key
     // into the first generation attached meanwhile (else the newest) and commits. The waiting claim must find that row.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, patient(tables.idem, 2, 1));
     store.ensure_schema();
@@ -293,7 +294,7 @@ TEST_CASE("generations: a claim that waited on its key's lock gets its whole lea
     // The lease counts from when the claim writes its row, after the wait, not from the start of
     // its transaction: a claim that waited longer than its lease must not come back already stale
     // (a resume-mode caller or the reconciler would take it over while its effect runs).
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, patient(tables.idem, 2, 8));
     store.ensure_schema();

@@ -2,6 +2,7 @@
 // of a new generation, generations retired while keys are claimed, an in-progress key in an ended
 // generation, and the layout's configuration errors. Effects are counted in tables of their own.
 #include "generations_support.hpp"
+#include "require_db.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +26,7 @@ using namespace idem_test::gen;
 
 TEST_CASE("generations: threads and processes race on keys while generations rotate and retire",
           "[generations][concurrency][processes]") {
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     const ScopedEnv env("IDEM_TEST_GENERATIONS",
                         std::to_string(std::chrono::milliseconds(kLength).count()));  // the workers' layout
@@ -207,7 +208,7 @@ TEST_CASE("generations: threads and processes race on keys while generations rot
 }
 
 TEST_CASE("generations: a claim waits for a claim of its key in an older generation", "[generations]") {
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 4, 20));
     store.ensure_schema();
@@ -230,7 +231,7 @@ TEST_CASE("generations: a replay of a key in the newest live generation reads no
     // A retry usually comes soon after its claim: its key is in the current generation, and the
     // claim's lookups (the claimable function, then the read) stop there, newest first. Counted
     // with PostgreSQL's index statistics: an older generation's index is never scanned.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     PgConn admin(url);
     std::vector<std::string> generations;  // every partition's start, oldest first
@@ -296,7 +297,7 @@ TEST_CASE("generations: negative control, a lookup without the key's lock lets t
     // The same steps as above on a table whose claimable function looks the key up without
     // taking its lock first: the second claim does not see the uncommitted claim in the older
     // generation, and wins. The test above would catch a claim path that skipped the lock.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 4, 20));
     store.ensure_schema();
@@ -318,7 +319,7 @@ TEST_CASE("generations: negative control, a lookup without the key's lock lets t
 TEST_CASE("generations: an uncommitted claim keeps its ended generation from being retired", "[generations]") {
     // Its row is invisible to the maintenance's reads until it commits: closing the generation
     // waits for its transaction (lock_timeout, then the generation is kept for next time).
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 4, 20));
     store.ensure_schema();
@@ -347,7 +348,7 @@ TEST_CASE("generations: an uncommitted claim keeps its ended generation from bei
 
 TEST_CASE("generations: an ended generation with a key in progress is kept until it completes and expires",
           "[generations]") {
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
     store.ensure_schema();
@@ -378,7 +379,7 @@ TEST_CASE("generations: an ended generation with a key in progress is kept until
 }
 
 TEST_CASE("generations: configuration errors are config_error, an outage of generations is not", "[generations]") {
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     SECTION("a plain table refuses a generational store, and the other way round") {
         Tables plain(url);
         idem::PostgresOptions o;
@@ -433,7 +434,7 @@ TEST_CASE("generations: configuration errors are config_error, an outage of gene
 }
 
 TEST_CASE("generations: a detach cut short is finished by the next maintenance", "[generations]") {
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
     store.ensure_schema();
@@ -468,7 +469,7 @@ TEST_CASE("generations: a plain table migrated as docs/design.md says keeps ever
     // (made by hand, or renamed): ATTACH matches a partition's constraints to the table's by name.
     const bool other_names = GENERATE(false, true);
     CAPTURE(other_names);
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     const std::string& t = tables.idem;
     idem::PostgresOptions plain_options;
@@ -534,7 +535,7 @@ TEST_CASE("generations: a key re-claimed in its closed generation after the chec
     // the key's lock (which the test holds), the closing trigger and the detach's wait on the
     // table's SHARE UPDATE EXCLUSIVE lock (which the test holds too).
     constexpr auto length = 8s;
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     const auto options_of = [&](std::size_t ahead) {
         auto o = gen_options(tables.idem, 2, ahead);
@@ -619,7 +620,7 @@ TEST_CASE("generations: ensure_schema() while purge_expired() creates generation
     // orders (a deadlock: PostgreSQL cancels one of them). A lock the test holds on the table makes
     // the maintenance wait with its lock taken, and ensure_schema() start meanwhile: it tries the
     // maintenance lock, and tries again until the maintenance is done.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 2));
     store.ensure_schema();
@@ -655,7 +656,7 @@ TEST_CASE("generations: an in-transaction re-claim that loses to a concurrent re
     // A re-claim moves the row to the current generation; a second re-claimer waiting on the
     // row's lock then gets 40001 (the row moved to another partition). It reads the key again and
     // finds it in progress (docs/design.md, "Generations"), in in-transaction mode too.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
     store.ensure_schema();
@@ -728,7 +729,7 @@ TEST_CASE("generations: a re-claim that waits past lock_timeout on a concurrent 
     // Another re-claimer (an in-transaction one, say) holds the expired row while its effect runs.
     // Waiting on it is the key being busy, as for the claim's INSERT: tried again, then
     // in_progress — never store_unavailable, which says the database is away.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     auto options = gen_options(tables.idem, 2, 20);
     options.lock_timeout = 200ms;
@@ -758,7 +759,7 @@ TEST_CASE("generations: an in-transaction re-claim that waits past lock_timeout 
           "[generations]") {
     // The same wait from in-transaction mode, whose claim decides by the same machine: busy, tried
     // again, then in_progress — never store_unavailable.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     auto options = gen_options(tables.idem, 2, 20);
     options.lock_timeout = 200ms;
@@ -792,7 +793,7 @@ TEST_CASE("generations: an in-transaction re-claim whose connection breaks start
     // The re-claim's UPDATE waits on a row another transaction holds; its backend is terminated
     // meanwhile. Nothing of the claim committed: it starts again, re-claims the key once the row
     // is free and runs the effect once — not an in_progress answer for a key nobody holds.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     auto options = gen_options(tables.idem, 2, 20);
     options.application_name = idem_test::unique_name("reclaim_broken");
@@ -825,7 +826,7 @@ TEST_CASE("generations: an in-transaction re-claim whose connection breaks start
 }
 
 TEST_CASE("generations: generations a maintenance left behind are dropped by the next one", "[generations]") {
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     idem::PostgresStore store(url, gen_options(tables.idem, 2, 20));
     store.ensure_schema();
@@ -865,7 +866,7 @@ TEST_CASE("generations: instances starting while maintenance finishes a detach d
     // waited for those locks with a snapshot held, the waits closed a cycle (instance A holds the
     // schema lock and waits for maintenance; maintenance waits for B's snapshot; B waits for A) and
     // PostgreSQL broke it by failing one of them. Steps ordered by what pg_stat_activity shows.
-    const auto url = race::require_db();
+    const auto url = idem_test::require_db();
     Tables tables(url);
     auto quick = gen_options(tables.idem, 2, 2);
     quick.lock_timeout = 300ms;

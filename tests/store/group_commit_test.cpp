@@ -6,6 +6,7 @@
 // Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "store_env.hpp"
 #include "threads.hpp"
 
@@ -34,11 +35,7 @@ using idem_test::PgConn;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 const idem::Fingerprint kFp = idem::fingerprint("POST /group"s);
 

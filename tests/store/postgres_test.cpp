@@ -2,6 +2,7 @@
 // the pool. Needs IDEM_TEST_DATABASE_URL (run under scripts/with-postgres.sh).
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "threads.hpp"
 
 #include <unistd.h>
@@ -31,11 +32,7 @@ using idem_test::PgConn;
 
 namespace {
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 idem::Fingerprint fp_of(std::int64_t amount) { return idem::fingerprint("POST /charges"s, amount, "BRL"s); }
 
@@ -46,16 +43,7 @@ class Table {
 public:
     explicit Table(std::string conninfo, std::string name = idem_test::unique_name("idem_t"))
         : conninfo_(std::move(conninfo)), name_(std::move(name)) {}
-    ~Table() {
-        try {
-            PgConn conn(conninfo_);
-            conn.exec("DROP TABLE IF EXISTS " + name_ + " CASCADE");
-            if (name_.find('.') == std::string::npos) {
-                conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {name_});
-            }
-        } catch (...) {
-        }
-    }
+    ~Table() { idem_test::drop_idem_table(conninfo_, name_); }
     Table(const Table&) = delete;
     Table& operator=(const Table&) = delete;
     [[nodiscard]] const std::string& name() const { return name_; }

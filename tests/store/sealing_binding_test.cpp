@@ -7,6 +7,7 @@
 #include "idem/idem.hpp"
 #include "idem/sealing.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -28,11 +29,7 @@ std::shared_ptr<const idem::Keyring> keyring() {
     return r;
 }
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 /// A table of its own, dropped at the end.
 struct Table {

@@ -8,6 +8,7 @@
 #include "idem/idem.hpp"
 #include "idem/postgres_transaction.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -38,11 +39,7 @@ idem::SealingOptions sealing(std::shared_ptr<const idem::Keyring> keyring, bool 
     return s;
 }
 
-std::string require_db() {
-    const auto url = idem_test::database_url();
-    if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
-    return url;
-}
+using idem_test::require_db;
 
 idem::Fingerprint fp_of(int amount) { return idem::fingerprint("POST /charges"s, amount); }
 
@@ -52,11 +49,7 @@ public:
     Fixture() : url_(require_db()), table_(idem_test::unique_name("idem_seal")), admin_(url_) {}
     ~Fixture() {
         stores_.clear();
-        try {
-            admin_.exec("DROP TABLE IF EXISTS " + table_);
-            admin_.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table_});
-        } catch (...) {
-        }
+        idem_test::drop_idem_table(url_, table_);
     }
     Fixture(const Fixture&) = delete;
     Fixture& operator=(const Fixture&) = delete;

@@ -11,6 +11,7 @@
 // and the openssl program, and fails without them.
 #include "idem/idem.hpp"
 #include "pg.hpp"
+#include "shell.hpp"
 #include "test_env.hpp"
 
 #ifdef IDEM_TLS_ASIO
@@ -45,17 +46,7 @@ std::string env(const char* name) {
     return v ? std::string(v) : std::string();
 }
 
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) {
-        if (c == '\'') {
-            out += "'\\''";
-        } else {
-            out += c;
-        }
-    }
-    return out + "'";
-}
+using idem_test::shell_quote;
 
 /// Runs `cmd` in a shell, its output to `log`; REQUIREs exit status 0.
 void run(const std::string& cmd, const std::string& log) {

@@ -73,18 +73,19 @@ private:
     std::unique_ptr<PGconn, decltype(&PQfinish)> conn_;
 };
 
-/// Drops a table (and everything depending on it) when it goes out of scope.
-/// Drops one of idem's tables and its row in idem_schema_version, at the end of a test. Never
-/// throws: the server may be down (disruptive tests), and the throwaway cluster goes anyway.
+/// Drops one of idem's tables (and everything depending on it) and its row in
+/// idem_schema_version, at the end of a test. Never throws: the server may be down (disruptive
+/// tests), and the throwaway cluster goes anyway.
 inline void drop_idem_table(const std::string& conninfo, const std::string& table) noexcept {
     try {
         PgConn conn(conninfo);
-        conn.exec("DROP TABLE IF EXISTS " + table);
+        conn.exec("DROP TABLE IF EXISTS " + table + " CASCADE");
         conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {table});
     } catch (...) {
     }
 }
 
+/// Drops a table (and everything depending on it) when it goes out of scope.
 class DropTable {
 public:
     DropTable(std::string conninfo, std::string table) : conninfo_(std::move(conninfo)), table_(std::move(table)) {}

@@ -103,10 +103,9 @@ struct Tables {
                               "at timestamptz NOT NULL DEFAULT clock_timestamp())");
     }
     ~Tables() {
+        drop_idem_table(conninfo, idem);
         try {
-            PgConn conn(conninfo);
-            conn.exec("DROP TABLE IF EXISTS " + idem + ", " + effects);
-            conn.exec("DELETE FROM idem_schema_version WHERE table_name = $1", {idem});
+            PgConn(conninfo).exec("DROP TABLE IF EXISTS " + effects);
         } catch (...) {
         }
     }

@@ -12,13 +12,6 @@ extern char** environ;
 
 namespace idem_test::race {
 
-/// The test database's conninfo; fails the test without one.
-inline std::string require_db() {
-    const auto url = database_url();
-    if (url.empty()) FAIL(kNoDatabaseMessage);
-    return url;
-}
-
 struct Workers {
     std::vector<pid_t> pids;
     std::vector<std::string> outfiles;

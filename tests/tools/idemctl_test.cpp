@@ -10,6 +10,7 @@
 #include "idem/postgres_store.hpp"
 #include "idem/response.hpp"
 #include "pg.hpp"
+#include "require_db.hpp"
 #include "test_env.hpp"
 
 #include <fcntl.h>
@@ -154,7 +155,7 @@ std::string iso(std::chrono::system_clock::time_point t) {
 
 /// A private table with one record of each kind an operator meets, made through the library.
 struct Fixture {
-    std::string url = idem_test::database_url();
+    std::string url = idem_test::require_db();
     std::string table = idem_test::unique_name("idemctl");
     idem_test::DropTable drop{url, table};
     idem::PostgresStore store{url, make_options(table)};
@@ -178,7 +179,6 @@ struct Fixture {
     }
 
     Fixture() {
-        if (url.empty()) FAIL(idem_test::kNoDatabaseMessage);
         store.ensure_schema();
         claimed_fence = claim(claimed);
         completed_fence = claim(completed);

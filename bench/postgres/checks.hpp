@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "admin.hpp"
 #include "matrix.hpp"
 #include "options.hpp"
-#include "util.hpp"
 
 namespace bench {
 

@@ -1,4 +1,4 @@
-// idem-bench --store redis | tiered: see bench/redis.hpp and docs/benchmarks.md ("Redis").
+// idem-bench --store redis | tiered: see bench/redis/redis_main.hpp and docs/benchmarks.md ("Redis").
 //
 // redis: for each thread count T and case, alternating rounds (ABBA) of two sides:
 //   floor: T hiredis connections, each sending by hand what RedisStore sends: EVALSHA of the
@@ -16,7 +16,7 @@
 // options.hpp (the command line), raw.hpp (raw hiredis and the housekeeping), sides.hpp (the
 // floor's and the library's calls), phase.hpp (a timed phase), stores.hpp (the two runs),
 // output.hpp (the table and the JSON).
-#include "redis.hpp"
+#include "redis_main.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -31,12 +31,12 @@
 #include <thread>
 #include <vector>
 
-#include "redis/options.hpp"
-#include "redis/output.hpp"
-#include "redis/phase.hpp"
-#include "redis/raw.hpp"
-#include "redis/stores.hpp"
-#include "util.hpp"
+#include "../common/util.hpp"
+#include "options.hpp"
+#include "output.hpp"
+#include "phase.hpp"
+#include "raw.hpp"
+#include "stores.hpp"
 
 namespace bench {
 

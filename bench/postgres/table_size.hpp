@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "admin.hpp"
 #include "options.hpp"
-#include "util.hpp"
 
 namespace bench {
 

@@ -20,21 +20,6 @@ std::string case_key(Case kind, std::int64_t preloaded, Rng& rng) {
 
 }  // namespace
 
-Counters library_counters(const idem::IdempotencyStore& store) {
-    const auto s = store.stats();
-    Counters c;
-    c.round_trips = s.round_trips;
-    c.retries = s.retries;
-    c.opened = s.connections_opened;
-    c.claim_groups = s.claim_groups;
-    c.grouped_claims = s.grouped_claims;
-    c.largest_claim_group = s.largest_claim_group;
-    c.save_groups = s.save_groups;
-    c.grouped_saves = s.grouped_saves;
-    c.largest_save_group = s.largest_save_group;
-    return c;
-}
-
 void prewarm(idem::PostgresStore& store, int threads) {
     const idem::Key key(kScope, "warm-up");
     const auto deadline = Clock::now() + std::chrono::seconds(5);

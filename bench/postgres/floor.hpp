@@ -2,7 +2,7 @@
 //
 // One FloorClient is one libpq connection, in pipeline mode, with the SAME three statements
 // prepared under the same names and parameter types as PostgresStore (the SQL text is a copy of
-// src/postgres/sql.cpp; bench/main.cpp checks at start-up that the copy still matches), binary
+// src/postgres/sql.cpp; bench/postgres/main.cpp checks at start-up that the copy still matches), binary
 // parameters and results. A call sends exactly what the library sends:
 //   claim:  INSERT … ON CONFLICT DO NOTHING RETURNING | Sync | SELECT … | Sync   (one round trip)
 //   save:   UPDATE … | Sync                                                      (one round trip)

@@ -1,4 +1,4 @@
-// The calls of each side of a case (bench/main.cpp describes the sides): an op is called as
+// The calls of each side of a case (bench/postgres/main.cpp describes the sides): an op is called as
 // op(thread, rng) by run_phase and answers whether the call had the outcome its case expects.
 //   LibraryOp: execute_once through the store(s) (idem, idem_gc); FloorOp: the same statements over
 //   raw libpq (floor); IdealOp: a whole round of calls in one batch statement (ideal);
@@ -18,15 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "cases.hpp"
 #include "floor.hpp"
 #include "phase.hpp"
-#include "util.hpp"
 
 namespace bench {
-
-/// The store's StoreStats as a phase's counters.
-Counters library_counters(const idem::IdempotencyStore& store);
 
 // Opens the whole pool before anything is timed (the pool opens connections lazily).
 void prewarm(idem::PostgresStore& store, int threads);

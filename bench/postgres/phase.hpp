@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "admin.hpp"
 #include "cases.hpp"
-#include "util.hpp"
 
 namespace bench {
 
@@ -31,6 +31,25 @@ struct Counters {
 
 /// after - before for the counts; the largest groups as of `after`.
 Counters counters_delta(const Counters& after, const Counters& before);
+
+/// The counters of a PostgresStore or an idem::asio::AsyncPostgresStore since it was made: its
+/// stats() and group_commit_stats().
+template <class Store>
+Counters library_counters(const Store& store) {
+    const auto s = store.stats();
+    const auto g = store.group_commit_stats();
+    Counters c;
+    c.round_trips = s.round_trips;
+    c.retries = s.retries;
+    c.opened = s.connections_opened;
+    c.claim_groups = g.claim_groups;
+    c.grouped_claims = g.grouped_claims;
+    c.largest_claim_group = g.largest_claim_group;
+    c.save_groups = g.save_groups;
+    c.grouped_saves = g.grouped_saves;
+    c.largest_save_group = g.largest_save_group;
+    return c;
+}
 
 /// This process's CPU time (every thread), in seconds.
 double process_cpu_seconds();

@@ -5,9 +5,9 @@
 // For each thread count and case (new / replay / conflict / replay-cached) it runs, in the same
 // process and on the same server, alternating short rounds of these sides:
 //   floor:   the same prepared statements over raw libpq, one pipelined connection per thread, one
-//            transaction per call (bench/floor.hpp);
+//            transaction per call (bench/postgres/floor.hpp);
 //   ideal:   "ideal grouping": the library's batch statements by hand on one connection, a whole
-//            round of `threads` calls in one claim (and one save) statement (bench/floor.hpp);
+//            round of `threads` calls in one claim (and one save) statement (bench/postgres/floor.hpp);
 //   ideal_threads: the same rounds, but each call made by its own thread, as callers of
 //            execute_once are: every round waits until all `threads` callers have arrived (a perfect
 //            gather), the last one sends it, and the others are woken with its answer: perfect
@@ -18,7 +18,7 @@
 // and, when pgbench is installed, pgbench with an equivalent script (informational). Then, when
 // built with the idem::asio component (IDEM_BENCH_ASYNC), the async points (--in-flight 16,64,256):
 //   async:   one io_context thread, one idem::asio::AsyncPostgresStore, N requests in flight
-//            (async_execute_once, no-op effect, the store's own group commit; bench/async_side.hpp),
+//            (async_execute_once, no-op effect, the store's own group commit; bench/postgres/async_side.hpp),
 //            each N a point of its own for new / replay / conflict (replay-cached has no async
 //            counterpart), alternated with the floor at min(N, 16) threads and ideal in rounds of N;
 //            the targets (new >= 3x the floor's best and >= 0.8x ideal, replay >= 2x the
@@ -33,7 +33,7 @@
 // This file wires the pieces together: options.hpp (the command line), phase.hpp (a timed phase),
 // sides.hpp (each side's calls), matrix.hpp (the matrix and its figures), checks.hpp (the checks),
 // table_size.hpp (--table-size-check), retention.hpp (--retention-check), output.hpp (the table and
-// the JSON); --store redis | tiered hands over to redis.hpp.
+// the JSON); --store redis | tiered hands over to ../redis/redis_main.hpp.
 #include <unistd.h>
 #include <idem/idem.hpp>
 
@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "admin.hpp"
 #include "checks.hpp"
 #include "floor.hpp"
@@ -59,9 +60,8 @@
 #include "retention.hpp"
 #include "seal_check.hpp"
 #include "table_size.hpp"
-#include "util.hpp"
 #ifdef IDEM_BENCH_REDIS
-#include "redis.hpp"  // --store redis | tiered (bench/redis.cpp, bench/redis/)
+#include "../redis/redis_main.hpp"  // --store redis | tiered (bench/redis/)
 #endif
 
 #ifndef IDEM_BENCH_WITH_POSTGRES
@@ -107,10 +107,11 @@ bool floor_sql_is_current() {
     const auto check = [&](idem::pg::Stmt s, const std::string& expected_name, const std::string& sql,
                            const std::vector<Oid>& types) {
         if (defs[s].name != expected_name || defs[s].sql != sql || defs[s].param_types != types) {
-            std::fprintf(stderr,
-                         "error: bench/floor.cpp's statement differs from the library's (name, SQL or parameter "
-                         "types):\n  library: %s: %s\n  floor:   %s: %s\n",
-                         defs[s].name.c_str(), defs[s].sql.c_str(), expected_name.c_str(), sql.c_str());
+            std::fprintf(
+                stderr,
+                "error: bench/postgres/floor.cpp's statement differs from the library's (name, SQL or parameter "
+                "types):\n  library: %s: %s\n  floor:   %s: %s\n",
+                defs[s].name.c_str(), defs[s].sql.c_str(), expected_name.c_str(), sql.c_str());
             ok = false;
         }
     };

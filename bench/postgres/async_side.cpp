@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "options.hpp"
-#include "util.hpp"
 
 namespace bench {
 namespace {
@@ -89,22 +89,6 @@ net::awaitable<void> slot(Flight& f, Rng rng) {
     if (--f.active == 0 && f.deadline != nullptr) f.deadline->cancel();
 }
 
-Counters async_counters(const idem::asio::AsyncPostgresStore& store) {
-    const idem::StoreStats s = store.stats();
-    const idem::GroupCommitStats g = store.group_commit_stats();
-    Counters c;
-    c.round_trips = s.round_trips;
-    c.retries = s.retries;
-    c.opened = s.connections_opened;
-    c.claim_groups = g.claim_groups;
-    c.grouped_claims = g.grouped_claims;
-    c.largest_claim_group = g.largest_claim_group;
-    c.save_groups = g.save_groups;
-    c.grouped_saves = g.grouped_saves;
-    c.largest_save_group = g.largest_save_group;
-    return c;
-}
-
 }  // namespace
 
 struct AsyncSide::Impl {
@@ -148,7 +132,7 @@ PhaseResult AsyncSide::phase(Admin& admin, Case kind, int in_flight, double seco
     f.deadline = &deadline;
 
     PhaseResult r;
-    const Counters before = async_counters(impl_->store);
+    const Counters before = library_counters(impl_->store);
     r.lsn_from = admin.wal_lsn();
     const double cpu_start = process_cpu_seconds();
     const auto start = Clock::now();
@@ -158,7 +142,7 @@ PhaseResult AsyncSide::phase(Admin& admin, Case kind, int in_flight, double seco
     const auto end = Clock::now();
     r.cpu_seconds = process_cpu_seconds() - cpu_start;
     if (!f.error.empty()) throw std::runtime_error(f.error);
-    const Counters after = async_counters(impl_->store);
+    const Counters after = library_counters(impl_->store);
     r.lsn_to = admin.wal_lsn();
 
     r.seconds = seconds_between(start, end);

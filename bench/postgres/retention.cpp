@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "cases.hpp"
 #include "floor.hpp"
 #include "sides.hpp"
-#include "util.hpp"
 
 namespace bench {
 namespace {

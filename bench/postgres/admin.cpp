@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "../common/util.hpp"
 #include "floor.hpp"
-#include "util.hpp"
 
 namespace bench {
 

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
-#include "util.hpp"
+#include "../common/case_list.hpp"
+#include "../common/util.hpp"
 
 namespace bench {
 namespace {
@@ -135,21 +137,13 @@ Options parse(int argc, char** argv) {
             pool_cap = static_cast<int>(to_int(value(), "--pool"));
             if (pool_cap < 1) usage(2);
         } else if (arg == "--cases") {
-            o.cases.clear();
-            for (const auto& c : split(value())) {
-                if (c == "new") {
-                    o.cases.push_back(Case::fresh);
-                } else if (c == "replay") {
-                    o.cases.push_back(Case::replay);
-                } else if (c == "conflict") {
-                    o.cases.push_back(Case::conflict);
-                } else if (c == "replay-cached") {
-                    o.cases.push_back(Case::replay_cached);
-                } else {
-                    std::fprintf(stderr, "idem-bench: unknown case '%s'\n", c.c_str());
-                    usage(2);
-                }
+            std::string unknown;
+            auto cases = parse_cases(value(), kCases, unknown);
+            if (!cases) {
+                std::fprintf(stderr, "idem-bench: unknown case '%s'\n", unknown.c_str());
+                usage(2);
             }
+            o.cases = std::move(*cases);
         } else if (arg == "--group-commit") {
             o.group_commit.clear();
             for (const auto& v : split(value())) {

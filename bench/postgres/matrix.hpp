@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "admin.hpp"
 #include "cases.hpp"
 #include "options.hpp"
 #include "phase.hpp"
-#include "util.hpp"
 
 namespace bench {
 

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "sides.hpp"
-#include "util.hpp"
 
 namespace bench {
 namespace {

@@ -1,5 +1,4 @@
-// idem-bench --store redis | tiered (bench/redis.cpp and bench/redis/; built only with the idem::redis
-// component).
+// idem-bench --store redis | tiered (bench/redis/; built only with the idem::redis component).
 //
 //   redis:  execute_once over a RedisStore, new / replay / conflict, next to a raw-hiredis floor
 //           that sends the same EVALSHA commands (the library's own Lua scripts) by hand, one

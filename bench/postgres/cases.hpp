@@ -1,8 +1,9 @@
 // What every idem-bench call over PostgreSQL shares: the scope, result, lease and retention it
 // sends, the untimed calls before each phase, and the names of the cases and of the sides
-// (bench/main.cpp describes them).
+// (bench/postgres/main.cpp describes them).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -16,6 +17,8 @@ inline constexpr std::int64_t kRetentionS = 86'400;
 inline constexpr int kWarmupCalls = 3;
 
 enum class Case { fresh, replay, conflict, replay_cached };
+/// Every case, in the order the matrix runs them unless --cases names others.
+inline constexpr std::array kCases{Case::fresh, Case::replay, Case::conflict, Case::replay_cached};
 
 inline const char* case_name(Case c) {
     switch (c) {
@@ -30,8 +33,8 @@ inline const char* case_name(Case c) {
 /// Round trips per call of one transaction per call (floor, idem); replay-cached: the floor's.
 inline std::uint64_t expected_round_trips(Case c) { return c == Case::fresh ? 2 : 1; }
 
-/// The sides of a case (see the top of bench/main.cpp), in the order of a round's first half.
-/// async: idem::asio with N requests in flight (bench/async_side.hpp), only in the async points.
+/// The sides of a case (see the top of bench/postgres/main.cpp), in the order of a round's first half.
+/// async: idem::asio with N requests in flight (bench/postgres/async_side.hpp), only in the async points.
 enum class SideKind { floor, ideal, ideal_threads, idem, idem_gc, async };
 
 inline const char* side_name(SideKind k) {

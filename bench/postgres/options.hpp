@@ -20,7 +20,7 @@ struct Options {
     /// The idem sides' pool per entry of `threads` (0: as many connections as threads): a thread
     /// per request on fewer connections, as a service usually runs (--threads 64/8, --pool N).
     std::vector<int> pools{0, 0, 0, 8, 16};
-    std::vector<Case> cases{Case::fresh, Case::replay, Case::conflict, Case::replay_cached};
+    std::vector<Case> cases = std::vector<Case>(kCases.begin(), kCases.end());
     std::vector<bool> group_commit{false, true};  ///< idem side(s): group commit off (idem), on (idem_gc)
     bool ideal = true;                            ///< run the ideal-grouping floor
     double seconds = 6;
@@ -40,7 +40,7 @@ struct Options {
     std::int64_t rss_calls = 1'000'000;
     int rss_threads = 4;
     bool print_scripts = false;
-    /// The async points (bench/async_side.hpp): requests in flight on one io_context thread, each
+    /// The async points (bench/postgres/async_side.hpp): requests in flight on one io_context thread, each
     /// its own point; empty: none (always empty without the idem::asio component).
 #ifdef IDEM_BENCH_ASYNC
     std::vector<int> in_flight{16, 64, 256};
@@ -54,7 +54,7 @@ struct Options {
     /// kBenchFingerprintSecret): the client CPU per call with keying, against a run without it.
     bool fingerprint_secret = false;
     /// --retention-check LAYOUT (plain | generations): new calls with a short retention and a
-    /// purger for a while, sampled (bench/retention.hpp); empty: not run.
+    /// purger for a while, sampled (bench/postgres/retention.hpp); empty: not run.
     std::string retention_check;
     double retention_duration = 1200;  ///< --retention-duration S: how long the calls run
     int retention_threads = 16;        ///< --retention-threads N
@@ -63,7 +63,7 @@ struct Options {
     double purge_every = 5;            ///< --purge-every S: purge_expired() this often
     double sample_every = 10;          ///< --sample-every S
     double steady_after = 300;         ///< --steady-after S: the WAL statistics' window begins then
-    /// --generations-sizing MS,...: the lengths (ms) the sizing check runs (bench/generations_sizing.hpp).
+    /// --generations-sizing MS,...: the lengths (ms) the sizing check runs (bench/postgres/generations_sizing.hpp).
     std::vector<int> generations_sizing;
     std::size_t generation_ahead = 4;  ///< --generation-ahead N: generations kept ready (sizing check)
 };

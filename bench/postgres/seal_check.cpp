@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "cases.hpp"
 #include "sides.hpp"
-#include "util.hpp"
 
 namespace bench {
 namespace {

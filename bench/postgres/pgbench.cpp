@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/util.hpp"
 #include "floor.hpp"
-#include "util.hpp"
 
 namespace bench {
 namespace {
