@@ -23,7 +23,7 @@ namespace bench {
 
 struct Counters {
     std::uint64_t round_trips = 0, retries = 0, opened = 0;
-    /// Group commit (StoreStats; zeros without it). largest_*: since the store was made.
+    /// Group commit (group_commit_stats(); zeros without it). largest_*: since the store was made.
     std::uint64_t claim_groups = 0, grouped_claims = 0, largest_claim_group = 0;
     std::uint64_t save_groups = 0, grouped_saves = 0, largest_save_group = 0;
     std::uint64_t wal_lsn = 0;  ///< set by run_phase (Admin::wal_lsn), not by the side's snapshot
