@@ -156,6 +156,30 @@ template <class R, class Report>
     }
 }
 
+/// Reads a key's record after a lease_lost: IdempotencyStore::read, or the answer of a read an
+/// asynchronous caller made already (idem::asio::detail::read_after_lease_lost). Throws what the
+/// read threw.
+using RecordReader = std::function<std::optional<Record>(const Key&)>;
+
+/// The answer to a call that met lease_lost — another attempt owns `key` now — as every adapter
+/// decides it: the result bytes that attempt stored, for the adapter to replay, when `read` finds
+/// the record completed; nullopt, for the adapter to answer in progress, when it does not (in
+/// progress, gone) or the read throws a std::exception. A failed read is reported as one line,
+/// "read after lease_lost: <what()>", through `report` (the adapter's log adds its prefix and the
+/// key).
+[[nodiscard]] inline std::optional<std::string> stored_after_lease_lost(
+    const RecordReader& read, const Key& key, const std::function<void(const std::string&)>& report) {
+    std::optional<Record> record;
+    try {
+        record = read(key);
+    } catch (const std::exception& e) {
+        report(std::string("read after lease_lost: ") + e.what());
+        return std::nullopt;
+    }
+    if (!record || record->state != RecordState::completed) return std::nullopt;
+    return std::move(record->result);
+}
+
 }  // namespace detail
 
 /// The value type execute_once returns for an effect F.

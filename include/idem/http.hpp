@@ -315,7 +315,7 @@ decltype(auto) run_handler(F&& f) {
 /// answer_error with `read` in place of store.read — the one look at the store it makes (after a
 /// lease_lost, for the answer another attempt saved). An asynchronous caller reads first, then
 /// answers with what it read (idem/http/asio.hpp).
-using RecordReader = std::function<std::optional<Record>(const Key&)>;
+using RecordReader = idem::detail::RecordReader;
 [[nodiscard]] Response answer_error_with(const RecordReader& read, const Key* key, const Route& route,
                                          const Request& request, bool rolled_back = false);
 /// Adds the retention header to an executed / replayed response when the route asks for it.

@@ -149,14 +149,11 @@ StoredCall settle(const Method& method, const ::grpc::Status& status, const goog
         return unknown(method, key, e.what());
     } catch (const lease_lost&) {
         // Another attempt (a reconciler) owns the key now: its stored answer, else in progress.
-        std::optional<Record> record;
-        try {
-            record = read(key);
-        } catch (const std::exception&) {
-        }
-        if (record && record->state == RecordState::completed && record->result) {
+        const std::optional<std::string> stored = idem::detail::stored_after_lease_lost(
+            read, key, [&](const std::string& line) { log(method, with_key("idem::grpc: " + line, key)); });
+        if (stored) {
             try {
-                return send(context, reply, codec<StoredCall>::decode(*record->result), true, true);
+                return send(context, reply, codec<StoredCall>::decode(*stored), true, true);
             } catch (const corrupt_record& e) {
                 return internal(method, with_key(std::string("idem::grpc: ") + e.what(), key));
             }

@@ -295,14 +295,14 @@ Response answer_error_with(const RecordReader& read, const Key* key, const Route
             return internal("context used without a key (record_phase / extend_lease on a request without " +
                             route.key_header + "): " + e.what());
         }
-        // Another attempt (a reconciler) owns the key now: answer what it stored, if it has.
-        if (key != nullptr) {
+        // Another attempt (a reconciler) owns the key now: answer what it stored, if it has. A
+        // stored response that does not decode is reported like a failed read.
+        const auto report = [&](const std::string& line) { tell(route, "idem::http: " + line, key); };
+        if (const auto stored = idem::detail::stored_after_lease_lost(read, *key, report)) {
             try {
-                if (auto record = read(*key); record && record->state == RecordState::completed && record->result) {
-                    return replay(codec<Response>::decode(*record->result), route, request, key);
-                }
-            } catch (const error& read_error) {
-                tell(route, std::string("idem::http: read after lease_lost: ") + read_error.what(), key);
+                return replay(codec<Response>::decode(*stored), route, request, key);
+            } catch (const error& decode_error) {
+                report(std::string("read after lease_lost: ") + decode_error.what());
             }
         }
         tell(route, std::string("idem::http: ") + e.what(), key);

@@ -6,9 +6,9 @@
 // the same key.
 //
 // The handler counts its runs per key outside the library and answers with the key and its run
-// number; ChargeRequest.behaviour makes it decline, throw, say "not performed", wait on a gate, or
-// add a bad trailer. Each test case takes a tenant of its own (x-tenant metadata), so "nothing
-// stored" is a count of its scopes' rows.
+// number; ChargeRequest.behaviour makes it decline, throw, say "not performed", wait on a gate, add
+// a bad trailer, or run the test's Effects::meanwhile before it answers. Each test case takes a
+// tenant of its own (x-tenant metadata), so "nothing stored" is a count of its scopes' rows.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -96,6 +96,10 @@ public:
         return open_;
     }
 
+    /// What a "meanwhile" handler does after its run is counted, with the call's key (set before the
+    /// call that uses it).
+    std::function<void(const idem::Key&)> meanwhile;
+
 private:
     std::mutex mutex_;
     std::condition_variable changed_;
@@ -115,13 +119,13 @@ template <class CallT>
         throw idem::grpc::not_performed(::grpc::Status(::grpc::StatusCode::RESOURCE_EXHAUSTED, "rate limited"));
     }
     if (behaviour == "not-performed-ok") throw idem::grpc::not_performed(::grpc::Status::OK);
+    if (behaviour == "meanwhile" && effects.meanwhile) effects.meanwhile(call.key());
     if (behaviour == "bad-trailer") call.add_trailing_metadata("Bad Name", "x");
     if (behaviour == "code-20") return {static_cast<::grpc::StatusCode>(20), "a code outside gRPC's"};
     if (behaviour == "decline") {
         call.add_trailing_metadata("decline-code", "insufficient_funds");
         return {::grpc::StatusCode::FAILED_PRECONDITION, "card declined"};
     }
-    (void)effects;
     reply.set_charge_id("ch_" + call.key().value());
     reply.set_amount_cents(request.amount_cents());
     reply.set_run(run);

@@ -5,8 +5,10 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grpc_harness.hpp"
@@ -154,6 +156,48 @@ TEST_CASE("grpc: a handler that throws leaves the key in progress (outcome unkno
             CHECK(retry.status.error_code() == Code::ABORTED);
             CHECK(h.effects.runs(key) == 1);
         }
+    }
+}
+
+// Another attempt takes the key over while the handler runs (the record's fence changes behind
+// idem's back), so the save is lease_lost; the record it leaves does not read (a fingerprint of the
+// wrong length), so there is no stored answer to send: the call is answered in progress and the
+// failed read is in the method's log.
+TEST_CASE("grpc: lease_lost whose read of the record fails is ABORTED and logged", "[grpc]") {
+    Harness h;
+    std::mutex mutex;
+    std::vector<std::string> logged;
+    auto options = grpc_test::Methods::base();
+    options.log = [&](std::string_view line) {
+        std::lock_guard lock(mutex);
+        logged.emplace_back(line);
+    };
+    h.methods.charge = idem::grpc::Method("idemtest.Payments.Charge", options);
+    h.effects.meanwhile = [&h](const idem::Key& key) {
+        h.db.exec("UPDATE idem_keys SET fence = fence + 1, fingerprint = $3::bytea WHERE scope = $1 AND key = $2",
+                  {key.scope(), key.value(), "\\x00"});
+    };
+    for (const Api api : grpc_test::apis()) {
+        INFO("API " << grpc_test::name(api));
+        const std::string tenant = Harness::tenant("lostread");
+        const std::string key = "k-" + grpc_test::name(api);
+        const Answer a = h.call("Charge", with_key(tenant, key), charge(100, "meanwhile"), api);
+        INFO(a.status.error_code() << " " << a.status.error_message());
+        CHECK(a.status.error_code() == Code::ABORTED);
+        CHECK(a.retry_delay() == std::chrono::milliseconds(1500));
+        CHECK_FALSE(a.replayed());
+        CHECK(h.effects.runs(key) == 1);
+        CHECK(h.state(tenant, "Charge", key) == "in_progress");
+        std::lock_guard lock(mutex);
+        std::string log;
+        bool told = false;
+        for (const auto& line : logged) {
+            log += line + "\n";
+            told = told || (line.find("idem::grpc: read after lease_lost: ") != std::string::npos &&
+                            line.find("key '" + key + "'") != std::string::npos);
+        }
+        INFO("the method's log:\n" << log);
+        CHECK(told);
     }
 }
 

@@ -9,6 +9,7 @@
 // that the table holds no stored response for its key.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -55,8 +56,8 @@ std::string quoted(const std::string& key) { return "\"" + key + "\""; }
 class Service {
 public:
     Service(idem::PostgresStore& store, idem::PostgresStore& down, idem::PostgresStore& misconfigured,
-            std::string effects_table)
-        : effects(std::move(effects_table)), store_(store), down_(down), misconfigured_(misconfigured) {
+            std::string effects_table, idem_test::PgConn& db)
+        : effects(std::move(effects_table)), store_(store), down_(down), misconfigured_(misconfigured), db_(db) {
         routes_["/tx"].key_required = false;  // ignored: in-transaction mode always needs the key
         tx_options_["/tx-slow"].lock_wait = 1ms;
         tx_options_["/tx-lockwait"].lock_wait = 5s;  // = the store's statement_timeout
@@ -87,7 +88,7 @@ public:
         routes_["/lease-lost"].claim.lease = 50ms;  // passed by the time the "reconciler" looks
         routes_["/throw"].unknown_retry_after = 2s;
         routes_["/throw-db"].unknown_retry_after = 0s;  // answered as 1
-        for (const char* logging : {"/throw", "/throw-db", "/throw-down", "/bad-header"}) {
+        for (const char* logging : {"/throw", "/throw-db", "/throw-down", "/bad-header", "/lease-lost-unread"}) {
             routes_[logging].log = [this](std::string_view line) {
                 std::lock_guard lock(mutex_);
                 logged_.emplace_back(line);
@@ -181,9 +182,12 @@ public:
         std::lock_guard lock(mutex_);
         return waiting_;
     }
-    [[nodiscard]] std::vector<std::string> logged() {
+    /// Whether a logged line names `key` and holds `text`.
+    [[nodiscard]] bool told(const std::string& key, const std::string& text = "") {
         std::lock_guard lock(mutex_);
-        return logged_;
+        return std::any_of(logged_.begin(), logged_.end(), [&](const std::string& line) {
+            return line.find(key) != std::string::npos && line.find(text) != std::string::npos;
+        });
     }
 
 private:
@@ -216,6 +220,13 @@ private:
                         idem::codec<idem::Response>::encode({201, "from the reconciler"}));
             return {201, "from the handler", {}};
         }
+        if (path == "/lease-lost-unread") {
+            // Another attempt takes the key over (a new fence) and leaves a record that does not read
+            // (a fingerprint of the wrong length): this attempt's save is lease_lost, its read fails.
+            db_.exec("UPDATE idem_keys SET fence = fence + 1, fingerprint = $3::bytea WHERE scope = $1 AND key = $2",
+                     {context.key().scope(), context.key().value(), "\\x00"});
+            return {201, "from the handler", {}};
+        }
         if (path == "/slow") wait_at_gate();
         return {201, body, {{"Content-Type", "application/json"}, {"X-Order", std::to_string(n)}}};
     }
@@ -234,6 +245,7 @@ private:
     idem::PostgresStore& store_;
     idem::PostgresStore& down_;
     idem::PostgresStore& misconfigured_;
+    idem_test::PgConn& db_;  // the test's connection, used by /lease-lost-unread while its request waits
     std::map<std::string, http::Route> routes_;                   // filled before the server starts: read-only after
     std::map<std::string, idem::TransactionOptions> tx_options_;  // the in-transaction routes' (as routes_)
     std::mutex mutex_;
@@ -568,9 +580,7 @@ const std::vector<Row>& table() {
              CHECK(e.state("/throw", k) == "in_progress");
              CHECK(is_problem(e.post("/throw", quoted(k)), 409, "in_progress"));
              CHECK(e.service->runs(k) == 1);
-             bool told = false;
-             for (const auto& line : e.service->logged()) told = told || line.find(k) != std::string::npos;
-             CHECK(told);
+             CHECK(e.service->told(k));
          }},
         {"R29", "store unavailable: 503 store_unavailable + Retry-After, handler not called", false,
          [](Env& e) {
@@ -593,6 +603,15 @@ const std::vector<Row>& table() {
              CHECK((w.status == 201 && w.body == "from the reconciler" && w.replayed()));
              CHECK(e.post("/lease-lost", quoted(k)).body == "from the reconciler");
              CHECK(e.service->runs(k) == 1);
+         }},
+        {"R43", "lease lost and the record does not read: 409 in_progress, the failed read logged", false,
+         [](Env& e) {
+             const auto k = e.key("R43");
+             const Wire w = e.post("/lease-lost-unread", quoted(k));
+             CHECK(is_problem(w, 409, "in_progress"));
+             CHECK(w.header("Retry-After") == "1");
+             CHECK(e.service->runs(k) == 1);
+             CHECK(e.service->told(k, "idem::http: read after lease_lost: "));
          }},
         {"R32",
          "response larger than the store's limit (response_not_saved): sent as produced, not stored, "
@@ -662,12 +681,7 @@ const std::vector<Row>& table() {
                  CHECK(e.state(path, k) == "in_progress");
                  CHECK(is_problem(e.post(path, quoted(k)), 409, "in_progress"));
                  CHECK(e.service->runs(k) == 1);
-                 bool told = false;
-                 for (const auto& line : e.service->logged()) {
-                     told = told ||
-                            (line.find(k) != std::string::npos && line.find("outcome unknown") != std::string::npos);
-                 }
-                 CHECK(told);
+                 CHECK(e.service->told(k, "outcome unknown"));
              }
          }},
         {"R40", "a storage policy that throws: 503 outcome_unknown, key kept (the effect ran)", false,
@@ -853,7 +867,7 @@ TEST_CASE("Idempotency-Key conformance: every row, through the neutral API and o
     const std::string effects = idem_test::unique_name("http_tx_effects");
     db.exec("CREATE TABLE " + effects + " (key text NOT NULL)");
     idem_test::DropTable drop_effects(url, effects);
-    Service service(store, down, misconfigured, effects);
+    Service service(store, down, misconfigured, effects, db);
     http_test::Server server([&](const httplib::Request& req, httplib::Response& res) {
         http::httplib::send(service.dispatch(http::httplib::view(req)), res);
     });

@@ -211,6 +211,36 @@ struct CallCancellation {
     std::optional<boost::asio::steady_timer> timer;
 };
 
+/// The read an asynchronous adapter makes before it answers `failure`: after a lease_lost, the
+/// key's record, with co_read (a blocking read on the store's own executor would wait for itself).
+/// The reader returned (for idem::detail::stored_after_lease_lost) gives that record, or rethrows
+/// what the read threw; after any other failure nothing is read and it gives nullopt.
+inline boost::asio::awaitable<idem::detail::RecordReader> read_after_lease_lost(AsyncPostgresStore& store,
+                                                                                const Key& key,
+                                                                                std::exception_ptr failure) {
+    bool lost = false;
+    try {
+        if (failure) std::rethrow_exception(failure);
+    } catch (const lease_lost&) {
+        lost = true;
+    } catch (...) {
+    }
+    std::optional<Record> record;
+    std::exception_ptr read_failure;
+    if (lost) {
+        try {
+            record = co_await store.co_read(key);
+        } catch (...) {
+            read_failure = std::current_exception();
+        }
+    }
+    idem::detail::RecordReader read = [record, read_failure](const Key&) -> std::optional<Record> {
+        if (read_failure) std::rethrow_exception(read_failure);
+        return record;
+    };
+    co_return read;
+}
+
 // Completes the caller's handler with execute()'s outcome.
 template <class R, class Handler>
 void complete_call(Handler& handler, std::exception_ptr e, std::optional<Result<R>> result) {

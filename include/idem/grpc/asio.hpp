@@ -121,23 +121,9 @@ boost::asio::awaitable<::grpc::Status> async_serve_steps(idem::asio::AsyncPostgr
     }
     if (!failure) co_return answer(context, reply, method, std::move(*result));
 
-    // After a lease_lost the answer is the record another attempt saved: read it first (a
-    // blocking read on the store's own executor would wait for itself).
-    bool lost = false;
-    try {
-        std::rethrow_exception(failure);
-    } catch (const lease_lost&) {
-        lost = true;
-    } catch (...) {
-    }
-    std::optional<Record> after;
-    if (lost) {
-        try {
-            after = co_await store.co_read(key);
-        } catch (...) {
-        }
-    }
-    co_return answer_error(context, reply, method, key, failure, [&](const Key&) { return after; });
+    // After a lease_lost the answer is the record another attempt saved: read first.
+    const RecordReader read = co_await idem::asio::detail::read_after_lease_lost(store, key, failure);
+    co_return answer_error(context, reply, method, key, failure, read);
 }
 
 }  // namespace detail

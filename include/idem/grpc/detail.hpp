@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <exception>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "idem/errors.hpp"
+#include "idem/execute_once.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/grpc/method.hpp"
 #include "idem/grpc/retry_status.hpp"
@@ -125,7 +125,7 @@ template <class F>
 
 /// Reads a key's record after a lease_lost (IdempotencyStore::read, or what an asynchronous
 /// caller read already).
-using RecordReader = std::function<std::optional<Record>(const Key&)>;
+using RecordReader = idem::detail::RecordReader;
 
 /// Maps `failure` (thrown by execute_once or the handler) to what is sent; `read` is called only
 /// after a lease_lost.

@@ -76,31 +76,12 @@ boost::asio::awaitable<Response> run_async_handler(Handler& handler, idem::asio:
     co_return run_handler([&]() -> Response { std::rethrow_exception(failure); });
 }
 
-/// answer_error for an asynchronous call: what it would read after a lease_lost is read first,
-/// with co_read (a blocking read on the store's own executor would wait for itself).
+/// answer_error for an asynchronous call: what it would read after a lease_lost is read first
+/// (idem::asio::detail::read_after_lease_lost).
 inline boost::asio::awaitable<Response> answer_async_error(idem::asio::AsyncPostgresStore& store, const Key& key,
                                                            const Route& route, const Request& request,
                                                            std::exception_ptr failure) {
-    bool lost = false;
-    try {
-        std::rethrow_exception(failure);
-    } catch (const lease_lost&) {
-        lost = true;
-    } catch (...) {
-    }
-    std::optional<Record> after;
-    std::exception_ptr read_failure;
-    if (lost) {
-        try {
-            after = co_await store.co_read(key);
-        } catch (...) {
-            read_failure = std::current_exception();
-        }
-    }
-    const RecordReader read = [&](const Key&) {
-        if (read_failure) std::rethrow_exception(read_failure);
-        return after;
-    };
+    const RecordReader read = co_await idem::asio::detail::read_after_lease_lost(store, key, failure);
     std::optional<Response> out;
     try {
         std::rethrow_exception(failure);
