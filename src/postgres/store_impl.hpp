@@ -290,7 +290,6 @@ struct PostgresStore::Impl {
     // The listening wait, on one pooled connection; nullopt: LISTEN is not usable here (poll).
     std::optional<pg::ClaimMachine::Next> listen_for_save(const Key& key, pg::ClaimMachine& machine, Fence waited_for);
 
-
     // ---- Statements for many keys: claim_batch, save_batch and groups share them ----
     // Plain PostgreSQL: one array statement for all rows. A Citus-distributed table: statements that
     // each stay on one shard (an array statement joins the table with unnest() and spans every

@@ -34,9 +34,8 @@ pg::ClaimMachine::Next PostgresStore::Impl::wait_for_save(const Key& key, pg::Cl
     // Polling: the connection goes back to the pool between polls.
     std::this_thread::sleep_until(machine.next_poll());
     try {
-        return with_connection("wait", [&](pg::Connection& conn, int) {
-            return machine.on_polled(poll_waited(conn, key, waited_for));
-        });
+        return with_connection(
+            "wait", [&](pg::Connection& conn, int) { return machine.on_polled(poll_waited(conn, key, waited_for)); });
     } catch (const pool_timeout&) {
         return machine.on_waited(false);  // no connection to look with: the key was in progress
     }
@@ -70,7 +69,7 @@ bool PostgresStore::Impl::own_session(pg::Connection& conn) {
 // for, then wake on the saver's NOTIFY, on a poll that is due (automatic; notify polls at the
 // deadline only), or at the deadline. nullopt: LISTEN is not usable here (a pooler): poll.
 std::optional<pg::ClaimMachine::Next> PostgresStore::Impl::listen_for_save(const Key& key, pg::ClaimMachine& machine,
-                                                                          Fence waited_for) {
+                                                                           Fence waited_for) {
     using Next = pg::ClaimMachine::Next;
     return with_connection("wait", [&](pg::Connection& conn, int) -> std::optional<Next> {
         if (!own_session(conn)) return std::nullopt;
