@@ -253,10 +253,16 @@ public:
     /// Throws config_error on an invalid table name.
     [[nodiscard]] static std::string schema_sql(const std::string& table = "idem_keys");
 
+    /// ClaimOptions::wait: woken by LISTEN/NOTIFY, with polls of the key as a backstop, or by polls
+    /// alone behind a pooler such as PgBouncer (PostgresOptions::wait_strategy).
     [[nodiscard]] Claim claim(const Key& key, const Fingerprint& fp, const ClaimOptions& options = {}) override;
     void save(const Key& key, Fence fence, std::string_view result) override;
+    /// One round trip, with one commit for all claims on one node (on a Citus-distributed table,
+    /// one per shard segment: docs/scale-out.md).
     [[nodiscard]] std::vector<Claim> claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
                                                  const ClaimOptions& options = {}) override;
+    /// One round trip, one commit on one node (on a Citus-distributed table one per scope or key;
+    /// a row whose statement failed is sent again alone).
     [[nodiscard]] std::vector<SaveStatus> save_batch(std::span<const SaveRequest> saves) override;
     void release(const Key& key, Fence fence) override;
     [[nodiscard]] std::optional<Record> read(const Key& key) override;
@@ -264,8 +270,11 @@ public:
     void record_phase(const Key& key, Fence fence, std::string_view phase, std::string_view data) override;
     [[nodiscard]] std::optional<Fence> take_over(const Key& key, Fence stale_fence, std::chrono::milliseconds lease,
                                                  bool new_attempt) override;
+    /// An exact scope is `scope = $n`, routed to one shard on Citus; all and prefix are multi-shard
+    /// reads.
     [[nodiscard]] std::vector<StaleKey> list_stale(std::size_t limit,
                                                    const ScopeFilter& scopes = ScopeFilter::all()) override;
+    /// One count(*) over the same scan as list_stale.
     [[nodiscard]] std::size_t count_stale(const ScopeFilter& scopes = ScopeFilter::all()) override;
     std::size_t purge_expired(std::size_t batch_size = 1000, std::size_t max_batches = SIZE_MAX) override;
     [[nodiscard]] StoreStats stats() const override;

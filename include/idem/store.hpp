@@ -55,9 +55,8 @@ struct ClaimOptions {
     bool resume_stale = false;
     /// Wait instead of in_progress (opt-in): wait up to this long for the running attempt to save
     /// its result, and replay it; the key is read once more at the wait's end, then in_progress.
-    /// Zero answers in_progress at once. PostgresStore: woken by LISTEN/NOTIFY and polling the key
-    /// as a backstop, or polling only behind a pooler such as PgBouncer
-    /// (PostgresOptions::wait_strategy); idem::asio polls.
+    /// Zero answers in_progress at once. How a store hears of the save (a notification, polling
+    /// the key) is its own: its header says.
     std::chrono::milliseconds wait{0};
 };
 
@@ -88,8 +87,8 @@ struct Record {
     /// When the owner's lease passes (in progress).
     std::chrono::system_clock::time_point lease_until{};
     std::chrono::system_clock::time_point expires_at{};  ///< when the retention passes (completed)
-    /// When the record was read, by the store's clock (PostgresStore: the database's now() of the
-    /// reading transaction; MemoryStore: its clock). expires_at - read_at is the retention left as
+    /// When the record was read, by the store's clock (a database's: its now() when it read the
+    /// record). expires_at - read_at is the retention left as
     /// the store stated it, whatever the local clock says (the replay cache relies on it). Left
     /// at the epoch by a store that does not know it.
     std::chrono::system_clock::time_point read_at{};
@@ -150,12 +149,13 @@ struct StoreStats {
     std::uint64_t retries = 0;
     std::uint64_t connections_opened = 0;     ///< database connections opened
     std::uint64_t connections_discarded = 0;  ///< closed after an error or a failed health check
-    // Group commit's counters are PostgreSQL's: group_commit_stats() of PostgresStore and
-    // AsyncPostgresStore (idem/group_commit_stats.hpp).
+    // A store that groups concurrent calls into shared transactions reports it apart
+    // (group_commit_stats(), idem/group_commit_stats.hpp).
 };
 
 /// The interface every backend implements (see the top of this header for the states of a key).
-/// Implemented by PostgresStore, MemoryStore, CachedStore and idem::asio::AsyncPostgresStore.
+/// Implemented by PostgresStore, idem::asio::AsyncPostgresStore, RedisStore (idem/redis/store.hpp),
+/// MemoryStore and CachedStore.
 class IdempotencyStore {
 public:
     virtual ~IdempotencyStore() = default;
@@ -174,17 +174,15 @@ public:
     virtual void release(const Key& key, Fence fence) = 0;
 
     /// Claims many keys at once: claims[i] answers keys[i] with fps[i], exactly as claim() would.
-    /// Keys must be distinct. PostgresStore does it in one round trip, with one commit for all
-    /// claims on one node (on a Citus-distributed table, one per shard segment: docs/scale-out.md);
-    /// the default runs claim() for each. Throws like claim() for failures of the whole batch,
-    /// releasing what it had won.
+    /// Keys must be distinct. A store may claim them together (its header says how); the default
+    /// runs claim() for each. Throws like claim() for failures of the whole batch, releasing what
+    /// it had won.
     [[nodiscard]] virtual std::vector<Claim> claim_batch(std::span<const Key> keys, std::span<const Fingerprint> fps,
                                                          const ClaimOptions& options = {});
 
-    /// Saves many results at once; statuses[i] answers saves[i]. PostgresStore: one round trip, one
-    /// commit on one node (on a Citus-distributed table one per scope or key; a row whose
-    /// statement failed is sent again alone). A fence that lost its key gets lease_lost and changes
-    /// nothing; a result over max_result_bytes() gets too_large; the others are saved. Throws for
+    /// Saves many results at once; statuses[i] answers saves[i] (a store may save them together:
+    /// its header says how). A fence that lost its key gets lease_lost and changes nothing; a
+    /// result over max_result_bytes() gets too_large; the others are saved. Throws for
     /// whole-batch failures.
     [[nodiscard]] virtual std::vector<SaveStatus> save_batch(std::span<const SaveRequest> saves);
 
@@ -208,8 +206,7 @@ public:
 
     /// Up to `limit` in-progress keys whose lease has passed, oldest lease first, in the scopes
     /// `scopes` selects (see ScopeFilter: all, one exact scope, or a literal prefix). Listing takes
-    /// nothing: take_over() does. PostgresStore: an exact scope is `scope = $n`, routed to one shard
-    /// on Citus; all and prefix are multi-shard reads. A row that cannot be decoded is left out and
+    /// nothing: take_over() does. A row that cannot be decoded is left out and
     /// reported to the observer (Event::reconcile_failed with its key); it still counts towards
     /// `limit`, so a listing may return fewer keys than it was allowed.
     [[nodiscard]] virtual std::vector<StaleKey> list_stale(std::size_t limit,
@@ -218,8 +215,8 @@ public:
     /// How many in-progress keys whose lease has passed are in `scopes` now: the keys list_stale
     /// would return with no limit (rows that cannot be decoded included). The backlog of unknown
     /// outcomes no one holds; a key a reconciler took and left counts again once its lease passes.
-    /// PostgresStore: one count(*) over the same scan as list_stale. The default lists them all
-    /// (list_stale) and counts them: a store of your own should override it.
+    /// The default lists them all (list_stale) and counts them: a store of your own should
+    /// override it.
     [[nodiscard]] virtual std::size_t count_stale(const ScopeFilter& scopes = ScopeFilter::all());
 
     /// Deletes completed records past their retention, `batch_size` rows per transaction, skipping
