@@ -10,6 +10,7 @@
 #include "../retry_policy.hpp"
 #include "admin_session.hpp"
 #include "generations.hpp"
+#include "sansio/admin_sql.hpp"
 #include "store_impl.hpp"
 
 namespace idem {
@@ -40,39 +41,38 @@ void PostgresStore::ensure_schema() {
     // CONCURRENTLY waits for every older snapshot while it holds the maintenance lock — a
     // deadlock. Until both are free, the transaction ends and begins again after a pause.
     for (unsigned attempt = 1;; ++attempt) {
-        db.exec("BEGIN");
+        db.exec(pg::kBeginSql);
         // Waits as long as it takes for the table's locks, whatever lock_timeout the role carries
         // (docs/scale-out.md has operators set one for idem's statements). Before anything that
         // may wait: on Citus, even the question whether this is a worker reads a catalog that a
         // concurrent distribution holds locked.
-        db.exec("SET LOCAL lock_timeout = 0");
+        db.exec(pg::kNoLocalLockTimeoutSql);
         db.refuse_worker();
-        if (db.value("SELECT pg_try_advisory_xact_lock(hashtext($1))", {"idem.ensure_schema"}) == "t" &&
+        if (db.value(pg::kTrySchemaLockSql, {"idem.ensure_schema"}) == "t" &&
             (!generation || pg::try_lock_out_maintenance(db, m.table))) {
             break;
         }
-        db.exec("ROLLBACK");
+        db.exec(pg::kRollbackSql);
         std::this_thread::sleep_for(std::chrono::milliseconds(detail::jitter(std::min(200u, 10u * attempt))));
     }
-    if (!m.table.schema.empty()) db.exec("CREATE SCHEMA IF NOT EXISTS \"" + m.table.schema + "\"");
+    if (!m.table.schema.empty()) db.exec(pg::create_schema_sql(m.table));
     // One statement at a time (Citus refuses multi-statement strings that carry DDL).
     for (const std::string& statement : pg::schema_statements(m.table, generation)) db.exec(statement);
     if (generation) {
         pg::prepare_generations(db, m.table, *generation, m.options.generations->ahead);
-    } else if (db.value("SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)",
-                        {m.table.qualified}) == "p") {
-        db.exec("ROLLBACK");
+    } else if (db.value(pg::kRelkindSql, {m.table.qualified}) == "p") {
+        db.exec(pg::kRollbackSql);
         throw config_error("idem: table " + literal +
                            " is partitioned by generation: set PostgresOptions::generations to use it");
     }
-    auto r = db.exec("SELECT version FROM " + m.table.version_table + " WHERE table_name = $1", {literal});
+    auto r = db.exec(pg::schema_version_sql(m.table), {literal});
     const int found = PQntuples(r.get()) == 1 ? std::stoi(PQgetvalue(r.get(), 0, 0)) : 0;
     if (found > pg::kSchemaVersion) {
-        db.exec("ROLLBACK");
+        db.exec(pg::kRollbackSql);
         throw config_error("idem: table " + literal + " has schema version " + std::to_string(found) +
                            ", newer than this idem (" + std::to_string(pg::kSchemaVersion) + ")");
     }
-    db.exec("COMMIT");
+    db.exec(pg::kCommitSql);
 }
 
 void PostgresStore::distribute(DistributeBy by) {
@@ -87,7 +87,7 @@ void PostgresStore::distribute(DistributeBy by) {
     }
     db.refuse_worker();
     const std::string column = by == DistributeBy::scope ? "scope" : "key";
-    if (!db.value("SELECT pg_catalog.to_regclass($1)", {m.table.qualified})) {
+    if (!db.value(pg::kRegclassSql, {m.table.qualified})) {
         throw config_error(
             "idem: distribute: table " + table_literal(m.table) + " does not exist (call ensure_schema() first)",
             "42P01");
@@ -100,10 +100,10 @@ void PostgresStore::distribute(DistributeBy by) {
     // create_distributed_table copies existing rows into the shards; concurrent calls serialise on
     // Citus's own lock, and the loser finds the table distributed (checked again below).
     try {
-        db.exec("SELECT pg_catalog.create_distributed_table($1::regclass, $2)", {m.table.qualified, column});
+        db.exec(pg::kDistributeSql, {m.table.qualified, column});
         // The rows were copied into the shards; their old copies stay in the coordinator's table
         // (unseen, but on disk) until this.
-        db.exec("SELECT pg_catalog.truncate_local_data_after_distributing_table($1::regclass)", {m.table.qualified});
+        db.exec(pg::kTruncateLocalDataSql, {m.table.qualified});
     } catch (const database_error&) {
         if (db.distribution_column(m.table.qualified) != column) throw;
     }
@@ -142,9 +142,7 @@ Deployment PostgresStore::inspect() {
                 "not see those through the coordinator: claim through the coordinator only");
         }
     }
-    if (!column &&
-        db.value("SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)",
-                 {m.table.qualified})) {
+    if (!column && db.value(pg::kCitusTableSql, {m.table.qualified})) {
         d.warnings.push_back("table " + table_literal(m.table) +
                              " is a Citus reference or single-shard table: idem supports a table distributed by "
                              "scope or key (distribute()), or a local one");
@@ -169,11 +167,10 @@ Deployment PostgresStore::inspect() {
          "cached plans of idem's key lookups on the shards may become sequential scans after an ANALYZE of "
          "a nearly empty table"},
     };
-    const std::string role = db.value("SELECT current_user").value_or("<role>");
+    const std::string role = db.value(pg::kCurrentUserSql).value_or("<role>");
     for (const Wanted& w : wanted) {
         try {
-            auto r = db.exec("SELECT nodename, nodeport, success, result FROM pg_catalog.run_command_on_workers($1)",
-                             {std::string("SELECT setting FROM pg_catalog.pg_settings WHERE name = '") + w.name + "'"});
+            auto r = db.exec(pg::kOnWorkersSql, {pg::setting_sql(w.name)});
             for (int row = 0; row < PQntuples(r.get()); ++row) {
                 const std::string node = std::string(PQgetvalue(r.get(), row, 0)) + ":" + PQgetvalue(r.get(), row, 1);
                 const std::string got = PQgetvalue(r.get(), row, 3);
@@ -183,9 +180,8 @@ Deployment PostgresStore::inspect() {
                     const std::string unit = std::string(w.name) == "lock_timeout" ? "ms" : "";
                     d.warnings.push_back("worker " + node + " runs idem's statements with " + w.name + " = " + got +
                                          unit + " (idem asks for " + w.value + unit + "): " + w.why +
-                                         ". Fix, on the coordinator (Citus propagates it to the workers): "
-                                         "ALTER ROLE \"" +
-                                         role + "\" SET " + w.name + " = '" + w.value + unit + "'");
+                                         ". Fix, on the coordinator (Citus propagates it to the workers): " +
+                                         pg::role_setting_sql(role, w.name, w.value + unit));
                 }
             }
         } catch (const error& e) {

@@ -10,6 +10,7 @@
 #include "connect.hpp"
 #include "connection.hpp"
 #include "idem/errors.hpp"
+#include "sansio/admin_sql.hpp"
 #include "sansio/sqlstate.hpp"
 
 namespace idem::pg {
@@ -58,18 +59,13 @@ public:
     }
 
     /// The citus extension's version in this database, or nullopt.
-    std::optional<std::string> citus_version() {
-        return value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'");
-    }
+    std::optional<std::string> citus_version() { return value(kCitusVersionSql); }
     /// On a Citus node: whether it is a worker (its group is not the coordinator's, 0).
-    bool citus_worker() { return value("SELECT groupid <> 0 FROM pg_catalog.pg_dist_local_group") == "t"; }
+    bool citus_worker() { return value(kCitusWorkerSql) == "t"; }
     /// On a Citus node: the table's distribution column, or nullopt (not distributed, or a
     /// reference / single-shard table, whose partkey is NULL).
     std::optional<std::string> distribution_column(const std::string& qualified) {
-        return value(
-            "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) FROM pg_catalog.pg_dist_partition "
-            "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
-            {qualified});
+        return value(kDistributionColumnSql, {qualified});
     }
     void refuse_worker() {
         if (citus_version() && citus_worker()) {

@@ -1,6 +1,6 @@
 #include "generations.hpp"
 
-#include <fmt/format.h>
+#include "sansio/admin_sql.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,16 +12,7 @@
 namespace idem::pg {
 namespace {
 
-// The generation column's comment records the length the table was made with.
-constexpr std::string_view kLengthNote = "idem generation length (ms): ";
-
 std::string literal(const TableName& t) { return t.schema.empty() ? t.table : t.schema + "." + t.table; }
-
-// A generation's partition: "<table>_g<start>" in the table's schema (at most 48 + 15 bytes).
-std::string partition_name(const TableName& t, std::int64_t start) { return t.table + "_g" + std::to_string(start); }
-std::string qualified(const TableName& t, const std::string& name) {
-    return (t.schema.empty() ? "" : "\"" + t.schema + "\".") + "\"" + name + "\"";
-}
 
 struct Partition {
     std::string name;
@@ -31,12 +22,9 @@ struct Partition {
 
 // The table's generations, oldest first; partitions not named by idem are left out.
 std::vector<Partition> partitions(AdminSession& db, const TableName& t) {
-    auto r = db.exec(
-        "SELECT c.relname, i.inhdetachpending FROM pg_catalog.pg_inherits i "
-        "JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = pg_catalog.to_regclass($1)",
-        {t.qualified});
+    auto r = db.exec(kPartitionsSql, {t.qualified});
     std::vector<Partition> out;
-    const std::string prefix = t.table + "_g";
+    const std::string prefix = generation_prefix(t);
     for (int row = 0; row < PQntuples(r.get()); ++row) {
         const std::string name = PQgetvalue(r.get(), row, 0);
         if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
@@ -49,8 +37,7 @@ std::vector<Partition> partitions(AdminSession& db, const TableName& t) {
 }
 
 void expect_partitioned(AdminSession& db, const TableName& t) {
-    const auto kind =
-        db.value("SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)", {t.qualified});
+    const auto kind = db.value(kRelkindSql, {t.qualified});
     if (!kind) {
         throw config_error("idem: table " + literal(t) + " does not exist (call PostgresStore::ensure_schema())",
                            "42P01");
@@ -63,22 +50,15 @@ void expect_partitioned(AdminSession& db, const TableName& t) {
 }
 
 std::optional<std::int64_t> recorded_length(AdminSession& db, const TableName& t) {
-    const auto note = db.value(
-        "SELECT pg_catalog.col_description(a.attrelid, a.attnum) FROM pg_catalog.pg_attribute a "
-        "WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attname = 'generation'",
-        {t.qualified});
-    if (!note || !note->starts_with(kLengthNote)) return std::nullopt;
-    return std::strtoll(note->c_str() + kLengthNote.size(), nullptr, 10);
+    const auto note = db.value(kGenerationNoteSql, {t.qualified});
+    if (!note || !note->starts_with(kGenerationLengthNote)) return std::nullopt;
+    return std::strtoll(note->c_str() + kGenerationLengthNote.size(), nullptr, 10);
 }
 
 bool lock_timed_out(const error& e) { return e.sqlstate() == "55P03"; }
 
 // The name of the advisory lock a table's maintenance holds (hashtextextended of it).
 std::string maintenance_lock(const TableName& t) { return "idem.generations:" + t.qualified; }
-
-// A generation made ahead but not attached yet carries this comment, so that one left behind by a
-// maintenance cut off in between is recognised as idem's and dropped once its time has passed.
-constexpr std::string_view kMadeAhead = "idem: a generation made ahead, attached when it is due";
 
 // Creates the current generation and `ahead` more that do not exist yet — as tables with the
 // table's indexes, outside the lock below; for maintenance only once fewer than half of them are
@@ -91,9 +71,7 @@ constexpr std::string_view kMadeAhead = "idem: a generation made ahead, attached
 // waits less than its own lock_timeout when `attach_wait` is at most half of it.
 std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead,
                          bool in_transaction, std::chrono::milliseconds attach_wait, bool& timed_out) {
-    const auto at = fmt::format("now() + n * interval '{} milliseconds'", length.count());
-    auto r = db.exec(fmt::format("SELECT DISTINCT {} FROM generate_series(0, {}) AS n ORDER BY 1",
-                                 generation_expression(length, at), ahead));
+    auto r = db.exec(upcoming_generations_sql(length, ahead));
     std::set<std::int64_t> existing;
     for (const Partition& p : partitions(db, t)) existing.insert(p.start);
     std::vector<std::int64_t> missing;
@@ -108,30 +86,22 @@ std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::mill
     const bool current_missing = missing.front() == std::stoll(PQgetvalue(r.get(), 0, 0));
     if (!in_transaction && !current_missing && wanted - 1 - missing.size() >= (ahead + 1) / 2) return 0;
     for (const std::int64_t start : missing) {
-        const std::string part = qualified(t, partition_name(t, start));
         // CREATE, then ATTACH: CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE, which
-        // readers wait for too.
-        db.exec(fmt::format(
-            "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES) "
-            "WITH (fillfactor = 90)",
-            part, t.qualified));
-        db.exec(fmt::format("COMMENT ON TABLE {} IS '{}'", part, kMadeAhead));
+        // readers wait for too. A generation left behind by a maintenance cut off in between is
+        // recognised as idem's by its comment and dropped once its time has passed.
+        db.exec(create_generation_sql(t, start));
+        db.exec(mark_made_ahead_sql(t, start));
     }
-    if (!in_transaction) db.exec("BEGIN");
+    if (!in_transaction) db.exec(kBeginSql);
     try {
-        if (!in_transaction) {
-            db.exec(fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<long long>(1, attach_wait.count())));
-        }
+        if (!in_transaction) db.exec(local_lock_timeout_sql(attach_wait));
         // SHARE: claims, saves and every other write wait until the transaction ends; reads do not.
-        db.exec(fmt::format("LOCK TABLE ONLY {} IN SHARE MODE", t.qualified));
-        for (const std::int64_t start : missing) {
-            db.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ({})", t.qualified,
-                                qualified(t, partition_name(t, start)), start));
-        }
-        if (!in_transaction) db.exec("COMMIT");
+        db.exec(lock_out_writes_sql(t));
+        for (const std::int64_t start : missing) db.exec(attach_generation_sql(t, start));
+        if (!in_transaction) db.exec(kCommitSql);
     } catch (const error& e) {
         if (in_transaction) throw;
-        db.exec("ROLLBACK");
+        db.exec(kRollbackSql);
         if (!lock_timed_out(e)) throw;
         timed_out = true;
         return 0;
@@ -142,45 +112,30 @@ std::size_t create_ahead(AdminSession& db, const TableName& t, std::chrono::mill
 // Steps 2 and 3 of retiring `p` (see generations.hpp): the keys it holds when it may go, or
 // nullopt to keep it for now (`timed_out`: closing it waited past lock_timeout).
 std::optional<std::size_t> close_and_check(AdminSession& db, const TableName& t, const Partition& p, bool& timed_out) {
-    const std::string part = qualified(t, p.name);
     // Step 1, cheap first: the newest expiry by the expiry index.
-    if (db.value(fmt::format("SELECT max(expires_at) >= now() FROM {}", part)) == "t") return std::nullopt;
-    const bool closed =
-        db.value(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = pg_catalog.to_regclass($1) "
-            "AND tgname = 'idem_closed')",
-            {part}) == "t";
+    if (db.value(generation_unexpired_sql(t, p.name)) == "t") return std::nullopt;
+    const bool closed = db.value(kGenerationClosedSql, {generation_table(t, p.name)}) == "t";
     if (!closed) {
-        db.exec("BEGIN");
+        db.exec(kBeginSql);
         try {
             // Citus creates a trigger on a distributed table's shards only when told to; this one
-            // only refuses rows, which is safe on any shard. (On plain PostgreSQL the setting is a
-            // mere placeholder.)
-            db.exec("SET LOCAL citus.enable_unsafe_triggers = on");
-            db.exec(fmt::format("CREATE TRIGGER idem_closed BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()",
-                                part, closed_function(t)));
+            // only refuses rows, which is safe on any shard.
+            db.exec(kAllowCitusTriggersSql);
+            db.exec(close_generation_sql(t, p.name));
             // A re-claim whose transaction began before the generation ended computes this
             // generation as its DEFAULT and would revive an expired row in place, after the check
-            // below: refused too (40001, and the claim reads again in a new transaction). Moving a
-            // row out, and every update of a key in progress, still pass.
-            db.exec(
-                fmt::format("CREATE TRIGGER idem_closed_update BEFORE UPDATE ON {} FOR EACH ROW "
-                            "WHEN (OLD.state = 'completed' AND NEW.generation = OLD.generation) "
-                            "EXECUTE FUNCTION {}()",
-                            part, closed_function(t)));
-            db.exec("COMMIT");
+            // below: refused too (40001, and the claim reads again in a new transaction).
+            db.exec(close_generation_updates_sql(t, p.name));
+            db.exec(kCommitSql);
         } catch (const error& e) {
-            db.exec("ROLLBACK");
+            db.exec(kRollbackSql);
             if (!lock_timed_out(e)) throw;
             timed_out = true;  // a writer holds it: next time
             return std::nullopt;
         }
     }
     // A full read of the generation, once: no index serves `state` (saves stay HOT updates).
-    auto r = db.exec(fmt::format(
-        "SELECT count(*), count(*) FILTER (WHERE state = 'in_progress'), coalesce(bool_or(expires_at >= now()), false) "
-        "FROM {}",
-        part));
+    auto r = db.exec(generation_keys_sql(t, p.name));
     const bool live =
         std::string_view(PQgetvalue(r.get(), 0, 1)) != "0" || std::string_view(PQgetvalue(r.get(), 0, 2)) == "t";
     if (live) return std::nullopt;
@@ -190,60 +145,49 @@ std::optional<std::size_t> close_and_check(AdminSession& db, const TableName& t,
 // Tables a maintenance left behind, cut off in between: generations it detached but did not drop
 // (named like a generation, no partition, carrying the closing trigger, which only a checked
 // generation's detach leaves behind), and generations it made ahead but did not attach whose time
-// has passed (carrying kMadeAhead's comment; a current or future one is attached by create_ahead).
+// has passed (carrying kMadeAheadNote's comment; a current or future one is attached by create_ahead).
 void drop_detached(AdminSession& db, const TableName& t, std::chrono::milliseconds length) {
-    auto r = db.exec(
-        "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = coalesce(nullif($1, ''), current_schema()) AND c.relkind = 'r' AND NOT c.relispartition "
-        "AND starts_with(c.relname, $2) AND substr(c.relname, length($2) + 1) ~ '^[0-9]+$' "
-        "AND (EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = c.oid AND g.tgname = 'idem_closed') "
-        "OR (pg_catalog.obj_description(c.oid, 'pg_class') = $3 "
-        "AND substr(c.relname, length($2) + 1)::numeric + $4 <= extract(epoch FROM now()) * 1000))",
-        {t.schema, t.table + "_g", std::string(kMadeAhead), std::to_string(length.count())});
-    for (int row = 0; row < PQntuples(r.get()); ++row) {
-        db.exec(fmt::format("DROP TABLE IF EXISTS {}", qualified(t, PQgetvalue(r.get(), row, 0))));
-    }
+    auto r = db.exec(kLeftoverGenerationsSql,
+                     {t.schema, generation_prefix(t), std::string(kMadeAheadNote), std::to_string(length.count())});
+    for (int row = 0; row < PQntuples(r.get()); ++row) db.exec(drop_generation_sql(t, PQgetvalue(r.get(), row, 0)));
 }
 
 void detach_and_drop(AdminSession& db, const TableName& t, const Partition& p) {
-    const std::string part = qualified(t, p.name);
     // CONCURRENTLY: the table's readers and writers never wait on it. It waits for the
     // transactions that may still see the partition; a detach cut short stays pending, and is
     // finished (FINALIZE) at the next maintenance.
     try {
-        db.exec(fmt::format("ALTER TABLE {} DETACH PARTITION {} {}", t.qualified, part,
-                            p.detach_pending ? "FINALIZE" : "CONCURRENTLY"));
+        db.exec(detach_generation_sql(t, p.name, p.detach_pending ? Detach::finalize : Detach::concurrently));
     } catch (const database_error& e) {
         if (e.sqlstate() != "0A000" && e.sqlstate() != "XX000") throw;
         // Citus refuses CONCURRENTLY on a distributed table: a plain detach takes the table's
         // ACCESS EXCLUSIVE lock, which every statement behind it then waits for; a short wait,
         // or the next maintenance tries again.
-        if (db.value("SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL") != "t") throw;
-        db.exec("BEGIN");
+        if (db.value(kCitusCatalogSql) != "t") throw;
+        db.exec(kBeginSql);
         try {
-            db.exec("SET LOCAL lock_timeout = '100ms'");
-            db.exec(fmt::format("ALTER TABLE {} DETACH PARTITION {}", t.qualified, part));
-            db.exec("COMMIT");
+            db.exec(local_lock_timeout_sql(std::chrono::milliseconds(100)));
+            db.exec(detach_generation_sql(t, p.name, Detach::plain));
+            db.exec(kCommitSql);
         } catch (...) {
-            db.exec("ROLLBACK");
+            db.exec(kRollbackSql);
             throw;
         }
     }
-    db.exec(fmt::format("DROP TABLE IF EXISTS {}", part));
+    db.exec(drop_generation_sql(t, p.name));
 }
 
 }  // namespace
 
 bool try_lock_out_maintenance(AdminSession& db, const TableName& t) {
-    return db.value("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", {maintenance_lock(t)}) == "t";
+    return db.value(kTryXactLockSql, {maintenance_lock(t)}) == "t";
 }
 
 void prepare_generations(AdminSession& db, const TableName& t, std::chrono::milliseconds length, std::size_t ahead) {
     expect_partitioned(db, t);
     if (recorded_length(db, t) != length.count()) {
-        db.exec(fmt::format("ALTER TABLE {} ALTER COLUMN generation SET DEFAULT {}", t.qualified,
-                            generation_expression(length)));
-        db.exec(fmt::format("COMMENT ON COLUMN {}.generation IS '{}{}'", t.qualified, kLengthNote, length.count()));
+        db.exec(generation_default_sql(t, length));
+        db.exec(record_generation_length_sql(t, length));
     }
     bool timed_out = false;
     create_ahead(db, t, length, ahead, true, std::chrono::milliseconds(0), timed_out);
@@ -256,7 +200,7 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
     // One maintainer per table; the others have nothing to add. (ensure_schema() holds the same
     // lock while it may change the length: the length is read under it.)
     const std::string lock_name = maintenance_lock(t);
-    if (db.value("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", {lock_name}) != "t") return report;
+    if (db.value(kTrySessionLockSql, {lock_name}) != "t") return report;
     try {
         const auto recorded = recorded_length(db, t);
         if (recorded != length.count()) {
@@ -265,7 +209,7 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
                                ", this store's PostgresOptions::generations says " + std::to_string(length.count()) +
                                " ms (ensure_schema() changes the table's)");
         }
-        db.exec(fmt::format("SET lock_timeout = '{}ms'", std::max<long long>(1, lock_wait.count())));
+        db.exec(lock_timeout_sql(lock_wait));
         // Each step that waits for a lock waits at most lock_wait; after one waited in vain the
         // others are left for the next maintenance, so that one call waits about lock_wait at most.
         bool gave_up = false;
@@ -273,7 +217,7 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
         const auto attach_wait = lock_wait / 2;
         drop_detached(db, t, length);
         report.created = create_ahead(db, t, length, ahead, false, attach_wait, gave_up);
-        const std::int64_t now_ms = std::stoll(*db.value("SELECT (extract(epoch FROM now()) * 1000)::bigint"));
+        const std::int64_t now_ms = std::stoll(*db.value(kNowMillisSql));
         // A table has at most one detach pending: finish it before any other begins.
         auto all = partitions(db, t);
         std::stable_partition(all.begin(), all.end(), [](const Partition& p) { return p.detach_pending; });
@@ -306,12 +250,12 @@ GenerationReport maintain_generations(AdminSession& db, const TableName& t, std:
         }
     } catch (...) {
         try {
-            db.exec("SELECT pg_advisory_unlock(hashtextextended($1, 0))", {lock_name});
+            db.exec(kSessionUnlockSql, {lock_name});
         } catch (...) {
         }
         throw;
     }
-    db.exec("SELECT pg_advisory_unlock(hashtextextended($1, 0))", {lock_name});
+    db.exec(kSessionUnlockSql, {lock_name});
     return report;
 }
 

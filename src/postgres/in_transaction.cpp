@@ -44,8 +44,6 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
     // last use) is simply replaced, as the other entry points do (claim_attempts in all).
     // lock_wait: the claim's INSERT alone runs under that lock_timeout (set_config, local to the
     // transaction), which is back to the session's before fn runs.
-    static const pg::StatementDef set_lock_wait{"", "SELECT set_config('lock_timeout', $1, true)", {pg::oid::text}};
-    static const pg::StatementDef reset_lock_wait{"", "SET LOCAL lock_timeout TO DEFAULT", {}};
     const std::size_t shift = lock_wait ? 1 : 0;  // the claim's results move one step down
     // The decisions are pg::ClaimMachine's, as for every claim. This mode neither waits for another
     // attempt's save nor takes one over: the effect runs inside the claim's own transaction, so both
@@ -82,10 +80,12 @@ PostgresStore::TransactionOutcome PostgresStore::run_in_transaction(
                                   {&m.defs[pg::kClaimInsert], &ins, false},
                                   {&m.defs[pg::kSelect], &sel, false},
                                   {&m.defs[pg::kSeqscanLocalOn], &none, true}};
-            const Step waiting[] = {
-                {&m.defs[pg::kBegin], &none, false},      {&set_lock_wait, &wait_ms, false},
-                {&m.defs[pg::kClaimInsert], &ins, false}, {&m.defs[pg::kSelect], &sel, false},
-                {&reset_lock_wait, &none, false},         {&m.defs[pg::kSeqscanLocalOn], &none, true}};
+            const Step waiting[] = {{&m.defs[pg::kBegin], &none, false},
+                                    {&m.defs[pg::kLockTimeoutLocal], &wait_ms, false},
+                                    {&m.defs[pg::kClaimInsert], &ins, false},
+                                    {&m.defs[pg::kSelect], &sel, false},
+                                    {&m.defs[pg::kLockTimeoutLocalDefault], &none, false},
+                                    {&m.defs[pg::kSeqscanLocalOn], &none, true}};
             auto res = lock_wait ? m.run(**conn, waiting) : m.run(**conn, plain);
             StepResult* const failure = const_cast<StepResult*>(res.first_failure());
             if (lock_wait && failure != nullptr && failure->sqlstate() == "55P03") {

@@ -10,6 +10,7 @@
 #include "idem/response.hpp"
 #include "idem/sealing.hpp"
 #include "json.hpp"
+#include "postgres/sansio/admin_sql.hpp"
 #include "table.hpp"
 #include "text.hpp"
 
@@ -53,8 +54,8 @@ std::unique_ptr<idem::PostgresStore> open_store(const Options& o) {
     return std::make_unique<idem::PostgresStore>(o.conninfo, options);
 }
 
-/// The table name checked and quoted for idemctl's own SQL.
-std::string checked_table(const Options& o) { return quoted_table(checked_table_name(o)); }
+/// The table name checked, for idemctl's own SQL (the library's statements, admin_sql.hpp).
+idem::pg::TableName checked_table(const Options& o) { return idem::pg::TableName::parse(checked_table_name(o)); }
 
 idem::Key key_of(const Options& o) { return idem::Key{o.arguments[0], o.arguments[1]}; }
 
@@ -263,35 +264,18 @@ Exit show(const Options& o, std::ostream& out) {
 
 // --- list -------------------------------------------------------------------------------------
 
-/// Microseconds since the epoch of a timestamptz column, as the SQL below selects them.
+/// Microseconds since the epoch of a timestamptz column, as idemctl's statements select them.
 TimePoint from_micros(std::int64_t us) { return TimePoint(std::chrono::microseconds(us)); }
-
-/// SQL for a timestamptz expression as whole microseconds since the epoch (from_micros reads it).
-std::string micros(std::string_view expression) {
-    return fmt::format("(extract(epoch FROM {}) * 1000000)::int8", expression);
-}
 
 Exit list(const Options& o, std::ostream& out) {
     if (o.scope) (void)idem::ScopeFilter::exact(*o.scope);  // invalid_key: exit 2
     if (o.scope_prefix) (void)idem::ScopeFilter::prefix(*o.scope_prefix);
-    const std::string table = checked_table(o);
+    const idem::pg::TableName table = checked_table(o);
     const std::size_t limit = o.limit == 0 ? 50 : o.limit;
-    // Filters are parameters (NULL: not filtering), so the statement text never varies.
-    const std::string sql = fmt::format(
-        "SELECT scope, key, state, attempt, fence, phase, {}, {}, {}, octet_length(result), "
-        "(state = 'in_progress' AND lease_until < now()), (state = 'completed' AND expires_at < "
-        "now()), {} "
-        "FROM {} WHERE ($1::text IS NULL OR scope = $1) AND ($2::text IS NULL OR "
-        "starts_with(scope, $2)) "
-        "AND ($3::text IS NULL OR state = $3 OR ($3 = 'expired' AND state = 'completed' AND "
-        "expires_at < now())) "
-        "AND (NOT $4::bool OR (state = 'in_progress' AND lease_until < now())) "
-        "AND ($5::int8 IS NULL OR created_at < now() - $5 * interval '1 second') "
-        "ORDER BY created_at, scope, key LIMIT $6",
-        micros("created_at"), micros("lease_until"), micros("expires_at"), micros("now()"), table);
     Database db(o.conninfo);
+    // Filters are parameters (NULL: not filtering), so the statement text never varies.
     const Rows rows = db.query(
-        sql,
+        idem::pg::list_keys_sql(table),
         {o.scope, o.scope_prefix, o.state, o.stale ? "true" : "false",
          o.older_than ? std::optional(std::to_string(o.older_than->count())) : std::nullopt, std::to_string(limit + 1)},
         table_of(o));
@@ -352,23 +336,11 @@ Exit list(const Options& o, std::ostream& out) {
 // --- stats ------------------------------------------------------------------------------------
 
 Exit stats(const Options& o, std::ostream& out) {
-    const std::string table = checked_table(o);
+    const idem::pg::TableName table = checked_table(o);
     Database db(o.conninfo);
-    const Rows counts =
-        db.query(fmt::format("SELECT count(*) FILTER (WHERE state = 'in_progress'), "
-                             "count(*) FILTER (WHERE state = 'in_progress' AND lease_until < now()), "
-                             "count(*) FILTER (WHERE state = 'completed'), "
-                             "count(*) FILTER (WHERE state = 'completed' AND expires_at < now()), {} FROM {}",
-                             micros("now()"), table),
-                 {}, table_of(o));
-    const Rows oldest = db.query(fmt::format("SELECT scope, key, {} FROM {} WHERE state = 'in_progress' "
-                                             "ORDER BY created_at, scope, key LIMIT 1",
-                                             micros("created_at"), table),
-                                 {}, table_of(o));
-    const Rows size = db.query(
-        "SELECT pg_table_size(c), pg_indexes_size(c), pg_total_relation_size(c) "
-        "FROM (SELECT to_regclass($1) AS c) AS t",
-        {table}, table_of(o));
+    const Rows counts = db.query(idem::pg::key_counts_sql(table), {}, table_of(o));
+    const Rows oldest = db.query(idem::pg::oldest_in_progress_sql(table), {}, table_of(o));
+    const Rows size = db.query(idem::pg::kTableSizesSql, {table.qualified}, table_of(o));
     const std::int64_t in_progress = counts.integer(0, 0), stale = counts.integer(0, 1),
                        completed = counts.integer(0, 2), expired = counts.integer(0, 3);
     const TimePoint now = from_micros(counts.integer(0, 4));

@@ -113,10 +113,4 @@ Rows Database::query(const std::string& sql, const std::vector<std::optional<std
                     sqlstate);
 }
 
-std::string quoted_table(const std::string& table) {
-    const auto dot = table.find('.');
-    if (dot == std::string::npos) return "\"" + table + "\"";
-    return "\"" + table.substr(0, dot) + "\".\"" + table.substr(dot + 1) + "\"";
-}
-
 }  // namespace idemctl

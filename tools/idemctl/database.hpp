@@ -54,8 +54,4 @@ private:
     std::shared_ptr<pg_conn> conn_;
 };
 
-/// `table` ("t" or "schema.t", already checked by the library's rules) quoted for SQL:
-/// "schema"."t".
-[[nodiscard]] std::string quoted_table(const std::string& table);
-
 }  // namespace idemctl

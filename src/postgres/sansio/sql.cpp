@@ -174,11 +174,7 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
                                  {text, text, int8, bytea}};
     // How the table is laid out. Unnamed (parsed when run): pg_dist_partition exists only with Citus.
     defs[kCitusInstalled] = {"", "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')", {}};
-    defs[kDistributionColumn] = {"",
-                                 "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) "
-                                 "FROM pg_catalog.pg_dist_partition "
-                                 "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL",
-                                 {text}};
+    defs[kDistributionColumn] = {"", kDistributionColumnSql, {text}};
     // Only the fence holder of an in-progress key completes it. `waiters`: someone LISTENs for it.
     defs[kSave] = {"idem_save",
                    fmt::format("UPDATE {} SET state = 'completed', result = $4, completed_at = now() "
@@ -278,9 +274,9 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
                                            "AND state = 'completed' AND expires_at < now()",
                                            T),
                                {int8}};
-    defs[kBegin] = {"", "BEGIN", {}};
-    defs[kCommit] = {"", "COMMIT", {}};
-    defs[kRollback] = {"", "ROLLBACK", {}};
+    defs[kBegin] = {"", kBeginSql, {}};
+    defs[kCommit] = {"", kCommitSql, {}};
+    defs[kRollback] = {"", kRollbackSql, {}};
     // idem's sessions run with enable_seqscan=off (connection.cpp says why). Statements that are
     // meant to scan (list_stale) and the user's statements in in-transaction mode turn it back on,
     // for the session (then back to the connection's default) or for the transaction.
@@ -288,6 +284,10 @@ std::vector<StatementDef> statements(const TableName& t, Generation generation) 
     defs[kSeqscanDefault] = {"", "SET enable_seqscan TO DEFAULT", {}};
     defs[kSeqscanLocalOn] = {"", "SET LOCAL enable_seqscan = on", {}};
     defs[kSeqscanLocalDefault] = {"", "SET LOCAL enable_seqscan TO DEFAULT", {}};
+    // In-transaction mode's TransactionOptions::lock_wait: the claim's INSERT alone runs under
+    // lock_timeout $1 (e.g. '250ms'), local to the transaction, then under the session's again.
+    defs[kLockTimeoutLocal] = {"", "SELECT set_config('lock_timeout', $1, true)", {text}};
+    defs[kLockTimeoutLocalDefault] = {"", "SET LOCAL lock_timeout TO DEFAULT", {}};
     defs[kPing] = {"idem_ping", "SELECT 1", {}};
     // Names unique per table: two stores of different tables behind one pooler never run each
     // other's statements. FNV-1a of the qualified name, 8 hex digits.

@@ -1,5 +1,5 @@
-// Every SQL statement idem runs, in one place (internal). docs/schema.sql is schema_sql("idem_keys"),
-// checked by a test.
+// The SQL of the claim path's statements and of the schema (internal); admin_sql.hpp has the SQL of
+// administration and maintenance. docs/schema.sql is schema_sql("idem_keys"), checked by a test.
 #pragma once
 
 #include <chrono>
@@ -67,9 +67,23 @@ enum Stmt : std::size_t {
     kSeqscanDefault,
     kSeqscanLocalOn,
     kSeqscanLocalDefault,
+    kLockTimeoutLocal,
+    kLockTimeoutLocalDefault,
     kPing,
     kStmtCount
 };
+
+/// Transaction control, for the claim path's statements (kBegin …) and administration alike.
+inline constexpr const char* kBeginSql = "BEGIN";
+inline constexpr const char* kCommitSql = "COMMIT";
+inline constexpr const char* kRollbackSql = "ROLLBACK";
+
+/// On a Citus node: the distribution column of table $1 (a quoted, qualified name); no row when it
+/// is not distributed, or is a reference or single-shard table (whose partkey is NULL).
+inline constexpr const char* kDistributionColumnSql =
+    "SELECT pg_catalog.column_to_column_name(logicalrelid, partkey) "
+    "FROM pg_catalog.pg_dist_partition "
+    "WHERE logicalrelid = pg_catalog.to_regclass($1) AND partkey IS NOT NULL";
 
 /// Columns of a record, in this order, in every statement that returns one (see parse_record).
 inline constexpr int kRecordColumns = 14;
