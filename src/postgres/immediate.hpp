@@ -8,8 +8,11 @@
 // or rethrows what the body threw. Not thread-safe; one owner, move-only.
 #pragma once
 
+#include <array>
 #include <coroutine>
+#include <cstddef>
 #include <exception>
+#include <new>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -38,7 +41,51 @@ struct IsImmediate : std::false_type {};
 template <class T>
 struct IsImmediate<Immediate<T>> : std::true_type {};
 
+/// The frames of a thread's Immediates, kept for reuse: a blocking call runs one or two of them
+/// (a claim, an operation's attempt), one at a time per size, so a few blocks per thread spare
+/// the heap every time. Blocks are matched by exact size; what the cache cannot hold is freed.
+class FrameCache {
+public:
+    static void* allocate(std::size_t size) {
+        for (Slot& s : local().slots_) {
+            if (s.block != nullptr && s.size == size) return std::exchange(s.block, nullptr);
+        }
+        return ::operator new(size);
+    }
+    static void deallocate(void* block, std::size_t size) noexcept {
+        for (Slot& s : local().slots_) {
+            if (s.block == nullptr) {
+                s.block = block, s.size = size;
+                return;
+            }
+        }
+        ::operator delete(block, size);
+    }
+    FrameCache() = default;
+    FrameCache(const FrameCache&) = delete;
+    FrameCache& operator=(const FrameCache&) = delete;
+    ~FrameCache() {
+        for (Slot& s : slots_) {
+            if (s.block != nullptr) ::operator delete(s.block, s.size);
+        }
+    }
+
+private:
+    struct Slot {
+        void* block = nullptr;
+        std::size_t size = 0;
+    };
+    static FrameCache& local() noexcept {
+        thread_local FrameCache cache;
+        return cache;
+    }
+    std::array<Slot, 4> slots_{};
+};
+
 struct PromiseBase {
+    static void* operator new(std::size_t size) { return FrameCache::allocate(size); }
+    static void operator delete(void* frame, std::size_t size) noexcept { FrameCache::deallocate(frame, size); }
+
     std::exception_ptr failure;
     static std::suspend_never initial_suspend() noexcept { return {}; }
     static std::suspend_always final_suspend() noexcept { return {}; }
