@@ -99,7 +99,12 @@ struct PostgresStore::Impl::ClaimDriver {
         slot.key = &c.key, slot.fp = &c.fp, slot.fence = c.fence, slot.lease = c.lease, slot.retention = c.retention,
         slot.out = &out;
         (void)m.claim_in_group(slot, *free->deadline);
-        if (auto after = pg::after_group(machine, slot)) return after;
+        if (auto after = pg::after_group(machine, slot)) {
+            // The group was the first attempt: whatever follows waits for a connection afresh
+            // (pool_wait from then), not to the deadline of the wait in the group's queue.
+            free.reset();
+            return after;
+        }
         // A group's failed statement counts as an attempt: going alone after it is a retry, with a
         // wait for a connection of its own. Nothing sent: the first attempt's wait goes on to the
         // same deadline.

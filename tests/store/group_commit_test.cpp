@@ -421,6 +421,52 @@ TEST_CASE("callers that find every connection held get pool_timeout after pool_w
                          {scope}) == 1);
 }
 
+TEST_CASE("a claim retried after its group waits for a connection afresh, not to the queue's deadline",
+          "[group_commit]") {
+    IDEM_NOT_ON_CITUS("it sees the claims it holds through their lock waits in the coordinator's pg_stat_activity");
+    Table t(require_db());
+    auto options = t.options(kHeld);
+    // Each claim below waits lock_timeout on the test's rows, and the retry of the first must wait
+    // for the second's: within a fresh pool_wait it gets the connection (a second to spare); to
+    // the deadline of its wait in the group's queue it would not (a second short).
+    options.lock_timeout = 2s;
+    options.pool_wait = 3s;
+    options.claim_attempts = 2;
+    idem::PostgresStore store(t.url, options);
+    const auto scope = idem_test::unique_name("requeue");
+    PgConn locker(t.url);
+    locker.exec("BEGIN");
+    for (const char* k : {"busy-b", "busy-c"}) {
+        locker.exec("INSERT INTO " + t.name +
+                        " (scope, key, state, fingerprint, fingerprint_alg, fence, lease_until, expires_at) "
+                        "VALUES ($1, $2, 'in_progress', '\\x00', 1, 1, now(), now() + interval '1 day')",
+                    {scope, k});
+    }
+    std::array<std::string, 2> outcome;
+    const auto claim = [&](std::size_t i, const char* key) {
+        try {
+            const auto c = store.claim(idem::Key(scope, key), kFp);
+            outcome[i] = c.status == ClaimStatus::in_progress ? "in_progress" : "other status";
+        } catch (const std::exception& e) {
+            outcome[i] = e.what();
+        }
+    };
+    std::thread b, c;
+    {
+        Hold hold(t, scope, store);  // the store's only connection
+        b = std::thread(claim, 0, "busy-b");
+        await_waiters(store, 1);  // b queues in a group, its wait's deadline pool_wait away
+    }                             // let go: b's group takes the connection and waits on busy-b for lock_timeout
+    t.await_lock_waiters(1);
+    c = std::thread(claim, 1, "busy-c");
+    await_waiters(store, 1);  // c queues behind b's group, and holds the connection after it
+    b.join();
+    c.join();
+    locker.exec("ROLLBACK");
+    CHECK(outcome[0] == "in_progress");
+    CHECK(outcome[1] == "in_progress");
+}
+
 TEST_CASE("saves that find no connection free share one UPDATE: each keeps its own answer", "[group_commit]") {
     IDEM_NOT_ON_CITUS("it sees the saves it holds through their lock waits in the coordinator's pg_stat_activity");
     Table t(require_db());
