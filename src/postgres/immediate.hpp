@@ -47,16 +47,20 @@ struct IsImmediate<Immediate<T>> : std::true_type {};
 class FrameCache {
 public:
     static void* allocate(std::size_t size) {
-        for (Slot& s : local().slots_) {
-            if (s.block != nullptr && s.size == size) return std::exchange(s.block, nullptr);
+        if (FrameCache* cache = local()) {
+            for (Slot& s : cache->slots_) {
+                if (s.block != nullptr && s.size == size) return std::exchange(s.block, nullptr);
+            }
         }
         return ::operator new(size);
     }
     static void deallocate(void* block, std::size_t size) noexcept {
-        for (Slot& s : local().slots_) {
-            if (s.block == nullptr) {
-                s.block = block, s.size = size;
-                return;
+        if (FrameCache* cache = local()) {
+            for (Slot& s : cache->slots_) {
+                if (s.block == nullptr) {
+                    s.block = block, s.size = size;
+                    return;
+                }
             }
         }
         ::operator delete(block, size);
@@ -65,8 +69,10 @@ public:
     FrameCache(const FrameCache&) = delete;
     FrameCache& operator=(const FrameCache&) = delete;
     ~FrameCache() {
+        gone() = true;
         for (Slot& s : slots_) {
             if (s.block != nullptr) ::operator delete(s.block, s.size);
+            s.block = nullptr;
         }
     }
 
@@ -75,9 +81,17 @@ private:
         void* block = nullptr;
         std::size_t size = 0;
     };
-    static FrameCache& local() noexcept {
+    // Set when the thread's cache is destroyed: a store called from a later destructor of the
+    // thread (a static's, on the main thread) then uses the heap. Trivially destructible, so it
+    // is still readable then.
+    static bool& gone() noexcept {
+        thread_local bool destroyed = false;
+        return destroyed;
+    }
+    static FrameCache* local() noexcept {
+        if (gone()) return nullptr;
         thread_local FrameCache cache;
-        return cache;
+        return &cache;
     }
     std::array<Slot, 4> slots_{};
 };

@@ -3,11 +3,13 @@
 // claim takes, what it counts and announces, and how errors leave it.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "canned.hpp"
@@ -236,4 +238,29 @@ TEST_CASE("an Immediate runs to completion when called") {
     std::string s = "x";
     CHECK(by_reference(s).get() == "x!");
     CHECK(s == "x!");  // an lvalue is awaited by reference
+}
+
+namespace {
+// Runs an Immediate from a thread_local destructor that runs after the thread's frame cache is
+// gone (made before the cache, so destroyed after it): the frame comes from the heap.
+struct LateCaller {
+    bool armed = false;
+    ~LateCaller() {
+        if (armed) late_value = forty_two().get();
+    }
+    static inline std::atomic<int> late_value{0};
+};
+}  // namespace
+
+TEST_CASE("an Immediate called after its thread's frame cache is destroyed uses the heap") {
+    LateCaller::late_value = 0;
+    int first = 0;
+    std::thread t([&first] {
+        thread_local LateCaller late;  // before the cache: destroyed after it
+        late.armed = true;
+        first = nested().get();  // makes the cache, and leaves frames in it
+    });
+    t.join();
+    CHECK(first == 84);
+    CHECK(LateCaller::late_value == 42);
 }
