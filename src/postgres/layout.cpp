@@ -15,12 +15,13 @@ pg::Layout PostgresStore::Impl::layout(pg::Connection& conn) {
         case PostgresOptions::StatementShape::per_key: return pg::Layout::by_key;
         case PostgresOptions::StatementShape::automatic: break;
     }
+    // The flag first: its acquire makes the layout stored before it (known_layout) visible.
+    const bool learnt = layout_known.load(std::memory_order_acquire);
     const pg::Layout known = distribution.load(std::memory_order_relaxed);
     // Not distributed, but Citus is there: asked again now and then (the table may be
     // distributed later, by distribute() in another process or by hand).
-    if (layout_known.load(std::memory_order_acquire) &&
-        (known != pg::Layout::plain || !citus.load(std::memory_order_relaxed) ||
-         Clock::now().time_since_epoch().count() < recheck_layout_at.load(std::memory_order_relaxed))) {
+    if (learnt && (known != pg::Layout::plain || !citus.load(std::memory_order_relaxed) ||
+                   Clock::now().time_since_epoch().count() < recheck_layout_at.load(std::memory_order_relaxed))) {
         return known;
     }
     const auto ask = [&](pg::Stmt stmt, Params& p) {

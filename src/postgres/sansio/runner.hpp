@@ -13,7 +13,7 @@
 //       the first attempt by the driver's own means (group commit, a connection taken before):
 //       the machine's next step, or nullopt to send the round trip below.
 //   Task<StepResults>         round_trip(const ClaimCall&)       [INSERT, SELECT], with retries
-//   Task<Op&> / Task<void>    drive(const char* what, Op&)        an operation of ops.hpp, with retries
+//   Op& (blocking) or Task<void>  drive(const char* what, Op&)    an operation of ops.hpp, with retries
 //   Task<Next>                wait_for_save(const ClaimCall&, ClaimMachine&)   ClaimOptions::wait
 //   Task<void>                pause(std::chrono::milliseconds)
 //   void                      tally(Tally) and taken_over(const Key&)   counters and observer
