@@ -63,7 +63,7 @@ public:
                 }
             }
         }
-        ::operator delete(block, size);
+        ::operator delete(block);  // unsized: clang (before 19) declares the sized form only on request
     }
     FrameCache() = default;
     FrameCache(const FrameCache&) = delete;
@@ -71,7 +71,7 @@ public:
     ~FrameCache() {
         gone() = true;
         for (Slot& s : slots_) {
-            if (s.block != nullptr) ::operator delete(s.block, s.size);
+            if (s.block != nullptr) ::operator delete(s.block);
             s.block = nullptr;
         }
     }
