@@ -30,7 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "../postgres/connection.hpp"
+#include "../postgres/connect.hpp"
+#include "../postgres/handles.hpp"
+#include "../postgres/pipeline.hpp"
 #include "pool_gauges.hpp"
 
 namespace idem::asio::detail {
