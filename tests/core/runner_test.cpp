@@ -264,3 +264,20 @@ TEST_CASE("an Immediate called after its thread's frame cache is destroyed uses 
     CHECK(first == 84);
     CHECK(LateCaller::late_value == 42);
 }
+
+TEST_CASE("a re-claim of an expired key that meets a newer claim in its generation reads again") {
+    // With generations the re-claim moves the row into the current generation: a claim written
+    // there meanwhile (its lookup no longer saw the expired row, whose generation was being
+    // retired) makes it a unique_violation. That claim won; the re-claimer reads the key again.
+    idem::Key key{"tenant", "k1"};
+    const auto fp = idem::fingerprint(std::string_view("request"));
+    idem::pg::ReclaimExpiredOp op(key, fp, kOurs, 30s, 3600s);
+    op.start(1);
+    CHECK(op.feed(canned::answers(canned::failed("23505"))));
+    CHECK(op.answer() == idem::pg::ReclaimAnswer::lost);
+    op.start(1);
+    CHECK(op.feed(canned::answers(canned::failed("55P03"))));
+    CHECK(op.answer() == idem::pg::ReclaimAnswer::busy);
+    op.start(1);
+    CHECK_THROWS_AS(op.feed(canned::answers(canned::failed("42501"))), idem::config_error);
+}

@@ -52,6 +52,14 @@ void ReclaimExpiredOp::bind(Params& p) const { add_claim_params(p, key_, fp_, fe
 
 bool ReclaimExpiredOp::feed(const StepResults& res) {
     if (!res[0].ok()) {
+        // With generations the re-claim moves the row into the current generation, where a newer
+        // claim of the key may have been written meanwhile: one that did not see the expired row,
+        // whose generation was being retired (DETACH … CONCURRENTLY). That claim won the key
+        // (unique_violation, nothing of ours written): read again.
+        if (res[0].sqlstate() == "23505") {
+            answer_ = ReclaimAnswer::lost;
+            return true;
+        }
         // Waiting on a concurrent re-claimer's row (an in-transaction one holds it for its effect)
         // is the key being busy, as for the claim's INSERT, not an outage.
         if (!claim_retryable(res[0].sqlstate())) throw_statement_error(res[0], "claim (expired)");
